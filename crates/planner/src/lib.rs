@@ -1,0 +1,1 @@
+//! Static-buffer planner for CUDA graph capture.

@@ -1,0 +1,1 @@
+//! Allocator shim for `torch.cuda.CUDAPluggableAllocator`.

@@ -1,0 +1,601 @@
+//! Daemon configuration, parsed in one place.
+//!
+//! Precedence, lowest to highest: embedded defaults, the TOML file (`--config` or
+//! `GRAPHPOOL_CONFIG`), environment variables, command-line flags. [`Config::load`] is the
+//! only place that reads any of them; the rest of the daemon takes a [`Config`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::units::parse_size;
+
+/// Default path of the daemon's gRPC socket when `/run/graphpool` can be used.
+pub const SYSTEM_SOCKET: &str = "/run/graphpool/graphpool.sock";
+/// File name of the fd socket, next to the gRPC socket unless configured.
+pub const FD_SOCKET_NAME: &str = "graphpool-fd.sock";
+/// Default metrics listen address.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9478";
+
+/// Which device backend to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// CUDA when a driver and a GPU are present, otherwise host.
+    Auto,
+    /// CUDA VMM; fails to start without a GPU.
+    Cuda,
+    /// memfd-backed simulated devices.
+    Host,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Command-line flags of `graphpoold`. Every flag can also be set in the environment.
+#[derive(Debug, Clone, Default, clap::Parser)]
+#[command(
+    name = "graphpoold",
+    version,
+    about = "graphpoold: owns, bounds and exports the GPU memory of CUDA graph capture"
+)]
+pub struct DaemonArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "GRAPHPOOL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Path of the gRPC Unix socket.
+    #[arg(long, env = "GRAPHPOOL_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Path of the fd-passing Unix socket (default: next to --socket).
+    #[arg(long, env = "GRAPHPOOL_FD_SOCKET")]
+    pub fd_socket: Option<PathBuf>,
+    /// Device backend.
+    #[arg(long, env = "GRAPHPOOL_BACKEND", value_enum)]
+    pub backend: Option<BackendChoice>,
+    /// Address for the Prometheus metrics endpoint (`off` disables it).
+    #[arg(long, env = "GRAPHPOOL_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Log format.
+    #[arg(long, env = "GRAPHPOOL_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Host backend: number of simulated devices.
+    #[arg(long, env = "GRAPHPOOL_HOST_DEVICES")]
+    pub host_devices: Option<u32>,
+    /// Host backend: capacity of each simulated device (e.g. 16GiB).
+    #[arg(long, env = "GRAPHPOOL_HOST_CAPACITY")]
+    pub host_capacity: Option<String>,
+    /// Group that owns the sockets (mode 0660).
+    #[arg(long, env = "GRAPHPOOL_SOCKET_GROUP")]
+    pub socket_group: Option<String>,
+}
+
+/// Errors reading the configuration. Each names the key or flag at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML or has unknown keys.
+    #[error("config file {path} is invalid: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A value is out of range or malformed.
+    #[error("invalid value for {key}: {message}")]
+    Invalid {
+        /// The key, as written in the file or as the flag.
+        key: String,
+        /// What is wrong and what is expected.
+        message: String,
+    },
+    /// No socket location could be found.
+    #[error(
+        "no socket path: /run/graphpool is not writable and XDG_RUNTIME_DIR is not set; pass --socket PATH"
+    )]
+    NoSocketPath,
+}
+
+/// The daemon's whole configuration, after defaults, file, environment and flags.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// gRPC socket path.
+    pub socket: PathBuf,
+    /// fd-passing socket path.
+    pub fd_socket: PathBuf,
+    /// Mode of both sockets.
+    pub socket_mode: u32,
+    /// Group of both sockets (name or numeric gid); None keeps the daemon's group.
+    pub socket_group: Option<String>,
+    /// Device backend.
+    pub backend: BackendChoice,
+    /// Metrics endpoint; None disables it.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Peers allowed to connect.
+    pub access: AccessConfig,
+    /// Quotas and budgets.
+    pub limits: LimitsConfig,
+    /// Protection against clients that would exhaust the daemon.
+    pub guards: GuardsConfig,
+    /// Host backend settings.
+    pub host: HostConfig,
+    /// CUDA backend settings.
+    pub cuda: CudaConfig,
+    /// How long shutdown waits for sessions to detach.
+    pub drain_timeout: Duration,
+    /// Default time box of the planner's improvement stage.
+    pub plan_time_budget: Duration,
+}
+
+/// Who may talk to the daemon.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessConfig {
+    /// uids allowed to attach. Empty together with `allowed_gids` = anyone who can open the
+    /// socket (its mode and group are then the only gate).
+    pub allowed_uids: Vec<u32>,
+    /// gids allowed to attach (the peer's primary gid).
+    pub allowed_gids: Vec<u32>,
+    /// uids allowed to change limits and list every grant. The daemon's own uid and root
+    /// are always admins.
+    pub admin_uids: Vec<u32>,
+}
+
+impl AccessConfig {
+    /// Whether a peer with this uid/gid may use the daemon.
+    pub fn allows(&self, uid: u32, gid: u32) -> bool {
+        if self.allowed_uids.is_empty() && self.allowed_gids.is_empty() {
+            return true;
+        }
+        uid == 0 || self.allowed_uids.contains(&uid) || self.allowed_gids.contains(&gid)
+    }
+
+    /// Whether a peer with this uid may use admin calls.
+    pub fn is_admin(&self, uid: u32) -> bool {
+        uid == 0 || uid == current_uid() || self.admin_uids.contains(&uid)
+    }
+}
+
+/// Quotas and budgets at start-up; the Admin service can change them at run time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LimitsConfig {
+    /// Quota of every rank without its own, bytes; 0 = unlimited.
+    pub default_rank_quota_bytes: u64,
+    /// Quota of every job without its own, bytes; 0 = unlimited.
+    pub default_job_quota_bytes: u64,
+    /// Per-job quotas.
+    pub jobs: BTreeMap<String, u64>,
+    /// Device budgets by index or UUID ("0", "GPU-..."); default is the device's capacity.
+    pub devices: BTreeMap<String, u64>,
+}
+
+/// Limits on what one client can take from the daemon itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardsConfig {
+    /// Sessions one uid may hold at once.
+    pub max_sessions_per_uid: u32,
+    /// Grants one session may hold at once.
+    pub max_grants_per_session: u32,
+    /// Largest gRPC message accepted, bytes.
+    pub max_message_bytes: usize,
+    /// Largest plan input accepted (buffers or layers × microbatches).
+    pub max_plan_buffers: usize,
+}
+
+impl Default for GuardsConfig {
+    fn default() -> Self {
+        GuardsConfig {
+            max_sessions_per_uid: 512,
+            max_grants_per_session: 16_384,
+            max_message_bytes: 16 << 20,
+            max_plan_buffers: 1_000_000,
+        }
+    }
+}
+
+/// Host backend settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Number of simulated devices.
+    pub devices: u32,
+    /// Capacity of each, bytes. memfd pages are only committed when written, so this may
+    /// exceed the machine's RAM.
+    pub capacity_bytes: u64,
+    /// Allocation granularity, bytes.
+    pub granularity_bytes: u64,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig { devices: 2, capacity_bytes: 64 << 30, granularity_bytes: 2 << 20 }
+    }
+}
+
+/// CUDA backend settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// Bytes of each device that graphpool never grants (left to the training processes'
+    /// own contexts and allocators).
+    pub reserve_bytes: u64,
+    /// Only these devices (indices or UUIDs); empty = all.
+    pub devices: Vec<String>,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig { reserve_bytes: 4 << 30, devices: Vec::new() }
+    }
+}
+
+// ---- the TOML file -------------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    socket: Option<PathBuf>,
+    fd_socket: Option<PathBuf>,
+    socket_mode: Option<String>,
+    socket_group: Option<String>,
+    backend: Option<BackendChoice>,
+    metrics_listen: Option<String>,
+    log_format: Option<LogFormat>,
+    drain_timeout_seconds: Option<f64>,
+    plan_time_budget_ms: Option<u64>,
+    #[serde(default)]
+    access: FileAccess,
+    #[serde(default)]
+    limits: FileLimits,
+    #[serde(default)]
+    guards: FileGuards,
+    #[serde(default)]
+    host: FileHost,
+    #[serde(default)]
+    cuda: FileCuda,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileAccess {
+    allowed_uids: Option<Vec<u32>>,
+    allowed_gids: Option<Vec<u32>>,
+    admin_uids: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLimits {
+    default_rank_quota: Option<SizeValue>,
+    default_job_quota: Option<SizeValue>,
+    #[serde(default)]
+    jobs: BTreeMap<String, SizeValue>,
+    #[serde(default)]
+    devices: BTreeMap<String, SizeValue>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileGuards {
+    max_sessions_per_uid: Option<u32>,
+    max_grants_per_session: Option<u32>,
+    max_message_bytes: Option<SizeValue>,
+    max_plan_buffers: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileHost {
+    devices: Option<u32>,
+    capacity: Option<SizeValue>,
+    granularity: Option<SizeValue>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileCuda {
+    reserve: Option<SizeValue>,
+    devices: Option<Vec<String>>,
+}
+
+/// A size in the file: a byte count or a string with a unit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn bytes(&self, key: &str) -> Result<u64, ConfigError> {
+        match self {
+            SizeValue::Bytes(b) => Ok(*b),
+            SizeValue::Text(t) => parse_size(t).map_err(|e| invalid(key, e.to_string())),
+        }
+    }
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.to_string(), message: message.into() }
+}
+
+impl Config {
+    /// Reads the configuration: defaults, then the file named by `--config`/`GRAPHPOOL_CONFIG`
+    /// (if any), then flags and environment (clap has already merged those two).
+    pub fn load(args: &DaemonArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+                Self::parse_file(path, &text)?
+            }
+            None => FileConfig::default(),
+        };
+        Self::build(file, args)
+    }
+
+    /// Parses a configuration from TOML text with no flags (for tests and `--check-config`).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let file = Self::parse_file(Path::new("<inline>"), text)?;
+        Self::build(file, &DaemonArgs::default())
+    }
+
+    fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+        toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })
+    }
+
+    fn build(file: FileConfig, args: &DaemonArgs) -> Result<Config, ConfigError> {
+        let socket = match args.socket.clone().or(file.socket) {
+            Some(p) => p,
+            None => default_socket_path()?,
+        };
+        if socket.as_os_str().len() > 107 {
+            return Err(invalid("socket", "a Unix socket path must be at most 107 bytes"));
+        }
+        let fd_socket = args
+            .fd_socket
+            .clone()
+            .or(file.fd_socket)
+            .unwrap_or_else(|| socket.with_file_name(FD_SOCKET_NAME));
+        if fd_socket == socket {
+            return Err(invalid("fd_socket", "must differ from socket"));
+        }
+        let socket_mode = match file.socket_mode {
+            Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| invalid("socket_mode", "an octal mode such as \"0660\""))?,
+            None => 0o660,
+        };
+        let metrics_listen = match args.metrics_listen.clone().or(file.metrics_listen) {
+            Some(s) if s == "off" || s.is_empty() => None,
+            Some(s) => Some(s.parse::<SocketAddr>().map_err(|e| {
+                invalid("metrics_listen", format!("{s:?} is not ADDR:PORT ({e}); use \"off\" to disable"))
+            })?),
+            None => Some(DEFAULT_METRICS_LISTEN.parse().expect("valid default")),
+        };
+
+        let limits = LimitsConfig {
+            default_rank_quota_bytes: opt_size(&file.limits.default_rank_quota, "limits.default_rank_quota")?
+                .unwrap_or(0),
+            default_job_quota_bytes: opt_size(&file.limits.default_job_quota, "limits.default_job_quota")?
+                .unwrap_or(0),
+            jobs: file
+                .limits
+                .jobs
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), v.bytes(&format!("limits.jobs.{k}"))?)))
+                .collect::<Result<_, ConfigError>>()?,
+            devices: file
+                .limits
+                .devices
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), v.bytes(&format!("limits.devices.{k}"))?)))
+                .collect::<Result<_, ConfigError>>()?,
+        };
+
+        let defaults = GuardsConfig::default();
+        let guards = GuardsConfig {
+            max_sessions_per_uid: file.guards.max_sessions_per_uid.unwrap_or(defaults.max_sessions_per_uid),
+            max_grants_per_session: file
+                .guards
+                .max_grants_per_session
+                .unwrap_or(defaults.max_grants_per_session),
+            max_message_bytes: match &file.guards.max_message_bytes {
+                Some(v) => usize::try_from(v.bytes("guards.max_message_bytes")?)
+                    .map_err(|_| invalid("guards.max_message_bytes", "too large"))?,
+                None => defaults.max_message_bytes,
+            },
+            max_plan_buffers: file.guards.max_plan_buffers.unwrap_or(defaults.max_plan_buffers),
+        };
+        if guards.max_sessions_per_uid == 0 {
+            return Err(invalid("guards.max_sessions_per_uid", "must be at least 1"));
+        }
+        if guards.max_grants_per_session == 0 {
+            return Err(invalid("guards.max_grants_per_session", "must be at least 1"));
+        }
+        if guards.max_message_bytes < 4096 {
+            return Err(invalid("guards.max_message_bytes", "must be at least 4KiB"));
+        }
+
+        let hd = HostConfig::default();
+        let host = HostConfig {
+            devices: args.host_devices.or(file.host.devices).unwrap_or(hd.devices),
+            capacity_bytes: match &args.host_capacity {
+                Some(s) => parse_size(s).map_err(|e| invalid("--host-capacity", e.to_string()))?,
+                None => opt_size(&file.host.capacity, "host.capacity")?.unwrap_or(hd.capacity_bytes),
+            },
+            granularity_bytes: opt_size(&file.host.granularity, "host.granularity")?
+                .unwrap_or(hd.granularity_bytes),
+        };
+        if host.devices == 0 || host.devices > 64 {
+            return Err(invalid("host.devices", "between 1 and 64"));
+        }
+        if host.granularity_bytes < 4096 || !host.granularity_bytes.is_power_of_two() {
+            return Err(invalid("host.granularity", "a power of two of at least 4KiB"));
+        }
+        if host.capacity_bytes < host.granularity_bytes {
+            return Err(invalid("host.capacity", "at least one granule"));
+        }
+
+        let cd = CudaConfig::default();
+        let cuda = CudaConfig {
+            reserve_bytes: opt_size(&file.cuda.reserve, "cuda.reserve")?.unwrap_or(cd.reserve_bytes),
+            devices: file.cuda.devices.unwrap_or_default(),
+        };
+
+        let drain_timeout = match file.drain_timeout_seconds {
+            Some(s) if s.is_finite() && (0.0..=3600.0).contains(&s) => Duration::from_secs_f64(s),
+            Some(_) => return Err(invalid("drain_timeout_seconds", "between 0 and 3600")),
+            None => Duration::from_secs(10),
+        };
+
+        Ok(Config {
+            socket,
+            fd_socket,
+            socket_mode,
+            socket_group: args.socket_group.clone().or(file.socket_group),
+            backend: args.backend.or(file.backend).unwrap_or(BackendChoice::Auto),
+            metrics_listen,
+            log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+            access: AccessConfig {
+                allowed_uids: file.access.allowed_uids.unwrap_or_default(),
+                allowed_gids: file.access.allowed_gids.unwrap_or_default(),
+                admin_uids: file.access.admin_uids.unwrap_or_default(),
+            },
+            limits,
+            guards,
+            host,
+            cuda,
+            drain_timeout,
+            plan_time_budget: Duration::from_millis(file.plan_time_budget_ms.unwrap_or(200)),
+        })
+    }
+}
+
+fn opt_size(v: &Option<SizeValue>, key: &str) -> Result<Option<u64>, ConfigError> {
+    v.as_ref().map(|v| v.bytes(key)).transpose()
+}
+
+/// The socket path clients use when `GRAPHPOOL_SOCKET` is not set: `/run/graphpool/...` when
+/// that directory exists or can be created, else under `$XDG_RUNTIME_DIR`.
+pub fn default_socket_path() -> Result<PathBuf, ConfigError> {
+    let system = PathBuf::from(SYSTEM_SOCKET);
+    let dir = system.parent().expect("has parent");
+    if dir.is_dir() && is_writable(dir) || std::fs::create_dir_all(dir).is_ok() {
+        return Ok(system);
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(x) if !x.is_empty() => Ok(PathBuf::from(x).join("graphpool").join("graphpool.sock")),
+        _ => Err(ConfigError::NoSocketPath),
+    }
+}
+
+fn is_writable(dir: &Path) -> bool {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: `c` is a valid NUL-terminated path.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}
+
+/// The daemon's effective uid.
+pub fn current_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_run_with_no_file() {
+        let c = Config::from_toml("socket = \"/tmp/x/graphpool.sock\"").unwrap();
+        assert_eq!(c.socket_mode, 0o660);
+        assert_eq!(c.fd_socket, PathBuf::from("/tmp/x/graphpool-fd.sock"));
+        assert_eq!(c.backend, BackendChoice::Auto);
+        assert_eq!(c.metrics_listen, Some(DEFAULT_METRICS_LISTEN.parse().unwrap()));
+        assert_eq!(c.host.devices, 2);
+    }
+
+    #[test]
+    fn file_values_are_read() {
+        let c = Config::from_toml(
+            r#"
+            socket = "/tmp/g.sock"
+            backend = "host"
+            metrics_listen = "off"
+            socket_mode = "0600"
+            [limits]
+            default_rank_quota = "8GiB"
+            jobs = { train = "40GiB" }
+            [host]
+            devices = 4
+            capacity = "1GiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.backend, BackendChoice::Host);
+        assert_eq!(c.metrics_listen, None);
+        assert_eq!(c.socket_mode, 0o600);
+        assert_eq!(c.limits.default_rank_quota_bytes, 8 << 30);
+        assert_eq!(c.limits.jobs["train"], 40 << 30);
+        assert_eq!(c.host.devices, 4);
+        assert_eq!(c.host.capacity_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let file =
+            Config::parse_file(Path::new("f"), "socket = \"/tmp/a.sock\"\nbackend = \"cuda\"").unwrap();
+        let args = DaemonArgs {
+            socket: Some("/tmp/b.sock".into()),
+            backend: Some(BackendChoice::Host),
+            ..Default::default()
+        };
+        let c = Config::build(file, &args).unwrap();
+        assert_eq!(c.socket, PathBuf::from("/tmp/b.sock"));
+        assert_eq!(c.backend, BackendChoice::Host);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e =
+            Config::from_toml("socket = \"/tmp/a\"\n[limits]\ndefault_rank_quota = \"lots\"").unwrap_err();
+        assert!(e.to_string().contains("limits.default_rank_quota"), "{e}");
+        let e = Config::from_toml("socket = \"/tmp/a\"\nbogus = 1").unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = Config::from_toml("socket = \"/tmp/a\"\nmetrics_listen = \"nowhere\"").unwrap_err();
+        assert!(e.to_string().contains("metrics_listen"), "{e}");
+    }
+
+    #[test]
+    fn access_allow_list() {
+        let open = AccessConfig::default();
+        assert!(open.allows(1234, 1234));
+        let closed = AccessConfig { allowed_uids: vec![1000], allowed_gids: vec![50], admin_uids: vec![] };
+        assert!(closed.allows(1000, 1));
+        assert!(closed.allows(7, 50));
+        assert!(!closed.allows(7, 7));
+        assert!(closed.allows(0, 0));
+    }
+}
