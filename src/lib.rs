@@ -5,3 +5,5 @@
 pub mod backend;
 pub mod config;
 pub mod units;
+pub mod cli;
+pub mod planning;

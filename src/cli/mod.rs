@@ -1,0 +1,3 @@
+//! The `graphpool` command-line tool.
+
+pub mod plan;

@@ -1,0 +1,1 @@
+//! `graphpool plan`: predict graph memory offline, with no daemon and no session.
