@@ -3,7 +3,8 @@
 //! it as Prometheus metrics; and the `graphpool` CLI.
 
 pub mod backend;
-pub mod config;
-pub mod units;
 pub mod cli;
+pub mod config;
+pub mod ledger;
 pub mod planning;
+pub mod units;
