@@ -8,6 +8,7 @@
 
 pub mod cuda;
 pub mod host;
+pub mod nvml;
 
 use std::fmt;
 use std::os::fd::BorrowedFd;
@@ -85,6 +86,11 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     fn allocate(&self, device: u32, size_bytes: u64) -> Result<Box<dyn Segment>, BackendError>;
     /// Live memory figures from the driver (NVML), where available.
     fn driver_memory(&self, device: u32) -> Option<DriverMemory>;
+    /// What graphpool may grant on `device`: its total memory minus the configured reserve
+    /// (cuda), or the configured capacity (host, where it equals `total_bytes`).
+    fn capacity_bytes(&self, device: u32) -> Option<u64> {
+        self.devices().get(device as usize).map(|d| d.total_bytes)
+    }
 }
 
 /// Errors of a backend.
