@@ -432,7 +432,7 @@ impl Ledger {
     }
 
     fn budget_of(&self, st: &State, device: u32) -> u64 {
-        let cap = self.backend.devices()[device as usize].total_bytes;
+        let cap = self.backend.capacity_bytes(device).unwrap_or(0);
         st.limits.device_budgets.get(&device).copied().unwrap_or(cap).min(cap)
     }
 

@@ -1,0 +1,303 @@
+//! Prometheus metrics.
+//!
+//! Counters and histograms (requests, refusals, latencies, ended sessions) go through the
+//! `metrics` facade into `metrics-exporter-prometheus`. Everything that describes the current
+//! state (capacity, granted, free, holders, plans) is rendered from a ledger snapshot at
+//! scrape time, so a series disappears the moment its job or rank does and a scrape never
+//! shows stale holders. Labels `gpu`, `UUID` and `Hostname` join with dcgm-exporter.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::ledger::{EndReason, Ledger, Refusal};
+use crate::shutdown::Shutdown;
+
+/// Latency buckets of `graphpool_request_duration_seconds`, from 10 µs to 10 s.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 10.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The daemon's metrics: a recorder handle plus the ledger it renders gauges from.
+#[derive(Debug)]
+pub struct Metrics {
+    handle: PrometheusHandle,
+    hostname: String,
+    backend: &'static str,
+}
+
+impl Metrics {
+    /// Installs the process-wide recorder (once) and returns the metrics of this daemon.
+    pub fn new(backend: &'static str) -> Arc<Metrics> {
+        let handle = HANDLE
+            .get_or_init(|| {
+                let recorder = PrometheusBuilder::new()
+                    .set_buckets_for_metric(
+                        Matcher::Full("graphpool_request_duration_seconds".into()),
+                        LATENCY_BUCKETS,
+                    )
+                    .expect("static buckets are valid")
+                    .build_recorder();
+                let handle = recorder.handle();
+                // Fails only if another recorder is installed (tests): then metrics go there.
+                let _ = metrics::set_global_recorder(recorder);
+                handle
+            })
+            .clone();
+        Arc::new(Metrics { handle, hostname: hostname(), backend })
+    }
+
+    /// Records one request: its method, gRPC code name and latency.
+    pub fn request(&self, method: &'static str, code: &'static str, elapsed: Duration) {
+        metrics::counter!("graphpool_requests_total", "method" => method, "code" => code).increment(1);
+        metrics::histogram!("graphpool_request_duration_seconds", "method" => method)
+            .record(elapsed.as_secs_f64());
+    }
+
+    /// Records a refusal.
+    pub fn refusal(&self, r: &Refusal) {
+        metrics::counter!(
+            "graphpool_refusals_total",
+            "reason" => r.limit.as_str(),
+            "gpu" => r.device.to_string(),
+            "UUID" => r.device_uuid.clone(),
+            "Hostname" => self.hostname.clone()
+        )
+        .increment(1);
+    }
+
+    /// Records the end of a session.
+    pub fn session_ended(&self, reason: EndReason) {
+        metrics::counter!("graphpool_sessions_ended_total", "reason" => reason.as_str()).increment(1);
+    }
+
+    /// The full exposition: counters and histograms, then state gauges from `ledger`.
+    pub fn render(&self, ledger: &Ledger) -> String {
+        let mut out = self.handle.render();
+        self.render_state(ledger, &mut out);
+        out
+    }
+
+    fn render_state(&self, ledger: &Ledger, out: &mut String) {
+        let host = escape(&self.hostname);
+        let mut gauge = |name: &str, help: &str, rows: Vec<(String, u64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (labels, v) in rows {
+                let _ = writeln!(out, "{name}{{{labels}}} {v}");
+            }
+        };
+        gauge(
+            "graphpool_build_info",
+            "Version and backend of the running daemon.",
+            vec![(format!("version=\"{}\",backend=\"{}\"", env!("CARGO_PKG_VERSION"), self.backend), 1)],
+        );
+        let devices = ledger.devices();
+        let dl = |d: &crate::ledger::DeviceView| {
+            format!("gpu=\"{}\",UUID=\"{}\",Hostname=\"{host}\"", d.info.index, escape(&d.info.uuid))
+        };
+        let per_dev = |f: &dyn Fn(&crate::ledger::DeviceView) -> u64| -> Vec<(String, u64)> {
+            devices.iter().map(|d| (dl(d), f(d))).collect()
+        };
+        gauge(
+            "graphpool_device_capacity_bytes",
+            "Device memory graphpool may manage.",
+            per_dev(&|d| d.info.total_bytes),
+        );
+        gauge(
+            "graphpool_device_budget_bytes",
+            "Graphpool's budget on the device.",
+            per_dev(&|d| d.budget_bytes),
+        );
+        gauge("graphpool_device_granted_bytes", "Bytes granted to sessions.", per_dev(&|d| d.granted_bytes));
+        gauge(
+            "graphpool_device_free_bytes",
+            "Bytes that can still be admitted.",
+            per_dev(&|d| d.free_bytes()),
+        );
+        gauge(
+            "graphpool_device_planned_bytes",
+            "Bytes reserved by budgets and plans beyond what is granted.",
+            per_dev(&|d| d.planned_bytes),
+        );
+        gauge("graphpool_grants", "Grants held.", per_dev(&|d| u64::from(d.grants)));
+        let driver: Vec<(String, u64)> = devices
+            .iter()
+            .filter_map(|d| ledger.backend().driver_memory(d.info.index).map(|m| (dl(d), m.used_bytes)))
+            .collect();
+        if !driver.is_empty() {
+            gauge(
+                "graphpool_device_driver_used_bytes",
+                "Device memory in use, all processes (NVML).",
+                driver,
+            );
+        }
+
+        let sessions = ledger.sessions();
+        gauge(
+            "graphpool_sessions",
+            "Sessions attached.",
+            vec![(format!("Hostname=\"{host}\""), sessions.len() as u64)],
+        );
+        let mut jobs: std::collections::BTreeMap<&str, u64> = Default::default();
+        let mut ranks: std::collections::BTreeMap<(&str, u32, u32), u64> = Default::default();
+        for s in &sessions {
+            *jobs.entry(&s.job_id).or_default() += s.granted_bytes;
+            *ranks.entry((&s.job_id, s.rank, s.device)).or_default() += s.granted_bytes;
+        }
+        let uuid = |d: u32| devices.get(d as usize).map(|d| escape(&d.info.uuid)).unwrap_or_default();
+        gauge(
+            "graphpool_job_granted_bytes",
+            "Bytes granted per job.",
+            jobs.iter().map(|(j, v)| (format!("job=\"{}\",Hostname=\"{host}\"", escape(j)), *v)).collect(),
+        );
+        gauge(
+            "graphpool_rank_granted_bytes",
+            "Bytes granted per job, rank and device.",
+            ranks
+                .iter()
+                .map(|((j, r, d), v)| {
+                    (
+                        format!(
+                            "job=\"{}\",rank=\"{r}\",gpu=\"{d}\",UUID=\"{}\",Hostname=\"{host}\"",
+                            escape(j),
+                            uuid(*d)
+                        ),
+                        *v,
+                    )
+                })
+                .collect(),
+        );
+        let plan_rows = |pick: fn((u64, u64)) -> u64| -> Vec<(String, u64)> {
+            let mut m: std::collections::BTreeMap<(&str, u32, u32), u64> = Default::default();
+            for s in &sessions {
+                if let Some(p) = s.plan {
+                    *m.entry((&s.job_id, s.rank, s.device)).or_default() += pick(p);
+                }
+            }
+            m.iter()
+                .map(|((j, r, d), v)| {
+                    (
+                        format!(
+                            "job=\"{}\",rank=\"{r}\",gpu=\"{d}\",UUID=\"{}\",Hostname=\"{host}\"",
+                            escape(j),
+                            uuid(*d)
+                        ),
+                        *v,
+                    )
+                })
+                .collect()
+        };
+        gauge("graphpool_plan_bytes", "Footprint of the latest plan per live session.", plan_rows(|p| p.0));
+        gauge(
+            "graphpool_plan_saved_bytes",
+            "Bytes saved by aliasing in the latest plan.",
+            plan_rows(|p| p.1),
+        );
+        let orphaned = sessions
+            .iter()
+            .filter(|s| !std::path::Path::new(&format!("/proc/{}", s.peer.pid)).exists())
+            .map(|s| u64::from(s.grants))
+            .sum();
+        gauge(
+            "graphpool_orphaned_grants",
+            "Grants held by sessions whose process is gone (should be 0).",
+            vec![(format!("Hostname=\"{host}\""), orphaned)],
+        );
+        let (rss, fds) = process_figures();
+        gauge(
+            "graphpool_process_resident_memory_bytes",
+            "Resident memory of the daemon.",
+            vec![(String::new(), rss)],
+        );
+        gauge(
+            "graphpool_process_open_fds",
+            "Open file descriptors of the daemon.",
+            vec![(String::new(), fds)],
+        );
+    }
+}
+
+/// Resident bytes and open fds of this process, from /proc/self.
+pub fn process_figures() -> (u64, u64) {
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        // SAFETY: sysconf has no preconditions.
+        .map(|pages| pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64)
+        .unwrap_or(0);
+    let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(0);
+    (rss, fds)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn hostname() -> String {
+    if let Ok(h) = std::env::var("GRAPHPOOL_HOSTNAME") {
+        return h;
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+}
+
+/// Serves `GET /metrics` (and `GET /healthz`) on `addr` until `shutdown` fires.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, ledger: Arc<Ledger>, shutdown: Shutdown) {
+    loop {
+        let (mut conn, _) = tokio::select! {
+            a = listener.accept() => match a { Ok(c) => c, Err(_) => continue },
+            _ = shutdown.wait() => return,
+        };
+        let (metrics, ledger) = (metrics.clone(), ledger.clone());
+        tokio::spawn(async move {
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+                    let n = conn.read(&mut chunk).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                Ok::<_, std::io::Error>(())
+            })
+            .await;
+            if !matches!(read, Ok(Ok(()))) {
+                return;
+            }
+            let line = buf.split(|b| *b == b'\n').next().unwrap_or_default();
+            let line = String::from_utf8_lossy(line);
+            let mut parts = line.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let path = path.split('?').next().unwrap_or("");
+            let (status, ctype, body) = match (method, path) {
+                ("GET", "/metrics") => {
+                    ("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics.render(&ledger))
+                }
+                ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
+                ("GET", _) => ("404 Not Found", "text/plain", "try /metrics\n".to_string()),
+                _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_string()),
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(body.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}
+
+/// Binds the metrics listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}

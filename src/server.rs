@@ -1,0 +1,209 @@
+//! The serve loop: sockets, services, metrics, readiness, signals and the drain.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use graphpool_proto::v1 as pb;
+use graphpool_proto::v1::admin_server::AdminServer;
+use graphpool_proto::v1::graphpool_server::GraphpoolServer;
+use tokio::net::UnixListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::config::Config;
+use crate::error::DaemonError;
+use crate::ledger::{EndReason, Ledger};
+use crate::metrics::Metrics;
+use crate::service::Shared;
+use crate::service::admin::AdminService;
+use crate::service::graphpool::GraphpoolService;
+use crate::service::sessions::SessionRegistry;
+use crate::shutdown::Shutdown;
+
+/// Runs the daemon until SIGTERM or SIGINT, then drains and returns.
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let backend = crate::backend::open(&config)?;
+    for d in backend.devices() {
+        tracing::info!(
+            backend = %backend.kind(), index = d.index, uuid = %d.uuid, name = %d.name,
+            total = d.total_bytes, capacity = backend.capacity_bytes(d.index).unwrap_or(0),
+            granularity = d.granularity_bytes, "device"
+        );
+    }
+    let ledger = Arc::new(Ledger::new(backend.clone(), &config.limits, config.guards.clone())?);
+    let metrics = Metrics::new(backend.kind().as_str());
+    let shutdown = Shutdown::new();
+    let sessions = Arc::new(SessionRegistry::default());
+    let shared =
+        Shared { ledger: ledger.clone(), metrics: metrics.clone(), access: config.access.clone(), sessions };
+
+    let grpc_listener = bind_socket(&config.socket, &config)?;
+    let fd_listener = bind_socket(&config.fd_socket, &config)?;
+
+    let metrics_task = match config.metrics_listen {
+        Some(addr) => {
+            let l =
+                crate::metrics::bind(addr).await.map_err(|source| DaemonError::Metrics { addr, source })?;
+            tracing::info!(%addr, "metrics at http://{addr}/metrics");
+            Some(tokio::spawn(crate::metrics::serve(l, metrics.clone(), ledger.clone(), shutdown.clone())))
+        }
+        None => None,
+    };
+    let fd_task = tokio::spawn(crate::fd_broker::serve(
+        fd_listener,
+        ledger.clone(),
+        config.access.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+
+    let instance = format!("{:016x}", rand::random::<u64>());
+    let service = GraphpoolService::new(
+        shared.clone(),
+        config.fd_socket.display().to_string(),
+        instance.clone(),
+        config.plan_time_budget,
+        config.guards.max_plan_buffers,
+    );
+    let max_msg = config.guards.max_message_bytes;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<GraphpoolServer<GraphpoolService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(graphpool_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| DaemonError::Serve(e.to_string()))?;
+
+    let grpc_shutdown = shutdown.clone();
+    let server = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(
+            GraphpoolServer::new(service)
+                .max_decoding_message_size(max_msg)
+                .max_encoding_message_size(max_msg),
+        )
+        .add_service(AdminServer::new(AdminService::new(shared.clone())).max_decoding_message_size(max_msg))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(grpc_listener), async move {
+            grpc_shutdown.wait().await
+        });
+    let server_task = tokio::spawn(server);
+
+    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    tracing::info!(
+        socket = %config.socket.display(), fd_socket = %config.fd_socket.display(), instance = %instance,
+        version = env!("CARGO_PKG_VERSION"), "graphpoold ready"
+    );
+    notify(&[sd_notify::NotifyState::Ready]);
+
+    let sig = tokio::select! {
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+        r = &mut Box::pin(wait_task(server_task)) => {
+            return r;
+        }
+    };
+    tracing::info!(signal = sig, sessions = shared.sessions.len(), drain_timeout = ?config.drain_timeout, "draining");
+    notify(&[sd_notify::NotifyState::Stopping]);
+    drain(&shared, config.drain_timeout).await;
+    shutdown.trigger();
+    let _ = fd_task.await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    for p in [&config.socket, &config.fd_socket] {
+        let _ = std::fs::remove_file(p);
+    }
+    tracing::info!("graphpoold stopped");
+    Ok(())
+}
+
+async fn wait_task(
+    t: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) -> Result<(), DaemonError> {
+    match t.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(DaemonError::Serve(e.to_string())),
+        Err(e) => Err(DaemonError::Serve(e.to_string())),
+    }
+}
+
+/// Refuses new work, tells sessions to detach, waits for them up to `timeout`, then ends the
+/// rest.
+async fn drain(shared: &Shared, timeout: Duration) {
+    shared.ledger.begin_shutdown();
+    shared.sessions.broadcast(pb::SessionEvent {
+        event: Some(pb::session_event::Event::Draining(pb::Draining {
+            drain_seconds: timeout.as_secs_f64(),
+        })),
+    });
+    let deadline = Instant::now() + timeout;
+    while !shared.ledger.sessions().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ended = shared.ledger.end_all(EndReason::Shutdown);
+    for _ in 0..ended {
+        shared.metrics.session_ended(EndReason::Shutdown);
+    }
+    shared.sessions.close_all();
+}
+
+fn notify(state: &[sd_notify::NotifyState<'_>]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        if let Err(e) = sd_notify::notify(false, state) {
+            tracing::warn!(error = %e, "sd_notify failed");
+        }
+    }
+}
+
+/// Binds a Unix socket at `path`: creates its directory, replaces a stale socket file (but
+/// refuses if a daemon still answers there), and applies the configured mode and group.
+fn bind_socket(path: &Path, config: &Config) -> Result<UnixListener, DaemonError> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            std::fs::create_dir_all(dir)
+                .map_err(|source| DaemonError::Bind { path: path.to_path_buf(), source })?;
+        }
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(DaemonError::SocketInUse(path.to_path_buf()));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    let listener =
+        UnixListener::bind(path).map_err(|source| DaemonError::Bind { path: path.to_path_buf(), source })?;
+    let perm_err = |message: String| DaemonError::Permissions {
+        path: path.to_path_buf(),
+        group: config.socket_group.clone().unwrap_or_default(),
+        mode: config.socket_mode,
+        message,
+    };
+    if let Some(group) = &config.socket_group {
+        let gid = resolve_group(group).ok_or_else(|| perm_err(format!("no group named {group:?}")))?;
+        let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| perm_err(e.to_string()))?;
+        // SAFETY: valid C path; uid -1 leaves the owner unchanged.
+        if unsafe { libc::chown(c.as_ptr(), u32::MAX, gid) } != 0 {
+            return Err(perm_err(std::io::Error::last_os_error().to_string()));
+        }
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(config.socket_mode))
+        .map_err(|e| perm_err(e.to_string()))?;
+    Ok(listener)
+}
+
+fn resolve_group(group: &str) -> Option<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Some(gid);
+    }
+    let text = std::fs::read_to_string("/etc/group").ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == group).then(|| f.nth(1)?.parse().ok())?
+    })
+}
