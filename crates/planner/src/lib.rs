@@ -1,1 +1,13 @@
 //! Static-buffer planner for CUDA graph capture.
+//!
+//! - [`schedule`]: pipeline schedules (1F1B, interleaved 1F1B, explicit orders) as steps.
+//! - [`pipeline`]: from a schedule and per-layer tensor specs to buffers with lifetimes,
+//!   microbatch slots and alias groups, and from there to a [`pipeline::Plan`].
+//! - [`dsa`]: the offset engine (dynamic storage allocation) with its lower bound.
+//! - [`workload`]: generated workloads for benchmarks and tests.
+
+pub mod dsa;
+pub mod rng;
+pub mod workload;
+
+pub use dsa::{Buffer, PlaceError, PlaceOptions, Placement, lower_bound, place, verify};

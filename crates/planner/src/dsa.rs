@@ -1,0 +1,1087 @@
+//! Offsets for buffers with lifetimes: dynamic storage allocation (DSA).
+//!
+//! Every buffer is live over a half-open interval `[start, end)` of an abstract clock and
+//! needs `size` contiguous bytes. Two buffers that are live at the same time must not
+//! overlap in `[offset, offset + size)`. Finding the smallest arena is NP-complete; this
+//! module combines, in order:
+//!
+//! 1. the **lower bound**: the most bytes live at any time (one sweep over the compressed
+//!    clock, `O(n log n)`), reported with every placement;
+//! 2. an **online best-fit floor**: buffers in start order, freed extents coalesced, the
+//!    smallest free extent that fits taken (`O(n log n)`) — what a caching allocator would do;
+//! 3. a **portfolio of greedy orders** (size, lifetime, size × lifetime, start) ×
+//!    (best-fit, lowest offset), run on all cores and time-boxed, keeping the best per window;
+//! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
+//!    placed first, and every window between cuts takes the best strategy for itself;
+//! 5. a time-boxed **improvement** stage: windows of the clock around a buffer that defines
+//!    the footprint are taken out and re-placed with perturbed orders; a window is kept when
+//!    its highest byte does not rise (hill climbing with sideways moves);
+//! 6. an **exact** branch-and-bound search when there are at most [`EXACT_MAX_ITEMS`] items.
+//!
+//! Buffers sharing an alias group are placed as one item at one offset: the item is live
+//! over the union of its members' intervals and is as large as the largest member.
+//!
+//! Placed buffers are kept in a time-bucketed index (buckets of the compressed clock, each
+//! sorted by offset), so finding the free gaps for a buffer costs time proportional to the
+//! buffers live near it, not to all buffers placed.
+
+#![allow(clippy::needless_range_loop)] // parallel arrays indexed by item read best as loops
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
+
+use crate::rng::Rng;
+
+/// Problems with at most this many items are solved exactly (branch and bound).
+pub const EXACT_MAX_ITEMS: usize = 8;
+
+/// One buffer to place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Buffer {
+    /// First clock step at which the buffer is live.
+    pub start: u64,
+    /// First clock step at which it is no longer live (`end` ≥ `start`; `end == start` means
+    /// never live, and such a buffer is placed at offset 0).
+    pub end: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Buffers with the same group are placed at the same offset (aliases of one memory).
+    pub group: Option<u32>,
+}
+
+/// How a greedy strategy picks among the free gaps that fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fit {
+    /// The smallest gap that fits (ties: lowest offset); the top of the arena otherwise.
+    BestFit,
+    /// The lowest gap that fits.
+    LowestOffset,
+}
+
+/// The order in which a greedy strategy places buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Order {
+    /// Largest first.
+    Size,
+    /// Longest-lived first.
+    Lifetime,
+    /// Largest size × lifetime first.
+    Area,
+    /// Earliest start first (an offline first-fit / best-fit in clock order).
+    Start,
+    /// Buffers live at the busiest times first ("greedy by breadth"): key = the most bytes
+    /// live at any step of the buffer's lifetime, then size.
+    Breadth,
+}
+
+/// One greedy strategy of the portfolio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Strategy {
+    /// Placement order.
+    pub order: Order,
+    /// Gap choice.
+    pub fit: Fit,
+}
+
+impl Strategy {
+    /// The portfolio, most useful first.
+    pub const PORTFOLIO: [Strategy; 10] = [
+        Strategy { order: Order::Breadth, fit: Fit::BestFit },
+        Strategy { order: Order::Size, fit: Fit::BestFit },
+        Strategy { order: Order::Breadth, fit: Fit::LowestOffset },
+        Strategy { order: Order::Area, fit: Fit::BestFit },
+        Strategy { order: Order::Size, fit: Fit::LowestOffset },
+        Strategy { order: Order::Lifetime, fit: Fit::BestFit },
+        Strategy { order: Order::Area, fit: Fit::LowestOffset },
+        Strategy { order: Order::Lifetime, fit: Fit::LowestOffset },
+        Strategy { order: Order::Start, fit: Fit::BestFit },
+        Strategy { order: Order::Start, fit: Fit::LowestOffset },
+    ];
+
+    /// A short name such as `size/best-fit`.
+    pub fn name(&self) -> &'static str {
+        match (self.order, self.fit) {
+            (Order::Size, Fit::BestFit) => "size/best-fit",
+            (Order::Size, Fit::LowestOffset) => "size/lowest",
+            (Order::Lifetime, Fit::BestFit) => "lifetime/best-fit",
+            (Order::Lifetime, Fit::LowestOffset) => "lifetime/lowest",
+            (Order::Area, Fit::BestFit) => "area/best-fit",
+            (Order::Area, Fit::LowestOffset) => "area/lowest",
+            (Order::Start, Fit::BestFit) => "start/best-fit",
+            (Order::Start, Fit::LowestOffset) => "start/lowest",
+            (Order::Breadth, Fit::BestFit) => "breadth/best-fit",
+            (Order::Breadth, Fit::LowestOffset) => "breadth/lowest",
+        }
+    }
+}
+
+/// Knobs of [`place`].
+#[derive(Debug, Clone)]
+pub struct PlaceOptions {
+    /// Upper bound on planning time. The portfolio skips strategies that would not finish
+    /// in time (the first always runs) and the improvement stage stops at the deadline.
+    pub time_budget: Duration,
+    /// Worker threads for the portfolio (0 = all cores).
+    pub threads: usize,
+    /// Run the improvement stage when the footprint is above the lower bound.
+    pub improve: bool,
+    /// Seed of the improvement stage's perturbations (plans are reproducible for a seed,
+    /// except where the deadline cuts the search short).
+    pub seed: u64,
+    /// Cap the budget at `scaled_budget_per_item` × items + 5 ms, so small problems return
+    /// quickly (8 µs per item: 10k buffers ≤ ~85 ms, 100k ≤ ~0.8 s). `None`: no cap.
+    pub scaled_budget_per_item: Option<Duration>,
+}
+
+impl Default for PlaceOptions {
+    fn default() -> Self {
+        PlaceOptions {
+            time_budget: Duration::from_secs(1),
+            threads: 0,
+            improve: true,
+            seed: 0x6772_6170_6870_6f6f,
+            scaled_budget_per_item: Some(Duration::from_micros(8)),
+        }
+    }
+}
+
+/// Where every buffer goes, and how good that is.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// Offset of each buffer, in input order.
+    pub offsets: Vec<u64>,
+    /// Bytes of the arena: the highest `offset + size`.
+    pub footprint: u64,
+    /// Most bytes live at any time; no placement can use less.
+    pub lower_bound: u64,
+    /// What produced the placement (a strategy name, `mixed(...)` when windows chose
+    /// different strategies, `+improved` when the improvement stage lowered it, `exact`).
+    pub strategy: String,
+    /// Wall-clock time spent.
+    pub elapsed: Duration,
+    /// Footprint of the online best-fit floor.
+    pub floor_footprint: u64,
+    /// Footprint before the improvement stage.
+    pub greedy_footprint: u64,
+    /// Windows the clock was decomposed into.
+    pub windows: usize,
+    /// Portfolio strategies that ran (others were skipped for time).
+    pub strategies_run: usize,
+    /// Re-placement steps the improvement stage tried.
+    pub improvement_steps: u64,
+}
+
+impl Placement {
+    /// `footprint / lower_bound` (1.0 when both are 0).
+    pub fn ratio(&self) -> f64 {
+        if self.lower_bound == 0 { 1.0 } else { self.footprint as f64 / self.lower_bound as f64 }
+    }
+}
+
+/// Why buffers could not be placed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceError {
+    /// A buffer ends before it starts.
+    #[error("buffer {index} ends at {end} before it starts at {start}; give every buffer start <= end")]
+    Reversed {
+        /// Position of the buffer in the input.
+        index: usize,
+        /// Its start.
+        start: u64,
+        /// Its end.
+        end: u64,
+    },
+    /// The sizes add up to more than 2^64 bytes.
+    #[error("buffer sizes add up to more than 2^64 bytes; check the sizes (they are bytes)")]
+    Overflow,
+}
+
+/// A placement that breaks a rule (see [`verify`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// Wrong number of offsets.
+    #[error("{got} offsets for {expected} buffers")]
+    Count {
+        /// Buffers.
+        expected: usize,
+        /// Offsets.
+        got: usize,
+    },
+    /// Two buffers live at the same time share bytes.
+    #[error("buffers {a} and {b} are live at the same time and overlap in memory")]
+    Overlap {
+        /// One buffer.
+        a: usize,
+        /// The other.
+        b: usize,
+    },
+    /// Two buffers of one alias group were given different offsets.
+    #[error("buffers {a} and {b} are in the same alias group but at different offsets")]
+    Alias {
+        /// One buffer.
+        a: usize,
+        /// The other.
+        b: usize,
+    },
+}
+
+// ------------------------------------------------------------------------------------------
+// The problem in compressed form.
+
+/// Items (alias groups or lone buffers) over a compressed clock.
+#[derive(Debug, Clone, Default)]
+struct Problem {
+    size: Vec<u64>,
+    /// Item `i`'s intervals are `ivs[ivp[i]..ivp[i + 1]]`, in compressed clock ranks.
+    ivp: Vec<u32>,
+    ivs: Vec<(u32, u32)>,
+    hull: Vec<(u32, u32)>,
+    /// Real-clock length covered (for the lifetime orders).
+    life: Vec<u64>,
+    /// Real-clock start.
+    start: Vec<u64>,
+    /// Most bytes live at any rank of the item's intervals.
+    peak: Vec<u64>,
+    /// Item of each buffer; `u32::MAX` for buffers that are never live or have size 0.
+    item_of: Vec<u32>,
+    ranks: u32,
+}
+
+impl Problem {
+    fn build(buffers: &[Buffer]) -> Result<Problem, PlaceError> {
+        let mut groups: HashMap<u32, u32> = HashMap::new();
+        let mut item_ivs: Vec<Vec<(u64, u64)>> = Vec::new();
+        let mut size: Vec<u64> = Vec::new();
+        let mut item_of = vec![u32::MAX; buffers.len()];
+        let mut times = Vec::with_capacity(buffers.len() * 2);
+        for (index, b) in buffers.iter().enumerate() {
+            if b.end < b.start {
+                return Err(PlaceError::Reversed { index, start: b.start, end: b.end });
+            }
+            if b.end == b.start || b.size == 0 {
+                continue;
+            }
+            let item = match b.group {
+                Some(g) => *groups.entry(g).or_insert_with(|| {
+                    item_ivs.push(Vec::new());
+                    size.push(0);
+                    (size.len() - 1) as u32
+                }),
+                None => {
+                    item_ivs.push(Vec::new());
+                    size.push(0);
+                    (size.len() - 1) as u32
+                }
+            };
+            item_of[index] = item;
+            item_ivs[item as usize].push((b.start, b.end));
+            size[item as usize] = size[item as usize].max(b.size);
+            times.push(b.start);
+            times.push(b.end);
+        }
+        // Zero-size or never-live members of a group follow the group.
+        for (index, b) in buffers.iter().enumerate() {
+            if item_of[index] == u32::MAX
+                && let Some(g) = b.group
+                && let Some(&item) = groups.get(&g)
+            {
+                item_of[index] = item;
+            }
+        }
+        size.iter().try_fold(0u64, |acc, &s| acc.checked_add(s)).ok_or(PlaceError::Overflow)?;
+        times.sort_unstable();
+        times.dedup();
+        let rank = |t: u64| times.partition_point(|&x| x < t) as u32;
+        let n = size.len();
+        let mut p = Problem {
+            size,
+            ivp: Vec::with_capacity(n + 1),
+            ivs: Vec::with_capacity(n),
+            hull: Vec::with_capacity(n),
+            life: Vec::with_capacity(n),
+            start: Vec::with_capacity(n),
+            peak: Vec::new(),
+            item_of,
+            ranks: times.len() as u32,
+        };
+        p.ivp.push(0);
+        for mut ivs in item_ivs {
+            ivs.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ivs.len());
+            for (s, e) in ivs {
+                match merged.last_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => merged.push((s, e)),
+                }
+            }
+            p.life.push(merged.iter().map(|(s, e)| e - s).sum());
+            p.start.push(merged[0].0);
+            let first = p.ivs.len();
+            for (s, e) in merged {
+                p.ivs.push((rank(s), rank(e)));
+            }
+            p.hull.push((p.ivs[first].0, p.ivs[p.ivs.len() - 1].1));
+            p.ivp.push(p.ivs.len() as u32);
+        }
+        p.peak = p.peaks();
+        Ok(p)
+    }
+
+    /// Bytes live at each rank.
+    fn live(&self) -> Vec<u64> {
+        let mut diff = vec![0i128; self.ranks as usize + 1];
+        for i in 0..self.len() {
+            for &(s, e) in self.ivs(i) {
+                diff[s as usize] += self.size[i] as i128;
+                diff[e as usize] -= self.size[i] as i128;
+            }
+        }
+        let mut live = 0i128;
+        diff.iter()
+            .map(|d| {
+                live += d;
+                live as u64
+            })
+            .collect()
+    }
+
+    /// For every item, the most bytes live during its lifetime (a max segment tree over
+    /// the live profile).
+    fn peaks(&self) -> Vec<u64> {
+        let live = self.live();
+        let m = live.len().max(1);
+        let mut tree = vec![0u64; 2 * m];
+        tree[m..m + live.len()].copy_from_slice(&live);
+        for k in (1..m).rev() {
+            tree[k] = tree[2 * k].max(tree[2 * k + 1]);
+        }
+        let query = |mut l: usize, mut r: usize| {
+            let mut best = 0;
+            l += m;
+            r += m;
+            while l < r {
+                if l & 1 == 1 {
+                    best = best.max(tree[l]);
+                    l += 1;
+                }
+                if r & 1 == 1 {
+                    r -= 1;
+                    best = best.max(tree[r]);
+                }
+                l >>= 1;
+                r >>= 1;
+            }
+            best
+        };
+        (0..self.len())
+            .map(|i| self.ivs(i).iter().map(|&(s, e)| query(s as usize, e as usize)).max().unwrap_or(0))
+            .collect()
+    }
+
+    fn len(&self) -> usize {
+        self.size.len()
+    }
+
+    fn ivs(&self, i: usize) -> &[(u32, u32)] {
+        &self.ivs[self.ivp[i] as usize..self.ivp[i + 1] as usize]
+    }
+
+    /// The most bytes live at any rank.
+    fn lower_bound(&self) -> u64 {
+        self.peak.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Average interval length in ranks.
+    fn mean_span(&self) -> u32 {
+        if self.ivs.is_empty() {
+            return 1;
+        }
+        let total: u64 = self.ivs.iter().map(|&(s, e)| (e - s) as u64).sum();
+        (total / self.ivs.len() as u64).max(1) as u32
+    }
+}
+
+/// Most bytes live at any time: no placement of `buffers` fits in fewer bytes. Members of
+/// an alias group count once, as large as the largest member.
+pub fn lower_bound(buffers: &[Buffer]) -> Result<u64, PlaceError> {
+    Ok(Problem::build(buffers)?.lower_bound())
+}
+
+// ------------------------------------------------------------------------------------------
+// The time-bucketed index of placed items.
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    off: u64,
+    top: u64,
+    s: u32,
+    e: u32,
+    item: u32,
+}
+
+/// Placed intervals, bucketed by compressed clock rank; each bucket sorted by offset.
+#[derive(Debug, Clone)]
+struct Index {
+    shift: u32,
+    buckets: Vec<Vec<Entry>>,
+}
+
+impl Index {
+    fn new(p: &Problem) -> Index {
+        let width = (p.mean_span().max(8)).next_power_of_two();
+        let shift = width.trailing_zeros();
+        let n = ((p.ranks as usize) >> shift) + 1;
+        Index { shift, buckets: vec![Vec::new(); n] }
+    }
+
+    fn insert(&mut self, p: &Problem, item: usize, off: u64) {
+        let top = off + p.size[item];
+        for &(s, e) in p.ivs(item) {
+            let en = Entry { off, top, s, e, item: item as u32 };
+            for b in (s >> self.shift)..=((e - 1) >> self.shift) {
+                let bucket = &mut self.buckets[b as usize];
+                let pos = bucket.partition_point(|x| x.off <= off);
+                bucket.insert(pos, en);
+            }
+        }
+    }
+
+    fn remove(&mut self, p: &Problem, item: usize, off: u64) {
+        for &(s, e) in p.ivs(item) {
+            for b in (s >> self.shift)..=((e - 1) >> self.shift) {
+                let bucket = &mut self.buckets[b as usize];
+                let mut pos = bucket.partition_point(|x| x.off < off);
+                while bucket[pos].item != item as u32 || bucket[pos].s != s {
+                    pos += 1;
+                }
+                bucket.remove(pos);
+            }
+        }
+    }
+
+    /// Appends `(offset, top)` of every placed interval overlapping `[s, e)` to `out`;
+    /// clears `sorted` when `out` is no longer sorted by offset.
+    fn query(&self, s: u32, e: u32, out: &mut Vec<(u64, u64)>, sorted: &mut bool) {
+        let b0 = s >> self.shift;
+        let b1 = (e - 1) >> self.shift;
+        for b in b0..=b1 {
+            for en in &self.buckets[b as usize] {
+                if en.s < e && en.e > s && (en.s >> self.shift).max(b0) == b {
+                    if let Some(last) = out.last()
+                        && last.0 > en.off
+                    {
+                        *sorted = false;
+                    }
+                    out.push((en.off, en.top));
+                }
+            }
+        }
+    }
+
+    /// Lowest offset at which `item` fits under `fit`.
+    fn find(&self, p: &Problem, item: usize, fit: Fit, scratch: &mut Vec<(u64, u64)>) -> u64 {
+        scratch.clear();
+        let mut sorted = true;
+        for &(s, e) in p.ivs(item) {
+            self.query(s, e, scratch, &mut sorted);
+        }
+        if !sorted {
+            // Runs sorted per bucket: the stable sort merges them.
+            scratch.sort();
+        }
+        let size = p.size[item];
+        let mut cur = 0u64;
+        let mut best: Option<(u64, u64)> = None;
+        for &(o, t) in scratch.iter() {
+            if o >= cur + size {
+                let gap = o - cur;
+                match fit {
+                    Fit::LowestOffset => return cur,
+                    Fit::BestFit => {
+                        if gap == size {
+                            return cur;
+                        }
+                        if best.is_none_or(|(g, _)| gap < g) {
+                            best = Some((gap, cur));
+                        }
+                    }
+                }
+            }
+            cur = cur.max(t);
+        }
+        best.map_or(cur, |(_, o)| o)
+    }
+}
+
+/// Places `items` in order into `index`, writing `off`; returns the highest top.
+fn greedy(p: &Problem, items: &[u32], fit: Fit, index: &mut Index, off: &mut [u64]) -> u64 {
+    let mut scratch = Vec::new();
+    let mut high = 0;
+    for &i in items {
+        let i = i as usize;
+        let o = index.find(p, i, fit, &mut scratch);
+        off[i] = o;
+        index.insert(p, i, o);
+        high = high.max(o + p.size[i]);
+    }
+    high
+}
+
+/// Sorts `items` into the placement order of `order`, with multiplicative noise on the
+/// key (0 = none) drawn from `rng`.
+fn sort_items(p: &Problem, items: &mut [u32], order: Order, noise: f64, rng: &mut Rng) {
+    if noise == 0.0 {
+        match order {
+            Order::Size => items.sort_unstable_by_key(|&i| {
+                let i = i as usize;
+                (std::cmp::Reverse(p.size[i]), std::cmp::Reverse(p.life[i]), p.start[i], i)
+            }),
+            Order::Lifetime => items.sort_unstable_by_key(|&i| {
+                let i = i as usize;
+                (std::cmp::Reverse(p.life[i]), std::cmp::Reverse(p.size[i]), p.start[i], i)
+            }),
+            Order::Area => items.sort_unstable_by_key(|&i| {
+                let i = i as usize;
+                let area = p.size[i] as u128 * p.life[i] as u128;
+                (std::cmp::Reverse(area), std::cmp::Reverse(p.size[i]), p.start[i], i)
+            }),
+            Order::Start => items.sort_unstable_by_key(|&i| {
+                let i = i as usize;
+                (p.start[i], std::cmp::Reverse(p.size[i]), i)
+            }),
+            Order::Breadth => items.sort_unstable_by_key(|&i| {
+                let i = i as usize;
+                (std::cmp::Reverse(p.peak[i]), std::cmp::Reverse(p.size[i]), p.start[i], i)
+            }),
+        }
+        return;
+    }
+    let mut keyed: Vec<(f64, u32)> = items
+        .iter()
+        .map(|&i| {
+            let u = i as usize;
+            let base = match order {
+                Order::Size => p.size[u] as f64,
+                Order::Lifetime => p.life[u] as f64,
+                Order::Area => p.size[u] as f64 * p.life[u] as f64,
+                Order::Start => -(p.start[u] as f64) - 1.0,
+                Order::Breadth => p.peak[u] as f64 + p.size[u] as f64 / (1u64 << 40) as f64,
+            };
+            let factor = 1.0 + noise * (rng.unit() - 0.5);
+            (if base >= 0.0 { base * factor } else { base / factor }, i)
+        })
+        .collect();
+    keyed.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    for (slot, (_, i)) in items.iter_mut().zip(keyed) {
+        *slot = i;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The online best-fit floor.
+
+/// Online best-fit in clock order over each item's hull. Returns offsets and footprint.
+fn online_best_fit(p: &Problem) -> (Vec<u64>, u64) {
+    let n = p.len();
+    let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        events.push((p.hull[i].0, true, i as u32));
+        events.push((p.hull[i].1, false, i as u32));
+    }
+    // Ends (false) sort before starts (true) at the same rank.
+    events.sort_unstable();
+    let mut off = vec![0u64; n];
+    let mut by_off: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut by_len: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut top = 0u64;
+    for (_, is_start, i) in events {
+        let i = i as usize;
+        let size = p.size[i];
+        if is_start {
+            if let Some(&(len, o)) = by_len.range((size, 0)..).next() {
+                by_len.remove(&(len, o));
+                by_off.remove(&o);
+                if len > size {
+                    by_len.insert((len - size, o + size));
+                    by_off.insert(o + size, len - size);
+                }
+                off[i] = o;
+            } else if let Some((&o, &len)) = by_off.last_key_value()
+                && o + len == top
+            {
+                by_len.remove(&(len, o));
+                by_off.remove(&o);
+                off[i] = o;
+                top = o + size;
+            } else {
+                off[i] = top;
+                top += size;
+            }
+        } else {
+            let (mut o, mut len) = (off[i], size);
+            if let Some((&po, &pl)) = by_off.range(..o).next_back()
+                && po + pl == o
+            {
+                by_off.remove(&po);
+                by_len.remove(&(pl, po));
+                o = po;
+                len += pl;
+            }
+            if let Some(&nl) = by_off.get(&(o + len)) {
+                by_off.remove(&(o + len));
+                by_len.remove(&(nl, o + len));
+                len += nl;
+            }
+            by_off.insert(o, len);
+            by_len.insert((len, o));
+        }
+    }
+    (off, top)
+}
+
+// ------------------------------------------------------------------------------------------
+// Exact search for tiny problems.
+
+/// Branch and bound over placement orders with lowest-offset placement. Every optimal
+/// placement is reached by lowest-offset placement in order of its offsets, so this is exact.
+fn exact(p: &Problem, lb: u64, incumbent: u64) -> Option<Vec<u64>> {
+    let n = p.len();
+    let overlap = |a: usize, b: usize| {
+        p.ivs(a).iter().any(|&(s1, e1)| p.ivs(b).iter().any(|&(s2, e2)| s1 < e2 && s2 < e1))
+    };
+    let conflicts: Vec<Vec<usize>> =
+        (0..n).map(|a| (0..n).filter(|&b| b != a && overlap(a, b)).collect()).collect();
+    struct Search<'a> {
+        p: &'a Problem,
+        conflicts: Vec<Vec<usize>>,
+        placed: Vec<bool>,
+        off: Vec<u64>,
+        best: u64,
+        best_off: Option<Vec<u64>>,
+        lb: u64,
+    }
+    impl Search<'_> {
+        fn lowest(&self, i: usize) -> u64 {
+            let size = self.p.size[i];
+            let mut cands: Vec<u64> = vec![0];
+            cands.extend(
+                self.conflicts[i].iter().filter(|&&j| self.placed[j]).map(|&j| self.off[j] + self.p.size[j]),
+            );
+            cands.sort_unstable();
+            for c in cands {
+                let free = self.conflicts[i].iter().filter(|&&j| self.placed[j]).all(|&j| {
+                    let (o, t) = (self.off[j], self.off[j] + self.p.size[j]);
+                    c + size <= o || c >= t
+                });
+                if free {
+                    return c;
+                }
+            }
+            unreachable!("the highest top is always free")
+        }
+        fn dfs(&mut self, depth: usize, high: u64) {
+            if self.best <= self.lb {
+                return;
+            }
+            if depth == self.p.len() {
+                if high < self.best {
+                    self.best = high;
+                    self.best_off = Some(self.off.clone());
+                }
+                return;
+            }
+            for i in 0..self.p.len() {
+                if self.placed[i] {
+                    continue;
+                }
+                let o = self.lowest(i);
+                let h = high.max(o + self.p.size[i]);
+                if h >= self.best {
+                    continue;
+                }
+                self.placed[i] = true;
+                self.off[i] = o;
+                self.dfs(depth + 1, h);
+                self.placed[i] = false;
+            }
+        }
+    }
+    let mut s =
+        Search { p, conflicts, placed: vec![false; n], off: vec![0; n], best: incumbent, best_off: None, lb };
+    s.dfs(0, 0);
+    s.best_off
+}
+
+// ------------------------------------------------------------------------------------------
+// Decomposition.
+
+/// Cut points of the clock and which items cross them.
+#[derive(Debug)]
+struct Decomposition {
+    /// Window of each item, or `u32::MAX` for items crossing a cut.
+    window: Vec<u32>,
+    windows: usize,
+    crossing: Vec<u32>,
+    rest: Vec<u32>,
+}
+
+fn decompose(p: &Problem, lb: u64) -> Decomposition {
+    let r = p.ranks as usize;
+    let mut diff = vec![0i128; r + 2];
+    let mut starts = vec![0u32; r + 1];
+    for i in 0..p.len() {
+        let (s, e) = p.hull[i];
+        starts[s as usize] += 1;
+        if s + 1 < e {
+            diff[s as usize + 1] += p.size[i] as i128;
+            diff[e as usize] -= p.size[i] as i128;
+        }
+    }
+    // A cut at rank c splits [.., c) from [c, ..); items with s < c < e cross it.
+    let threshold = (lb / 20) as i128;
+    let mut cuts: Vec<u32> = Vec::new();
+    let (mut cross, mut since) = (0i128, 0u32);
+    for c in 0..r {
+        cross += diff[c];
+        if c > 0 && since > 0 && (cross == 0 || (cross <= threshold && since >= 512)) {
+            cuts.push(c as u32);
+            since = 0;
+        }
+        since += starts[c];
+    }
+    let mut window = vec![0u32; p.len()];
+    let (mut crossing, mut rest) = (Vec::new(), Vec::new());
+    for i in 0..p.len() {
+        let (s, e) = p.hull[i];
+        let k = cuts.partition_point(|&c| c <= s);
+        if k < cuts.len() && cuts[k] < e {
+            window[i] = u32::MAX;
+            crossing.push(i as u32);
+        } else {
+            window[i] = k as u32;
+            rest.push(i as u32);
+        }
+    }
+    Decomposition { window, windows: cuts.len() + 1, crossing, rest }
+}
+
+// ------------------------------------------------------------------------------------------
+// The improvement stage.
+
+#[derive(Debug, Default)]
+struct ImproveStats {
+    steps: u64,
+    improved: bool,
+}
+
+fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) -> ImproveStats {
+    let n = p.len();
+    let mut stats = ImproveStats::default();
+    let mut index = Index::new(p);
+    for i in 0..n {
+        index.insert(p, i, off[i]);
+    }
+    let mut top: Vec<u64> = (0..n).map(|i| off[i] + p.size[i]).collect();
+    let mut high = top.iter().copied().max().unwrap_or(0);
+    let start_high = high;
+    let mut crit: Vec<u32> = (0..n as u32).filter(|&i| top[i as usize] == high).collect();
+    let mut rng = Rng::new(seed);
+    let span = p.mean_span() as u64;
+    let mut stamp = vec![0u32; n];
+    let mut epoch = 0u32;
+    let mut window: Vec<u32> = Vec::new();
+    let mut new_off = vec![0u64; n];
+    while high > lb && Instant::now() < deadline {
+        // A buffer at the top.
+        let c = loop {
+            if crit.is_empty() {
+                high = top.iter().copied().max().unwrap_or(0);
+                crit = (0..n as u32).filter(|&i| top[i as usize] == high).collect();
+            }
+            let k = rng.below(crit.len() as u64) as usize;
+            if top[crit[k] as usize] == high {
+                break crit[k] as usize;
+            }
+            crit.swap_remove(k);
+        };
+        if high <= lb {
+            break;
+        }
+        stats.steps += 1;
+        // A window of the clock around it.
+        let mult = [0u64, 1, 2, 4, 8][rng.below(5) as usize];
+        let (hs, he) = p.hull[c];
+        let t0 = (hs as u64).saturating_sub(rng.below(span * mult + 1)) as u32;
+        let t1 = ((he as u64) + rng.below(span * mult + 1)).min(p.ranks as u64) as u32;
+        epoch += 1;
+        window.clear();
+        for b in (t0 >> index.shift)..=((t1 - 1) >> index.shift) {
+            for en in &index.buckets[b as usize] {
+                let i = en.item as usize;
+                if stamp[i] != epoch {
+                    stamp[i] = epoch;
+                    let (s, e) = p.hull[i];
+                    if s >= t0 && e <= t1 {
+                        window.push(en.item);
+                    }
+                }
+            }
+        }
+        let objective = |w: &[u32], o: &dyn Fn(usize) -> u64| {
+            let mut m = (0u64, 0u32);
+            for &i in w {
+                let t = o(i as usize) + p.size[i as usize];
+                if t > m.0 {
+                    m = (t, 1);
+                } else if t == m.0 {
+                    m.1 += 1;
+                }
+            }
+            m
+        };
+        let before = objective(&window, &|i| off[i]);
+        for &i in &window {
+            index.remove(p, i as usize, off[i as usize]);
+        }
+        let strat = Strategy::PORTFOLIO[rng.below(Strategy::PORTFOLIO.len() as u64) as usize];
+        let noise = [0.0, 0.05, 0.2, 0.6][rng.below(4) as usize];
+        sort_items(p, &mut window, strat.order, noise, &mut rng);
+        if rng.below(2) == 0 {
+            // The buffer at the top goes first.
+            let pos = window.iter().position(|&i| i as usize == c).unwrap_or(0);
+            window[..=pos].rotate_right(1);
+        }
+        greedy(p, &window, strat.fit, &mut index, &mut new_off);
+        let after = objective(&window, &|i| new_off[i]);
+        if after <= before {
+            for &i in &window {
+                let i = i as usize;
+                off[i] = new_off[i];
+                top[i] = off[i] + p.size[i];
+                if top[i] == high {
+                    crit.push(i as u32);
+                }
+            }
+        } else {
+            for &i in &window {
+                index.remove(p, i as usize, new_off[i as usize]);
+            }
+            // `off` still holds the old offsets.
+            for &i in &window {
+                index.insert(p, i as usize, off[i as usize]);
+            }
+        }
+    }
+    let final_high = top.iter().copied().max().unwrap_or(0);
+    stats.improved = final_high < start_high;
+    stats
+}
+
+// ------------------------------------------------------------------------------------------
+// The driver.
+
+/// One portfolio run: offsets of every item and the highest top per window.
+struct Run {
+    strategy: Strategy,
+    off: Vec<u64>,
+    window_high: Vec<u64>,
+    crossing_high: u64,
+}
+
+fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy) -> Run {
+    let mut index = Index::new(p);
+    let mut off = vec![0u64; p.len()];
+    let mut crossing = d.crossing.clone();
+    let mut rng = Rng::new(0);
+    sort_items(p, &mut crossing, Order::Size, 0.0, &mut rng);
+    let crossing_high = greedy(p, &crossing, Fit::BestFit, &mut index, &mut off);
+    let mut rest = d.rest.clone();
+    sort_items(p, &mut rest, strategy.order, 0.0, &mut rng);
+    greedy(p, &rest, strategy.fit, &mut index, &mut off);
+    let mut window_high = vec![0u64; d.windows];
+    for &i in &d.rest {
+        let i = i as usize;
+        let w = d.window[i] as usize;
+        window_high[w] = window_high[w].max(off[i] + p.size[i]);
+    }
+    Run { strategy, off, window_high, crossing_high }
+}
+
+/// Places `buffers`: see the module documentation for how.
+pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, PlaceError> {
+    let began = Instant::now();
+    let p = Problem::build(buffers)?;
+    let n = p.len();
+    let mut budget = opts.time_budget;
+    if let Some(per) = opts.scaled_budget_per_item {
+        budget = budget.min(per * n as u32 + Duration::from_millis(5));
+    }
+    let deadline = began + budget;
+    // The portfolio gets 60% of the budget; the improvement stage the rest.
+    let portfolio_deadline = began + budget.mul_f64(0.6);
+    let lb = p.lower_bound();
+    let (floor_off, floor_high) = online_best_fit(&p);
+    let mut best_off = floor_off;
+    let mut best_high = floor_high;
+    let mut strategy = "online-best-fit".to_string();
+    let mut windows = 1;
+    let mut strategies_run = 0;
+    if best_high > lb && n > 0 {
+        let d = decompose(&p, lb);
+        windows = d.windows;
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |t| t.get())
+        } else {
+            opts.threads
+        }
+        .clamp(1, Strategy::PORTFOLIO.len());
+        let next = AtomicUsize::new(0);
+        let estimate_ns = AtomicU64::new(0);
+        let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    loop {
+                        let k = next.fetch_add(1, AtomicOrdering::Relaxed);
+                        if k >= Strategy::PORTFOLIO.len() {
+                            break;
+                        }
+                        let est = Duration::from_nanos(estimate_ns.load(AtomicOrdering::Relaxed));
+                        if k > 0 && Instant::now() + est > portfolio_deadline {
+                            break;
+                        }
+                        let t = Instant::now();
+                        let run = run_strategy(&p, &d, Strategy::PORTFOLIO[k]);
+                        estimate_ns.fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                        runs.lock().expect("portfolio worker panicked").push(run);
+                    }
+                });
+            }
+        });
+        let mut runs = runs.into_inner().expect("portfolio worker panicked");
+        strategies_run = runs.len();
+        runs.sort_by_key(|r| Strategy::PORTFOLIO.iter().position(|s| *s == r.strategy));
+        // Per window, the run with the lowest top; crossing items are the same in every run.
+        let mut off = runs[0].off.clone();
+        let mut high = runs[0].crossing_high;
+        let mut chosen: Vec<usize> = Vec::with_capacity(d.windows);
+        for w in 0..d.windows {
+            let k = (0..runs.len()).min_by_key(|&k| (runs[k].window_high[w], k)).unwrap_or(0);
+            high = high.max(runs[k].window_high[w]);
+            chosen.push(k);
+        }
+        for &i in &d.rest {
+            let i = i as usize;
+            off[i] = runs[chosen[d.window[i] as usize]].off[i];
+        }
+        if high < best_high {
+            best_high = high;
+            best_off = off;
+            let mut names: Vec<&str> = Vec::new();
+            for &k in &chosen {
+                let name = runs[k].strategy.name();
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            strategy =
+                if names.len() == 1 { names[0].to_string() } else { format!("mixed({})", names.join(",")) };
+        }
+    }
+    let greedy_high = best_high;
+    let mut improvement_steps = 0;
+    if best_high > lb && n <= EXACT_MAX_ITEMS {
+        if let Some(off) = exact(&p, lb, best_high) {
+            best_high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+            best_off = off;
+            strategy = "exact".to_string();
+        }
+    } else if best_high > lb && opts.improve {
+        let stats = improve(&p, &mut best_off, lb, deadline, opts.seed);
+        improvement_steps = stats.steps;
+        if stats.improved {
+            best_high = (0..n).map(|i| best_off[i] + p.size[i]).max().unwrap_or(0);
+            strategy.push_str("+improved");
+        }
+    }
+    let offsets = p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best_off[i as usize] }).collect();
+    Ok(Placement {
+        offsets,
+        footprint: best_high,
+        lower_bound: lb,
+        strategy,
+        elapsed: began.elapsed(),
+        floor_footprint: floor_high,
+        greedy_footprint: greedy_high,
+        windows,
+        strategies_run,
+        improvement_steps,
+    })
+}
+
+/// Checks a placement: one offset per buffer, members of a group at one offset, and no two
+/// items live at the same time sharing a byte. `O(n log n)`.
+pub fn verify(buffers: &[Buffer], offsets: &[u64]) -> Result<(), VerifyError> {
+    if buffers.len() != offsets.len() {
+        return Err(VerifyError::Count { expected: buffers.len(), got: offsets.len() });
+    }
+    let mut first_of_group: HashMap<u32, usize> = HashMap::new();
+    for (i, b) in buffers.iter().enumerate() {
+        if let Some(g) = b.group {
+            let f = *first_of_group.entry(g).or_insert(i);
+            if offsets[f] != offsets[i] {
+                return Err(VerifyError::Alias { a: f, b: i });
+            }
+        }
+    }
+    // Sweep over time with the live buffers keyed by offset. Members of one group may
+    // coincide; they are the same memory.
+    let mut events: Vec<(u64, bool, usize)> = Vec::new();
+    for (i, b) in buffers.iter().enumerate() {
+        if b.size > 0 && b.end > b.start {
+            events.push((b.start, true, i));
+            events.push((b.end, false, i));
+        }
+    }
+    events.sort_unstable();
+    let key = |i: usize| (offsets[i], buffers[i].group.map_or(u64::MAX - i as u64, |g| g as u64));
+    // (offset, owner) -> (top, count, buffer)
+    let mut live: BTreeMap<(u64, u64), (u64, u32, usize)> = BTreeMap::new();
+    for (_, is_start, i) in events {
+        let k = key(i);
+        let top = offsets[i] + buffers[i].size;
+        if !is_start {
+            let entry = live.get_mut(&k).expect("ended buffer is live");
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                live.remove(&k);
+            }
+            continue;
+        }
+        if let Some(entry) = live.get_mut(&k) {
+            entry.0 = entry.0.max(top);
+            entry.1 += 1;
+            // Same group at the same offset: check the grown extent against the next one.
+            if let Some((_, &(_, _, j))) = live.range((k.0, k.1 + 1)..).next()
+                && offsets[j] < top
+            {
+                return Err(VerifyError::Overlap { a: i, b: j });
+            }
+            continue;
+        }
+        if let Some((_, &(ptop, _, j))) = live.range(..k).next_back()
+            && ptop > offsets[i]
+        {
+            return Err(VerifyError::Overlap { a: j, b: i });
+        }
+        if let Some((&(no, _), &(_, _, j))) = live.range(k..).next()
+            && no < top
+        {
+            return Err(VerifyError::Overlap { a: i, b: j });
+        }
+        live.insert(k, (top, 1, i));
+    }
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! Generated workloads for benchmarks and tests: random buffer lists and adversarial,
+//! perfectly packed instances whose optimum equals their lower bound.
+
+use crate::dsa::Buffer;
+use crate::rng::Rng;
+
+/// `n` random buffers: starts uniform over `[0, n)` (one arrival per clock step on
+/// average), lifetimes log-uniform in `1..=1000` steps (about 145 buffers live at a time),
+/// sizes log-uniform in 1 KiB..=16 MiB rounded up to 512 bytes.
+pub fn random(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|_| {
+            let start = rng.below(n.max(1) as u64);
+            let life = rng.log_uniform(1, 1000);
+            let size = rng.log_uniform(1 << 10, 16 << 20).div_ceil(512) * 512;
+            Buffer { start, end: start + life, size, group: None }
+        })
+        .collect()
+}
+
+/// `n` buffers that tile a `horizon` × `height` rectangle exactly (guillotine cuts of the
+/// rectangle at random places, in time or in memory), shuffled. Every step has exactly
+/// `height` bytes live, so the optimum footprint is `height` = the lower bound; greedy
+/// orders typically land 10–40% above it.
+pub fn packed(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed);
+    let horizon: u64 = (n as u64 * 4).max(16);
+    let height: u64 = 1 << 32;
+    // (start, end, offset, size)
+    let mut pieces: Vec<(u64, u64, u64, u64)> = vec![(0, horizon, 0, height)];
+    let mut attempts = 0;
+    while pieces.len() < n && attempts < n * 64 {
+        attempts += 1;
+        let k = rng.below(pieces.len() as u64) as usize;
+        let (s, e, o, h) = pieces[k];
+        let cut_time = rng.below(2) == 0;
+        if cut_time && e - s >= 2 {
+            let c = rng.range(s + 1, e - 1);
+            pieces[k] = (s, c, o, h);
+            pieces.push((c, e, o, h));
+        } else if !cut_time && h >= 2 * 512 {
+            let c = rng.range(1, h / 512 - 1) * 512;
+            pieces[k] = (s, e, o, c);
+            pieces.push((s, e, o + c, h - c));
+        }
+    }
+    for i in (1..pieces.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        pieces.swap(i, j);
+    }
+    pieces.into_iter().map(|(start, end, _, size)| Buffer { start, end, size, group: None }).collect()
+}
