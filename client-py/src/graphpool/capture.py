@@ -1,0 +1,790 @@
+"""Schedule-aware CUDA graph capture: one graph per (layer, slot), not per (layer, microbatch).
+
+:func:`make_graphed_callables` is a drop-in for :func:`torch.cuda.make_graphed_callables` plus a
+pipeline :class:`~graphpool.schedule.Schedule`. It returns a :class:`GraphedSchedule`: one callable
+per (layer, microbatch) that the training loop calls in its usual order. Microbatches that share a
+buffer slot replay the *same* two graphs, so the number of graphs is ``2 x layers x slots`` for any
+number of microbatches.
+
+Why this is safe (see ``docs/capture.md``). A graph replays at fixed addresses, and one graph now
+serves many microbatches whose replays interleave differently from the captures. Memory is
+therefore split by lifetime, one memory pool per lifetime class:
+
+* **one forward pool per (chunk, slot)**: everything the forward graphs of that slot allocate —
+  the slot's static input, every layer's static output (the next layer's static input), the
+  tensors each forward keeps for its backward, and the forward temporaries. Only the graphs of
+  that slot ever touch that pool, and a slot is held by one microbatch from its first forward to
+  its last backward, so nothing can overwrite what a forward left for its backward;
+* **one backward pool shared by every backward graph**: backward temporaries and the chained
+  gradient buffers (layer l's input gradient is layer l-1's output gradient), which are dead as
+  soon as the next backward graph of the same microbatch has read them. Backward graphs run one
+  at a time on one stream, so sharing their temporaries is safe;
+* **parameter gradients** are accumulated inside the backward graphs into ``param.grad``, which
+  lives outside every pool (allocated before capture, as eager's first backward would).
+
+The gradient with respect to a chunk's input (what a pipeline sends to the previous stage) is
+copied out of the backward pool before it is handed to autograd, so a caller may keep it.
+
+At run time each slot records which microbatch holds it; calling a microbatch out of an order
+the schedule allows (its slot still held by another microbatch) raises instead of replaying.
+
+Nothing here touches CUDA at import time, and torch is imported only when a function runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from .schedule import Schedule
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "CaptureStats",
+    "GraphedSchedule",
+    "LayerProfile",
+    "make_graphed_callables",
+    "request_plan",
+]
+
+log = logging.getLogger("graphpool.capture")
+
+_GiB = float(1 << 30)
+
+
+# ------------------------------------------------------------------------------- results
+
+
+@dataclass
+class LayerProfile:
+    """What one layer's graphs keep, measured by one eager warm-up step (bytes)."""
+
+    chunk: int
+    layer: int
+    input_bytes: int
+    output_bytes: int
+    #: Bytes the forward keeps for its backward beyond its inputs and parameters.
+    saved_bytes: int
+    input_shapes: list[tuple[list[int], str, bool]] = field(default_factory=list)
+    output_shapes: list[tuple[list[int], str]] = field(default_factory=list)
+
+
+@dataclass
+class CaptureStats:
+    """What a capture did and cost."""
+
+    graphs: int = 0
+    capture_seconds: float = 0.0
+    warmup_seconds: float = 0.0
+    #: ``"graphpool"`` (daemon-backed pools) or ``"torch"`` (plain ``torch.cuda.MemPool``).
+    pool_kind: str = ""
+    num_pools: int = 0
+    slots_per_chunk: tuple[int, ...] = ()
+    #: Rise of the caching allocator's reserved bytes over the capture.
+    reserved_bytes: int = 0
+    #: Bytes predicted from the warm-up profile (static buffers + saved tensors, all slots).
+    predicted_bytes: int = 0
+    #: The daemon's plan, when one was asked for and given (a ``graphpool.v1.Plan``).
+    plan: Any = None
+    profiles: list[LayerProfile] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def _alias(t: "torch.Tensor") -> "torch.Tensor":
+    """A tensor over ``t``'s memory that does not keep that memory allocated.
+
+    The caching allocator may hand the block to later allocations of the same pool; callers only
+    use the alias where the schedule guarantees the memory holds what they expect.
+    """
+    import torch
+
+    nbytes = t.untyped_storage().nbytes()
+    base = t.untyped_storage().data_ptr()
+    st = _storage_at(base, nbytes, t.device)
+    out = torch.empty((0,), dtype=t.dtype, device=t.device)
+    out.set_(st, t.storage_offset(), t.shape, t.stride())  # type: ignore[call-overload]
+    return out
+
+
+def _storage_at(ptr: int, nbytes: int, device: "torch.device") -> Any:
+    """An untyped storage over ``[ptr, ptr + nbytes)`` that owns nothing."""
+    import torch
+
+    ctor = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+    if ctor is not None:
+        return ctor(ptr, device, nbytes)
+
+    class _CAI:  # fallback through the CUDA array interface (the deleter drops this object)
+        __cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "version": 2,
+        }
+
+    return torch.as_tensor(_CAI(), device=device).untyped_storage()
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _nbytes(t: "torch.Tensor") -> int:
+    return t.numel() * t.element_size()
+
+
+def _split_chunks(callables: Sequence[Any], v: int) -> list[list[Any]]:
+    if v == 1:
+        if callables and all(isinstance(c, (list, tuple)) for c in callables):
+            if len(callables) != 1:
+                raise ValueError("one model chunk expected: pass the layers as a flat sequence")
+            return [list(callables[0])]
+        return [list(callables)]
+    if len(callables) == v and all(isinstance(c, (list, tuple)) for c in callables):
+        return [list(c) for c in callables]
+    if len(callables) % v:
+        raise ValueError(
+            f"{len(callables)} layers cannot be split evenly into {v} chunks: pass one "
+            f"sequence of layers per chunk"
+        )
+    n = len(callables) // v
+    return [list(callables[i * n : (i + 1) * n]) for i in range(v)]
+
+
+def _chunk_samples(sample_args: Sequence[Any], chunks: list[list[Any]]) -> list[tuple[Any, ...]]:
+    """The sample inputs of each chunk's first layer (per-layer tuples accepted, as torch's)."""
+    total = sum(len(c) for c in chunks)
+    v = len(chunks)
+    if len(sample_args) == total and total != v:
+        out, i = [], 0
+        for c in chunks:
+            out.append(_as_tuple(sample_args[i]))
+            i += len(c)
+        return out
+    if len(sample_args) == v:
+        return [_as_tuple(a) for a in sample_args]
+    if v == 1 and len(sample_args) >= 1 and not isinstance(sample_args[0], (tuple, list)):
+        return [tuple(sample_args)]
+    raise ValueError(
+        f"sample_args: expected one tuple per layer ({total}) or per chunk ({v}), got "
+        f"{len(sample_args)}"
+    )
+
+
+# ------------------------------------------------------------------------------- pools
+
+
+def _daemon_pool_factory(device: int, budget: int | None, client: Any) -> Callable[[str], Any] | None:
+    """A factory of daemon-backed pools, or None when graphpool's MemPool or daemon is absent."""
+    try:
+        from graphpool import torch as gp_torch  # the daemon-backed MemPool
+
+        cls = getattr(gp_torch, "MemPool")
+    except Exception as e:  # noqa: BLE001 - any import problem means: not available
+        log.info("graphpool.torch.MemPool not available (%s); using torch.cuda.MemPool", e)
+        return None
+
+    def make(label: str) -> Any:
+        kwargs: dict[str, Any] = {"device": device}
+        if client is not None:
+            kwargs["client"] = client
+        try:
+            return cls(label=label, **kwargs)
+        except TypeError:
+            return cls(**kwargs)
+
+    try:  # one probe: is a daemon reachable?
+        probe = make("graphpool-capture-probe")
+    except Exception as e:  # noqa: BLE001
+        log.info("graphpoold not reachable (%s); using torch.cuda.MemPool", e)
+        return None
+    first = [probe]
+
+    def factory(label: str) -> Any:
+        if first:
+            return first.pop()
+        return make(label)
+
+    return factory
+
+
+def _pool_id(pool: Any) -> Any:
+    return pool.id
+
+
+# ------------------------------------------------------------------------------- planning
+
+
+def request_plan(
+    schedule: Schedule,
+    profiles: Sequence[LayerProfile],
+    *,
+    budget: int | None,
+    client: Any = None,
+    device: int = 0,
+    reserve: bool = True,
+) -> Any:
+    """Ask graphpoold for a plan of this capture; raise ``CapacityExceeded`` if it cannot fit.
+
+    Returns the ``graphpool.v1.Plan`` message, or ``None`` when there is no daemon or client to
+    ask (then only the local checks of :func:`_check_capacity` apply).
+    """
+    if client is None:
+        return None
+    plan_capture = getattr(client, "plan_capture", None)
+    if plan_capture is None:
+        log.debug("client has no plan_capture(); skipping the daemon plan")
+        return None
+    from graphpool._proto.graphpool.v1 import plan_pb2
+
+    layers = []
+    for p in profiles:
+        layers.append(
+            plan_pb2.LayerSpec(
+                chunk=p.chunk,
+                layer=p.layer,
+                inputs=[
+                    plan_pb2.TensorSpec(
+                        name=f"in{i}", shape=shape, dtype=dt, kept_for_backward=kept
+                    )
+                    for i, (shape, dt, kept) in enumerate(p.input_shapes)
+                ],
+                outputs=[
+                    plan_pb2.TensorSpec(name=f"out{i}", shape=shape, dtype=dt)
+                    for i, (shape, dt) in enumerate(p.output_shapes)
+                ],
+                saved_bytes=p.saved_bytes,
+            )
+        )
+    inp = plan_pb2.PlanInput(
+        schedule=plan_pb2.SchedulePlanInput(schedule=schedule.to_proto(), layers=layers)
+    )
+    return plan_capture(inp, reserve=reserve)
+
+
+def _capacity_error(message: str, requested: int, free: int, limit: str, limit_bytes: int) -> Exception:
+    try:
+        from graphpool.errors import CapacityExceeded
+
+        return CapacityExceeded(
+            message, requested=requested, free=free, limit=limit, limit_bytes=limit_bytes
+        )
+    except Exception:  # noqa: BLE001 - errors.py needs grpc; fall back to a MemoryError
+        return MemoryError(message)
+
+
+def _check_capacity(predicted: int, budget: int | None, device: int) -> None:
+    """Fail before capture if the predicted bytes exceed the budget or the device's free memory."""
+    import torch
+
+    if budget is not None and predicted > budget:
+        raise _capacity_error(
+            f"capture needs about {predicted / _GiB:.2f} GiB, over the budget of "
+            f"{budget / _GiB:.2f} GiB",
+            predicted, budget, "capture-budget", budget,
+        )
+    free, _ = torch.cuda.mem_get_info(device)
+    if predicted > free:
+        raise _capacity_error(
+            f"capture needs about {predicted / _GiB:.2f} GiB, but the device has only "
+            f"{free / _GiB:.2f} GiB free",
+            predicted, free, "device-free", free,
+        )
+
+
+# ------------------------------------------------------------------------------- runtime
+
+
+class _Layer:
+    """The graphs and static buffers of one (chunk, layer), per slot."""
+
+    def __init__(self, chunk: int, index: int, module: Any, nslots: int, first: bool, last: bool):
+        self.chunk = chunk
+        self.index = index
+        self.module = module
+        self.first = first
+        self.last = last
+        params = module.parameters() if hasattr(module, "parameters") else ()
+        self.params: tuple[Any, ...] = tuple(p for p in params if p.requires_grad)
+        self.fwd: list[Any] = [None] * nslots
+        self.bwd: list[Any] = [None] * nslots
+        self.static_in: list[tuple[Any, ...]] = [()] * nslots
+        self.static_out: list[tuple[Any, ...]] = [()] * nslots
+        self.static_gout: list[tuple[Any, ...]] = [()] * nslots  # aliases (weak)
+        self.static_gin: list[tuple[Any, ...]] = [()] * nslots  # aliases (weak); None = no grad
+        self.in_requires_grad: tuple[bool, ...] = ()
+        self.out_requires_grad: tuple[bool, ...] = ()
+        self.single_output = True
+        self.grad_bufs: tuple[Any, ...] = ()
+        #: A scalar that requires grad, passed to the replay Function so that autograd runs its
+        #: backward even when no input requires grad (parameters are not Function inputs: their
+        #: gradients are accumulated inside the backward graph).
+        self.anchor: Any = None
+
+
+class GraphedSchedule:
+    """Per-(layer, microbatch) callables over ``2 x layers x slots`` CUDA graphs.
+
+    ``graphed[layer, microbatch]`` is the callable of a layer (index into the flat list of layers,
+    chunk after chunk) for a microbatch of its chunk; ``graphed.layer(l)`` lists them over
+    microbatches and ``graphed.chunk(c, m)`` gives the layers of chunk ``c`` for microbatch ``m``.
+
+    Each callable takes the layer's inputs positionally and returns its outputs, which are the
+    static buffers of the microbatch's slot: valid until the microbatch's backward is done.
+    """
+
+    def __init__(self, schedule: Schedule, layers: list[list[_Layer]], pools: list[Any], stats: CaptureStats):
+        self.schedule = schedule
+        self.stats = stats
+        self._layers = layers
+        self._pools = pools  # kept alive with the graphs
+        self._flat = [lay for chunk in layers for lay in chunk]
+        self._owner: list[list[int | None]] = [
+            [None] * n for n in schedule.slots_per_chunk
+        ]
+        self._calls = [
+            [_GraphedCall(self, lay, m) for m in range(schedule.num_microbatches)]
+            for lay in self._flat
+        ]
+
+    # --- indexing
+
+    def __getitem__(self, key: tuple[int, int]) -> Callable[..., Any]:
+        layer, microbatch = key
+        return self._calls[layer][microbatch]
+
+    def __len__(self) -> int:
+        return len(self._flat) * self.schedule.num_microbatches
+
+    def layer(self, layer: int) -> list[Callable[..., Any]]:
+        return list(self._calls[layer])
+
+    def chunk(self, chunk: int, microbatch: int) -> list[Callable[..., Any]]:
+        start = sum(len(c) for c in self._layers[:chunk])
+        return [self._calls[start + i][microbatch] for i in range(len(self._layers[chunk]))]
+
+    @property
+    def num_graphs(self) -> int:
+        return self.stats.graphs
+
+    # --- testing and diagnostics
+
+    def pool_segments(self) -> list[tuple[str, int, int]]:
+        """``(pool label, address, bytes)`` of every segment of the capture's pools."""
+        import torch
+
+        ids = {}
+        for label, pool in self._pools:
+            ids[tuple(_pool_id(pool))] = label
+        out = []
+        for seg in torch.cuda.memory_snapshot():
+            pid = seg.get("segment_pool_id")
+            if pid is not None and tuple(pid) in ids:
+                out.append((ids[tuple(pid)], int(seg["address"]), int(seg["total_size"])))
+        return out
+
+    def poison(self, byte: int = 0xFF) -> int:
+        """Overwrite every pool that holds nothing live now; returns the bytes overwritten.
+
+        Between two schedule steps that is the backward pool and the forward pools of every free
+        slot (0xFF bytes read as NaN in bf16/f16/f32). A test of the memory split: if any graph
+        read memory it does not own, results change.
+        """
+        import torch
+
+        free_labels = {"bwd"}
+        for c, owners in enumerate(self._owner):
+            for s, m in enumerate(owners):
+                if m is None:
+                    free_labels.add(f"fwd/c{c}/s{s}")
+        done = 0
+        for label, addr, size in self.pool_segments():
+            if label in free_labels:
+                st = _storage_at(addr, size, torch.device("cuda", torch.cuda.current_device()))
+                torch.empty((0,), dtype=torch.uint8, device="cuda").set_(st).fill_(byte)
+                done += size
+        return done
+
+    def slots_in_use(self) -> list[list[int | None]]:
+        return [list(x) for x in self._owner]
+
+
+class _GraphedCall:
+    __slots__ = ("owner", "lay", "mb", "slot")
+
+    def __init__(self, owner: GraphedSchedule, lay: _Layer, mb: int):
+        self.owner = owner
+        self.lay = lay
+        self.mb = mb
+        self.slot = owner.schedule.slot_of(lay.chunk, mb)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise TypeError("graphed layers take their inputs positionally")
+        lay, s = self.lay, self.slot
+        owners = self.owner._owner[lay.chunk]
+        holder = owners[s]
+        if lay.first:
+            if holder is not None and holder != self.mb:
+                raise RuntimeError(
+                    f"microbatch {self.mb} of chunk {lay.chunk} needs slot {s}, still held by "
+                    f"microbatch {holder} whose backward has not run: call the layers in the "
+                    f"order of the schedule ({self.owner.schedule.describe()})"
+                )
+            owners[s] = self.mb
+        elif holder != self.mb:
+            raise RuntimeError(
+                f"layer {lay.index} of chunk {lay.chunk} called for microbatch {self.mb}, but "
+                f"slot {s} holds microbatch {holder}: run layer 0 of the chunk first"
+            )
+        out = _replay_fn().apply(self, lay.anchor, *args)
+        return out[0] if lay.single_output else out
+
+
+_FN: Any = None
+
+
+def _replay_fn() -> Any:
+    """The autograd Function that replays a (layer, slot)'s graphs (built on first use)."""
+    global _FN
+    if _FN is not None:
+        return _FN
+    import torch
+
+    class _Replay(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, call: _GraphedCall, anchor: Any, *inputs: Any) -> Any:  # type: ignore[override]
+            lay, s = call.lay, call.slot
+            for src, dst in zip(inputs, lay.static_in[s]):
+                if src.data_ptr() != dst.data_ptr():
+                    dst.copy_(src)
+            lay.fwd[s].replay()
+            ctx.call = call
+            return tuple(o.detach() for o in lay.static_out[s])
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+            call: _GraphedCall = ctx.call
+            lay, s = call.lay, call.slot
+            for g, dst in zip(
+                (g for g, r in zip(grads, lay.out_requires_grad) if r), lay.static_gout[s]
+            ):
+                if g is None:
+                    dst.zero_()
+                elif g.data_ptr() != dst.data_ptr():
+                    dst.copy_(g)
+            for p, buf in zip(lay.params, lay.grad_bufs):
+                g = p.grad
+                if g is not buf:  # optimizer.zero_grad(set_to_none=True), or a new .grad
+                    if g is None:
+                        buf.zero_()
+                    else:
+                        buf.copy_(g)
+                    p.grad = buf
+            lay.bwd[s].replay()
+            gin = lay.static_gin[s]
+            if lay.first:
+                # the chunk's input gradient leaves the pool: the caller may keep it
+                gin = tuple(None if g is None else g.clone() for g in gin)
+                call.owner._owner[lay.chunk][s] = None
+            return (None, None) + tuple(gin)
+
+    _FN = _Replay
+    return _FN
+
+
+# ------------------------------------------------------------------------------- capture
+
+
+def make_graphed_callables(
+    callables: Sequence[Any],
+    sample_args: Sequence[Any],
+    num_warmup_iters: int = 3,
+    allow_unused_input: bool = False,
+    pool: Any = None,
+    *,
+    schedule: Schedule,
+    budget: int | str | None = None,
+    pools: str = "auto",
+    client: Any = None,
+    plan: bool = True,
+    progress_every_s: float = 2.0,
+) -> GraphedSchedule:
+    """Capture ``callables`` (the layers of this pipeline rank) for a pipeline schedule.
+
+    Args:
+        callables: the layers, in forward order: a flat sequence (split evenly into
+            ``schedule.virtual_chunks`` chunks), or one sequence per chunk. Layer ``l``'s outputs
+            are layer ``l + 1``'s positional inputs (a tensor or a tuple of tensors).
+        sample_args: inputs of the first layer of each chunk (a tuple per chunk), or, as with
+            ``torch.cuda.make_graphed_callables``, a tuple per layer (only each chunk's first
+            is used; later layers' inputs are the earlier layers' static outputs).
+        num_warmup_iters: eager forward+backward iterations per chunk before capture.
+        allow_unused_input: as in torch: parameters or inputs may get no gradient.
+        pool: not supported (pools are made per lifetime class); must be ``None``.
+        schedule: the pipeline schedule this rank runs.
+        budget: most bytes the capture may take (``"40GiB"`` or bytes); checked before capture.
+        pools: ``"graphpool"`` (daemon-backed ``graphpool.torch.MemPool``, error if none),
+            ``"torch"`` (plain ``torch.cuda.MemPool``), or ``"auto"`` (graphpool when a daemon
+            is reachable, else torch).
+        client: a ``graphpool.Client`` for the plan and the pools (default: none / the pool's).
+        plan: ask the daemon for a plan before capture (when a client is given).
+        progress_every_s: log capture progress at most this often.
+
+    Returns:
+        A :class:`GraphedSchedule`.
+
+    Raises:
+        graphpool.CapacityExceeded: the capture would not fit (budget, daemon plan, free memory).
+
+    Parameter gradients are accumulated inside the backward graphs into ``param.grad`` (allocated
+    here when ``None``). ``optimizer.zero_grad(set_to_none=True)`` is fine: the next backward
+    re-installs and zeroes the buffer.
+    """
+    import torch
+
+    from .units import parse_size
+
+    if pool is not None:
+        raise ValueError("pool=: schedule-aware capture makes its own pools, one per lifetime class")
+    budget_bytes = parse_size(budget) if budget is not None else None
+    if torch.is_autocast_enabled():
+        raise RuntimeError("capture with autocast enabled is not supported; capture outside it")
+    v = schedule.virtual_chunks
+    chunks = _split_chunks(callables, v)
+    samples = _chunk_samples(sample_args, chunks)
+    for mod in (m for c in chunks for m in c):
+        if isinstance(mod, torch.nn.Module) and (
+            mod._backward_hooks or mod._forward_hooks or mod._forward_pre_hooks
+        ):
+            raise ValueError("modules with registered hooks cannot be graphed")
+    device = torch.cuda.current_device()
+    stats = CaptureStats(slots_per_chunk=schedule.slots_per_chunk)
+    layers = [
+        [_Layer(c, i, mod, schedule.slots_per_chunk[c], i == 0, i == len(ch) - 1) for i, mod in enumerate(ch)]
+        for c, ch in enumerate(chunks)
+    ]
+    stream = torch.cuda.Stream()
+    reserved0 = torch.cuda.memory_reserved(device)
+
+    # 1. warm up each chunk eagerly on the capture stream; profile what each layer keeps
+    t0 = time.perf_counter()
+    torch.cuda.synchronize()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c, ch in enumerate(layers):
+            for it in range(max(1, num_warmup_iters)):
+                profs = _warm_chunk(ch, samples[c], allow_unused_input, profile=(it == 0))
+                if it == 0:
+                    stats.profiles.extend(profs)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    stats.warmup_seconds = time.perf_counter() - t0
+
+    # 2. plan and capacity check, before any capture
+    stats.predicted_bytes = _predict(schedule, stats.profiles)
+    _check_capacity(stats.predicted_bytes, budget_bytes, device)
+    if plan:
+        stats.plan = request_plan(schedule, stats.profiles, budget=budget_bytes, client=client, device=device)
+
+    # 3. parameter gradient buffers, outside every pool
+    for ch in layers:
+        for lay in ch:
+            bufs = []
+            for p in lay.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                bufs.append(p.grad)
+            lay.grad_bufs = tuple(bufs)
+            lay.anchor = torch.zeros((), device=torch.device("cuda", device), requires_grad=True)
+
+    # 4. pools: one per (chunk, slot) for forwards, one for every backward
+    factory = None
+    if pools in ("auto", "graphpool"):
+        factory = _daemon_pool_factory(device, budget_bytes, client)
+        if factory is None and pools == "graphpool":
+            raise RuntimeError("pools='graphpool' but no daemon-backed MemPool is available")
+    if factory is None:
+        stats.pool_kind = "torch"
+
+        def factory(label: str) -> Any:  # noqa: ARG001
+            return torch.cuda.MemPool()
+    else:
+        stats.pool_kind = "graphpool"
+    pool_list: list[tuple[str, Any]] = []
+    fwd_pools = []
+    for c, n in enumerate(schedule.slots_per_chunk):
+        row = []
+        for s in range(n):
+            p = factory(f"fwd/c{c}/s{s}")
+            pool_list.append((f"fwd/c{c}/s{s}", p))
+            row.append(p)
+        fwd_pools.append(row)
+    bwd_pool = factory("bwd")
+    pool_list.append(("bwd", bwd_pool))
+    stats.num_pools = len(pool_list)
+
+    # 5. capture in schedule order: the first step that uses each (kind, chunk, slot)
+    total = 2 * sum(len(ch) * n for ch, n in zip(layers, schedule.slots_per_chunk))
+    log.info(
+        "capturing %d graphs for %s (%d pools, %s)", total, schedule.describe(), len(pool_list),
+        stats.pool_kind,
+    )
+    t0 = time.perf_counter()
+    last_log = t0
+    done = 0
+    torch.cuda.synchronize()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for step in schedule.first_use_steps():
+            ch = layers[step.chunk]
+            s = step.slot
+            if step.kind == "F":
+                x: tuple[Any, ...] | None = None
+                for lay in ch:
+                    x = _capture_forward(lay, s, x, samples[step.chunk], _pool_id(fwd_pools[step.chunk][s]), stream)
+                    done += 1
+            else:
+                gout: tuple[Any, ...] | None = None
+                for lay in reversed(ch):
+                    gout = _capture_backward(lay, s, gout, _pool_id(bwd_pool), stream, allow_unused_input)
+                    done += 1
+            now = time.perf_counter()
+            if now - last_log >= progress_every_s:
+                last_log = now
+                log.info(
+                    "captured %d/%d graphs, %.2f GiB reserved", done, total,
+                    (torch.cuda.memory_reserved(device) - reserved0) / _GiB,
+                )
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    stats.capture_seconds = time.perf_counter() - t0
+    stats.graphs = done
+    stats.reserved_bytes = torch.cuda.memory_reserved(device) - reserved0
+    log.info(
+        "captured %d graphs in %.2f s, %.2f GiB reserved (predicted %.2f GiB)", done,
+        stats.capture_seconds, stats.reserved_bytes / _GiB, stats.predicted_bytes / _GiB,
+    )
+    return GraphedSchedule(schedule, layers, pool_list, stats)
+
+
+def _warm_chunk(
+    ch: list[_Layer], sample: tuple[Any, ...], allow_unused: bool, profile: bool
+) -> list[LayerProfile]:
+    import torch
+
+    x = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in sample)
+    profs: list[LayerProfile] = []
+    for lay in ch:
+        ins = x
+        saved: dict[int, int] = {}
+        param_ptrs = {p.data_ptr() for p in lay.params}
+        in_ptrs = {t.data_ptr() for t in ins}
+
+        def pack(t: Any) -> Any:
+            if profile:
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr not in param_ptrs and ptr not in in_ptrs:
+                    saved[ptr] = st.nbytes()
+            return t
+
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = _as_tuple(lay.module(*ins))
+        diff_in = [t for t in ins if t.requires_grad]
+        outs = [o for o in out if o.requires_grad]
+        grads = torch.autograd.grad(
+            outs, diff_in + list(lay.params), [torch.ones_like(o) for o in outs],
+            allow_unused=allow_unused,
+        )
+        del grads
+        if profile:
+            out_ptrs = {o.untyped_storage().data_ptr() for o in out}
+            profs.append(
+                LayerProfile(
+                    chunk=lay.chunk, layer=lay.index,
+                    input_bytes=sum(_nbytes(t) for t in ins),
+                    output_bytes=sum(_nbytes(o) for o in out),
+                    saved_bytes=sum(b for p, b in saved.items() if p not in out_ptrs),
+                    input_shapes=[(list(t.shape), str(t.dtype).replace("torch.", ""), True) for t in ins],
+                    output_shapes=[(list(o.shape), str(o.dtype).replace("torch.", "")) for o in out],
+                )
+            )
+        x = tuple(o.detach().requires_grad_(o.requires_grad) for o in out)
+    return profs
+
+
+def _predict(schedule: Schedule, profiles: Sequence[LayerProfile]) -> int:
+    """Bytes the capture keeps: per slot, the chunk's input, outputs and saved tensors."""
+    total = 0
+    for c, n in enumerate(schedule.slots_per_chunk):
+        per_slot = 0
+        for p in profiles:
+            if p.chunk == c:
+                per_slot += p.output_bytes + p.saved_bytes + (p.input_bytes if p.layer == 0 else 0)
+        total += n * per_slot
+    return total
+
+
+def _capture_forward(
+    lay: _Layer, s: int, x: tuple[Any, ...] | None, sample: tuple[Any, ...], pool_id: Any, stream: Any
+) -> tuple[Any, ...]:
+    import torch
+
+    g = torch.cuda.CUDAGraph()
+    g.capture_begin(pool=pool_id)
+    try:
+        if x is None:  # the chunk's input: a static buffer in the slot's pool
+            x = tuple(torch.empty_like(a).requires_grad_(a.requires_grad) for a in sample)
+        with torch.enable_grad():
+            out = _as_tuple(lay.module(*x))
+    finally:
+        g.capture_end()
+    lay.fwd[s] = g
+    lay.static_in[s] = x
+    lay.static_out[s] = out
+    lay.single_output = not isinstance(out, tuple) or len(out) == 1
+    lay.in_requires_grad = tuple(t.requires_grad for t in x)
+    lay.out_requires_grad = tuple(o.requires_grad for o in out)
+    return tuple(o.detach().requires_grad_(o.requires_grad) for o in out)
+
+
+def _capture_backward(
+    lay: _Layer, s: int, gout: tuple[Any, ...] | None, pool_id: Any, stream: Any, allow_unused: bool
+) -> tuple[Any, ...]:
+    import torch
+
+    outs = [o for o in lay.static_out[s] if o.requires_grad]
+    ins = lay.static_in[s]
+    diff_in = [t for t in ins if t.requires_grad]
+    g = torch.cuda.CUDAGraph()
+    g.capture_begin(pool=pool_id)
+    try:
+        if gout is None:  # the last layer's output gradient: a static buffer in the pool
+            gout = tuple(torch.empty_like(o) for o in outs)
+        grads = torch.autograd.grad(
+            outs, diff_in + list(lay.params), list(gout), allow_unused=allow_unused
+        )
+        gin = grads[: len(diff_in)]
+        pg = [(b, gr) for b, gr in zip(lay.grad_bufs, grads[len(diff_in):]) if gr is not None]
+        if pg:
+            torch._foreach_add_([b for b, _ in pg], [gr for _, gr in pg])
+        del grads, pg
+    finally:
+        g.capture_end()
+    lay.bwd[s] = g
+    # weak aliases: the blocks go back to the backward pool once the next graph has read them
+    lay.static_gout[s] = tuple(_alias(t) for t in gout)
+    it = iter(gin)
+    full = tuple(next(it) if r else None for r in lay.in_requires_grad)
+    lay.static_gin[s] = tuple(None if t is None else _alias(t) for t in full)
+    # the forward outputs' autograd graph (and its saved tensors) was freed by autograd.grad
+    lay.static_out[s] = tuple(o.detach() for o in lay.static_out[s])
+    return tuple(t for t in full if t is not None)
