@@ -1,0 +1,952 @@
+"""The client facade: :class:`Client`, :class:`Session`, and typed results.
+
+A :class:`Client` talks to graphpoold over its gRPC Unix socket. The channel is created on
+first use and again in a child process after ``fork`` (gRPC channels must not be shared
+across ``fork``). A :class:`Session` is what a training rank holds: the daemon accounts every
+grant to it and releases them all when it closes or the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from ._proto.graphpool.v1 import graphpool_pb2 as pb
+from ._proto.graphpool.v1 import graphpool_pb2_grpc as pb_grpc
+from .errors import (
+    DaemonUnavailable,
+    FailedPrecondition,
+    GraphpoolError,
+    InvalidArgument,
+    error_from_rpc,
+)
+from .segments import FdChannel, Segment
+from .units import parse_size
+
+__all__ = [
+    "Client",
+    "DetachResult",
+    "DeviceInfo",
+    "DeviceLimit",
+    "DeviceUsage",
+    "GrantInfo",
+    "JobLimit",
+    "JobUsage",
+    "Limits",
+    "RankLimit",
+    "RankUsage",
+    "Session",
+    "SessionInfo",
+    "Status",
+    "Usage",
+    "default_socket_path",
+]
+
+__version__ = "0.1.0"
+CLIENT_NAME = f"graphpool-py/{__version__}"
+SOCKET_ENV = "GRAPHPOOL_SOCKET"
+SYSTEM_SOCKET = "/run/graphpool/graphpool.sock"
+
+def default_socket_path() -> str:
+    """The daemon's socket path: ``$GRAPHPOOL_SOCKET``; else ``/run/graphpool/graphpool.sock``
+    when ``/run/graphpool`` exists; else ``$XDG_RUNTIME_DIR/graphpool/graphpool.sock`` when
+    ``XDG_RUNTIME_DIR`` is set; else ``/run/graphpool/graphpool.sock``."""
+    env = os.environ.get(SOCKET_ENV)
+    if env:
+        return os.path.abspath(env)
+    if os.path.isdir(os.path.dirname(SYSTEM_SOCKET)):
+        return SYSTEM_SOCKET
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "graphpool", "graphpool.sock")
+    return SYSTEM_SOCKET
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed results
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A device as the daemon sees it. Sizes in bytes."""
+
+    index: int
+    uuid: str
+    name: str
+    total: int
+    capacity: int
+    granted: int
+    free: int
+    granularity: int
+    driver_used: int
+    driver_free: int
+
+    @classmethod
+    def _from(cls, m: pb.Device) -> DeviceInfo:
+        return cls(
+            index=m.index,
+            uuid=m.uuid,
+            name=m.name,
+            total=m.total_bytes,
+            capacity=m.capacity_bytes,
+            granted=m.granted_bytes,
+            free=m.free_bytes,
+            granularity=m.granularity_bytes,
+            driver_used=m.driver_used_bytes,
+            driver_free=m.driver_free_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class GrantInfo:
+    """A grant in the daemon's ledger. Sizes in bytes."""
+
+    grant_id: int
+    session_id: int
+    size: int
+    requested: int
+    device_uuid: str
+    device_index: int
+    label: str
+    job_id: str
+    rank: int
+    pid: int
+    created_unix_seconds: float
+    adopted: bool
+    handle_kind: str
+
+    @classmethod
+    def _from(cls, m: pb.Grant) -> GrantInfo:
+        return cls(
+            grant_id=m.grant_id,
+            session_id=m.session_id,
+            size=m.size_bytes,
+            requested=m.requested_bytes,
+            device_uuid=m.device_uuid,
+            device_index=m.device_index,
+            label=m.label,
+            job_id=m.job_id,
+            rank=m.rank,
+            pid=m.pid,
+            created_unix_seconds=m.created_unix_seconds,
+            adopted=m.adopted,
+            handle_kind=m.handle_kind,
+        )
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session in the daemon's status listing."""
+
+    session_id: int
+    job_id: str
+    rank: int
+    local_rank: int
+    device_index: int
+    pid: int
+    uid: int
+    granted: int
+    grants: int
+    client: str
+    attached_unix_seconds: float
+
+    @classmethod
+    def _from(cls, m: pb.SessionInfo) -> SessionInfo:
+        return cls(
+            session_id=m.session_id,
+            job_id=m.job_id,
+            rank=m.rank,
+            local_rank=m.local_rank,
+            device_index=m.device_index,
+            pid=m.pid,
+            uid=m.uid,
+            granted=m.granted_bytes,
+            grants=m.grants,
+            client=m.client,
+            attached_unix_seconds=m.attached_unix_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class Status:
+    """The daemon's identity, devices and sessions (``GetStatus``)."""
+
+    version: str
+    daemon_instance: str
+    backend: str
+    devices: tuple[DeviceInfo, ...]
+    sessions: tuple[SessionInfo, ...]
+    fd_socket: str
+    uptime_seconds: float
+
+    @classmethod
+    def _from(cls, m: pb.Status) -> Status:
+        return cls(
+            version=m.version,
+            daemon_instance=m.daemon_instance,
+            backend=m.backend,
+            devices=tuple(DeviceInfo._from(d) for d in m.devices),
+            sessions=tuple(SessionInfo._from(s) for s in m.sessions),
+            fd_socket=m.fd_socket,
+            uptime_seconds=m.uptime_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """Usage of one device. ``free`` is capacity minus granted minus planned."""
+
+    device_index: int
+    device_uuid: str
+    capacity: int
+    granted: int
+    free: int
+    grants: int
+    planned: int
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """Usage of one job over all its ranks."""
+
+    job_id: str
+    granted: int
+    grants: int
+    sessions: int
+
+
+@dataclass(frozen=True)
+class RankUsage:
+    """Usage of one rank of a job."""
+
+    job_id: str
+    rank: int
+    device_index: int
+    granted: int
+    grants: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Usage per device, per job and per rank (``GetUsage``)."""
+
+    devices: tuple[DeviceUsage, ...]
+    jobs: tuple[JobUsage, ...]
+    ranks: tuple[RankUsage, ...]
+
+    @property
+    def granted(self) -> int:
+        """Bytes granted over all devices."""
+        return sum(d.granted for d in self.devices)
+
+    def job(self, job_id: str) -> JobUsage | None:
+        """The usage of ``job_id``, or ``None`` if it holds nothing."""
+        return next((j for j in self.jobs if j.job_id == job_id), None)
+
+    @classmethod
+    def _from(cls, m: pb.Usage) -> Usage:
+        return cls(
+            devices=tuple(
+                DeviceUsage(
+                    device_index=d.device_index,
+                    device_uuid=d.device_uuid,
+                    capacity=d.capacity_bytes,
+                    granted=d.granted_bytes,
+                    free=d.free_bytes,
+                    grants=d.grants,
+                    planned=d.planned_bytes,
+                )
+                for d in m.devices
+            ),
+            jobs=tuple(
+                JobUsage(job_id=j.job_id, granted=j.granted_bytes, grants=j.grants, sessions=j.sessions)
+                for j in m.jobs
+            ),
+            ranks=tuple(
+                RankUsage(
+                    job_id=r.job_id,
+                    rank=r.rank,
+                    device_index=r.device_index,
+                    granted=r.granted_bytes,
+                    grants=r.grants,
+                )
+                for r in m.ranks
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class DeviceLimit:
+    """graphpool's budget on one device, in bytes."""
+
+    device_uuid: str
+    device_index: int
+    budget: int
+
+
+@dataclass(frozen=True)
+class JobLimit:
+    """A job-specific quota, in bytes."""
+
+    job_id: str
+    quota: int
+
+
+@dataclass(frozen=True)
+class RankLimit:
+    """A rank-specific quota, in bytes."""
+
+    job_id: str
+    rank: int
+    quota: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits in force (``GetLimits``). A quota of 0 means unlimited."""
+
+    devices: tuple[DeviceLimit, ...]
+    jobs: tuple[JobLimit, ...]
+    ranks: tuple[RankLimit, ...]
+    default_rank_quota: int
+    default_job_quota: int
+
+    @classmethod
+    def _from(cls, m: pb.Limits) -> Limits:
+        return cls(
+            devices=tuple(
+                DeviceLimit(device_uuid=d.device_uuid, device_index=d.device_index, budget=d.budget_bytes)
+                for d in m.devices
+            ),
+            jobs=tuple(JobLimit(job_id=j.job_id, quota=j.quota_bytes) for j in m.jobs),
+            ranks=tuple(RankLimit(job_id=r.job_id, rank=r.rank, quota=r.quota_bytes) for r in m.ranks),
+            default_rank_quota=m.default_rank_quota_bytes,
+            default_job_quota=m.default_job_quota_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class DetachResult:
+    """What ending a session released."""
+
+    grants_released: int
+    bytes_released: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Fork handling: a child never touches a channel it inherited.
+
+_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+# Channels inherited through fork. Kept referenced forever so that the child never runs their
+# destructors (closing a channel created by the parent is not safe in the child).
+_ABANDONED: list[object] = []
+
+
+def _after_fork_in_child() -> None:
+    for c in list(_CLIENTS):
+        c._abandon_channel()
+    for s in list(_SESSIONS):
+        s._abandon_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Client:
+    """A connection to graphpoold.
+
+    Args:
+        socket: path of the daemon's gRPC socket; default :func:`default_socket_path`
+            (``$GRAPHPOOL_SOCKET`` or the system location).
+        timeout: seconds to wait for each unary call (and for the first event of ``attach``).
+
+    The channel is created on first use. After ``os.fork()`` the child creates its own channel
+    the first time it uses the client; the parent's channel is left alone. Sessions are bound
+    to the process that attached them: a child must attach its own.
+
+    Example::
+
+        client = graphpool.Client()
+        with client.attach("job-42", rank=0, budget="8GiB") as session:
+            with session.allocate("256MiB", label="capture-pool") as seg:
+                ...
+    """
+
+    def __init__(self, socket: str | os.PathLike[str] | None = None, *, timeout: float = 10.0) -> None:
+        self.socket_path = os.path.abspath(os.fspath(socket)) if socket is not None else default_socket_path()
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+        self._admin: Any = None
+        self._pid = 0
+        _CLIENTS.add(self)
+
+    def __repr__(self) -> str:
+        return f"Client(socket={self.socket_path!r})"
+
+    @property
+    def target(self) -> str:
+        """The gRPC target (``unix:///path``)."""
+        return "unix://" + self.socket_path
+
+    # -- channel management ------------------------------------------------------------------
+
+    def _abandon_channel(self) -> None:
+        """Forgets a channel created by another process without closing it."""
+        if self._channel is not None and self._pid != os.getpid():
+            _ABANDONED.append(self._channel)
+            self._channel = None
+            self._stub = self._admin = None
+        # The lock may have been held by another thread at fork time.
+        self._lock = threading.Lock()
+
+    def _stubs(self) -> tuple[Any, Any]:
+        if self._channel is not None and self._pid == os.getpid():
+            return self._stub, self._admin
+        with self._lock:
+            if self._channel is not None and self._pid != os.getpid():
+                self._abandon_channel()
+            if self._channel is None:
+                if not os.path.exists(self.socket_path):
+                    raise DaemonUnavailable(self.socket_path, "no such socket")
+                ch = grpc.insecure_channel(
+                    self.target,
+                    options=[
+                        ("grpc.default_authority", "localhost"),
+                        ("grpc.max_receive_message_length", 64 << 20),
+                        ("grpc.max_send_message_length", 64 << 20),
+                        ("grpc.enable_http_proxy", 0),
+                    ],
+                )
+                self._stub = pb_grpc.GraphpoolStub(ch)  # type: ignore[no-untyped-call]
+                self._admin = pb_grpc.AdminStub(ch)  # type: ignore[no-untyped-call]
+                self._channel, self._pid = ch, os.getpid()
+            return self._stub, self._admin
+
+    def _call(self, name: str, request: Any, *, admin: bool = False) -> Any:
+        stub, admin_stub = self._stubs()
+        fn = getattr(admin_stub if admin else stub, name)
+        try:
+            return fn(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, self.socket_path) from None
+
+    def close(self) -> None:
+        """Closes the channel (in the process that created it). Sessions of this client are
+        not detached by this: close them first. The client reconnects if used again."""
+        with self._lock:
+            if self._channel is not None:
+                if self._pid == os.getpid():
+                    self._channel.close()
+                else:
+                    _ABANDONED.append(self._channel)
+            self._channel = None
+            self._stub = self._admin = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def attach(
+        self,
+        job_id: str,
+        rank: int,
+        local_rank: int = 0,
+        device: int | str = 0,
+        budget: int | str | None = None,
+        reserve_budget: bool = False,
+        *,
+        resume: Iterable[GrantInfo] = (),
+        client_name: str = CLIENT_NAME,
+    ) -> Session:
+        """Opens a session for (``job_id``, ``rank``) on ``device`` and returns it.
+
+        Args:
+            job_id: the training job (1..=128 characters of ``[A-Za-z0-9._:-]``).
+            rank: global rank in the job.
+            local_rank: rank on this node.
+            device: device index as the daemon lists it, or a UUID (``"GPU-..."``).
+            budget: most bytes the session may hold at once (``int`` or ``"8GiB"``); ``None``
+                means only the job/rank quotas and the device budget apply.
+            reserve_budget: admit the whole budget now, so later allocations up to it cannot be
+                refused for lack of capacity.
+            resume: grants this process still maps from an earlier daemon instance.
+
+        Raises:
+            CapacityExceeded: ``reserve_budget`` and the budget does not fit.
+            InvalidArgument: a field is malformed (``.field`` says which).
+            DaemonUnavailable: the daemon cannot be reached.
+        """
+        if isinstance(device, bool) or not isinstance(device, (int, str)):
+            raise InvalidArgument(f"device must be an index or a UUID, not {device!r}", field="device")
+        budget_bytes = 0
+        if budget is not None:
+            try:
+                budget_bytes = parse_size(budget)
+            except (ValueError, TypeError) as e:
+                raise InvalidArgument(str(e), field="budget_bytes") from None
+        req = pb.AttachRequest(
+            job_id=job_id,
+            rank=rank,
+            local_rank=local_rank,
+            device=str(device),
+            client=client_name,
+            budget_bytes=budget_bytes,
+            reserve_budget=reserve_budget,
+            resume=[
+                pb.HeldGrant(grant_id=g.grant_id, device_uuid=g.device_uuid, size_bytes=g.size, label=g.label)
+                for g in resume
+            ],
+        )
+        stub, _ = self._stubs()
+        call = stub.Attach(req)
+        first: queue.Queue[pb.SessionEvent | BaseException] = queue.Queue(maxsize=1)
+        holder: list[Session] = []
+        ready = threading.Event()
+        thread = threading.Thread(
+            target=_read_events,
+            args=(call, first, holder, ready, self.socket_path),
+            name=f"graphpool-session-{job_id}-{rank}",
+            daemon=True,
+        )
+        thread.start()
+        try:
+            ev = first.get(timeout=self.timeout)
+        except queue.Empty:
+            call.cancel()
+            raise DaemonUnavailable(self.socket_path, f"no answer to Attach within {self.timeout:g} s") from None
+        if isinstance(ev, BaseException):
+            raise ev
+        a = ev.attached
+        session = Session(
+            client=self,
+            call=call,
+            thread=thread,
+            session_id=a.session_id,
+            job_id=job_id,
+            rank=rank,
+            local_rank=local_rank,
+            device=DeviceInfo._from(a.device),
+            daemon_instance=a.daemon_instance,
+            fd_socket=a.fd_socket,
+            reserved=a.reserved_bytes,
+            budget=budget_bytes,
+            adopted=tuple(GrantInfo._from(g) for g in a.adopted),
+        )
+        holder.append(session)
+        ready.set()
+        return session
+
+    # -- low-level calls naming a session ------------------------------------------------------
+
+    def allocate_segment(self, session_id: int, size: int | str, label: str = "") -> GrantInfo:
+        """Low level: ``AllocateSegment`` for any session id, without fetching the fd. Prefer
+        :meth:`Session.allocate`."""
+        try:
+            size_bytes = parse_size(size)
+        except (ValueError, TypeError) as e:
+            raise InvalidArgument(str(e), field="size_bytes") from None
+        req = pb.AllocateSegmentRequest(session_id=session_id, size_bytes=size_bytes, label=label)
+        grant: pb.Grant = self._call("AllocateSegment", req)
+        return GrantInfo._from(grant)
+
+    def release_segment(self, session_id: int, grant_id: int) -> int:
+        """Low level: ``ReleaseSegment``; returns the bytes released. Prefer
+        :meth:`Segment.release` or :meth:`Session.release`."""
+        resp: pb.ReleaseSegmentResponse = self._call(
+            "ReleaseSegment", pb.ReleaseSegmentRequest(session_id=session_id, grant_id=grant_id)
+        )
+        return resp.bytes_released
+
+    def detach(self, session_id: int) -> DetachResult:
+        """Low level: ends a session by id (``Detach``). Prefer :meth:`Session.close`."""
+        resp: pb.DetachResponse = self._call("Detach", pb.DetachRequest(session_id=session_id))
+        return DetachResult(grants_released=resp.grants_released, bytes_released=resp.bytes_released)
+
+    def plan_capture(self, session_id: int, plan_input: Any, reserve: bool = False) -> pb.PlanCaptureResponse:
+        """Low level: ``PlanCapture`` with a ``graphpool.v1.PlanInput`` message; returns the raw
+        ``PlanCaptureResponse``."""
+        req = pb.PlanCaptureRequest(session_id=session_id, input=plan_input, reserve=reserve)
+        resp: pb.PlanCaptureResponse = self._call("PlanCapture", req)
+        return resp
+
+    # -- node-wide queries -----------------------------------------------------------------------
+
+    def status(self) -> Status:
+        """Devices, capacity, sessions and daemon identity."""
+        return Status._from(self._call("GetStatus", pb.GetStatusRequest()))
+
+    def usage(self) -> Usage:
+        """Usage per device, per job and per rank."""
+        return Usage._from(self._call("GetUsage", pb.GetUsageRequest()))
+
+    def grants(self, job_id: str | None = None) -> list[GrantInfo]:
+        """Every grant on the node (needs a uid on the daemon's allow-list), or those of
+        ``job_id``."""
+        resp: pb.ListGrantsResponse = self._call("ListGrants", pb.ListGrantsRequest(session_id=0, job_id=job_id or ""))
+        return [GrantInfo._from(g) for g in resp.grants]
+
+    def health(self) -> bool:
+        """True when the daemon answers ``GetStatus``; False when it cannot be reached."""
+        try:
+            self.status()
+        except DaemonUnavailable:
+            return False
+        return True
+
+    def limits(self) -> Limits:
+        """The limits in force."""
+        return Limits._from(self._call("GetLimits", pb.GetLimitsRequest(), admin=True))
+
+    def set_limits(
+        self,
+        *,
+        default_rank_quota: int | str | None = None,
+        default_job_quota: int | str | None = None,
+        jobs: Mapping[str, int | str] | None = None,
+        ranks: Mapping[tuple[str, int], int | str] | None = None,
+        devices: Mapping[int | str, int | str] | None = None,
+    ) -> Limits:
+        """Changes limits (admin uids only); arguments left ``None`` keep their value.
+
+        Args:
+            default_rank_quota: quota of every rank without a rank-specific one (0 = unlimited).
+            default_job_quota: quota of every job without a job-specific one (0 = unlimited).
+            jobs: ``{job_id: quota}``; a quota of 0 removes the job's quota.
+            ranks: ``{(job_id, rank): quota}``; 0 removes it.
+            devices: ``{index or "GPU-uuid": budget}``.
+
+        Returns the limits now in force.
+        """
+
+        def size(name: str, v: int | str) -> int:
+            try:
+                return parse_size(v)
+            except (ValueError, TypeError) as e:
+                raise InvalidArgument(str(e), field=name) from None
+
+        req = pb.SetLimitsRequest()
+        if default_rank_quota is not None:
+            req.default_rank_quota_bytes = size("default_rank_quota_bytes", default_rank_quota)
+        if default_job_quota is not None:
+            req.default_job_quota_bytes = size("default_job_quota_bytes", default_job_quota)
+        for job, q in (jobs or {}).items():
+            req.jobs.append(pb.JobLimit(job_id=job, quota_bytes=size("jobs.quota_bytes", q)))
+        for (job, rank), q in (ranks or {}).items():
+            req.ranks.append(pb.RankLimit(job_id=job, rank=rank, quota_bytes=size("ranks.quota_bytes", q)))
+        for dev, b in (devices or {}).items():
+            d = pb.DeviceLimit(budget_bytes=size("devices.budget_bytes", b))
+            if isinstance(dev, str):
+                d.device_uuid = dev
+            else:
+                d.device_index = dev
+            req.devices.append(d)
+        return Limits._from(self._call("SetLimits", req, admin=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions
+
+_SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def _read_events(
+    call: Any,
+    first: queue.Queue[pb.SessionEvent | BaseException],
+    holder: list[Session],
+    ready: threading.Event,
+    socket_path: str,
+) -> None:
+    """Reads a session's event stream (runs in the session's thread)."""
+    it: Iterator[pb.SessionEvent] = iter(call)
+    try:
+        ev = next(it)
+    except grpc.RpcError as e:
+        first.put(error_from_rpc(e, socket_path))
+        return
+    except StopIteration:
+        first.put(DaemonUnavailable(socket_path, "the daemon closed the session stream before attaching"))
+        return
+    except BaseException as e:  # pragma: no cover - defensive
+        first.put(e)
+        return
+    if ev.WhichOneof("event") != "attached":
+        first.put(GraphpoolError(f"the daemon's first session event was {ev.WhichOneof('event')!r}, not 'attached'"))
+        call.cancel()
+        return
+    first.put(ev)
+    ready.wait()
+    session = holder[0] if holder else None
+    reason = "the daemon ended the session stream"
+    try:
+        for ev in it:
+            if session is not None:
+                session._on_event(ev)
+    except grpc.RpcError as e:
+        code = e.code() if isinstance(e, grpc.Call) else None
+        if code == grpc.StatusCode.CANCELLED:
+            reason = "closed"
+        else:
+            reason = str(error_from_rpc(e, socket_path))
+    except Exception as e:  # pragma: no cover - defensive
+        reason = f"session thread failed: {e!r}"
+    if session is not None:
+        session._on_stream_end(reason)
+
+
+class Session:
+    """A session with graphpoold, bound to this process. Obtained from :meth:`Client.attach`.
+
+    The daemon keeps the session for as long as its event stream is open (a background thread
+    reads it). :meth:`close` (or leaving the ``with`` block) ends it and releases every grant;
+    so does the exit of the process, within a second.
+
+    Attributes:
+        session_id: the daemon's id of the session.
+        job_id, rank, local_rank: as given to :meth:`Client.attach`.
+        device: the device the session allocates on.
+        daemon_instance: changes when the daemon restarts.
+        fd_socket: path of the socket on which grant fds are fetched.
+        reserved: bytes reserved for the session (its budget, with ``reserve_budget``).
+        budget: the session's budget in bytes (0: none).
+        adopted: grants adopted from ``resume``.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: Client,
+        call: Any,
+        thread: threading.Thread,
+        session_id: int,
+        job_id: str,
+        rank: int,
+        local_rank: int,
+        device: DeviceInfo,
+        daemon_instance: str,
+        fd_socket: str,
+        reserved: int,
+        budget: int,
+        adopted: tuple[GrantInfo, ...],
+    ) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.job_id = job_id
+        self.rank = rank
+        self.local_rank = local_rank
+        self.device = device
+        self.daemon_instance = daemon_instance
+        self.fd_socket = fd_socket
+        self.reserved = reserved
+        self.budget = budget
+        self.adopted = adopted
+        self._call_obj = call
+        self._thread = thread
+        self._pid = os.getpid()
+        self._fds = FdChannel(fd_socket, timeout=client.timeout)
+        self._segments: weakref.WeakValueDictionary[int, Segment] = weakref.WeakValueDictionary()
+        self._closed = False
+        self._end_reason: str | None = None
+        self._lock = threading.Lock()
+        self._draining: float | None = None
+        self._limits: Limits | None = None
+        self._listeners: list[Callable[[str, object], None]] = []
+        _SESSIONS.add(self)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else (f"ended: {self._end_reason}" if self._end_reason else "open")
+        return (
+            f"Session(session_id={self.session_id}, job_id={self.job_id!r}, rank={self.rank}, "
+            f"device={self.device.uuid!r}, {state})"
+        )
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """True while the session is open in the daemon as far as this process knows."""
+        return not self._closed and self._end_reason is None and self._pid == os.getpid()
+
+    @property
+    def draining(self) -> float | None:
+        """Seconds the daemon announced before it shuts down, or ``None``."""
+        return self._draining
+
+    @property
+    def limits_changed(self) -> Limits | None:
+        """The limits the daemon last announced for this session, or ``None``."""
+        return self._limits
+
+    def add_listener(self, fn: Callable[[str, object], None]) -> None:
+        """Calls ``fn(kind, value)`` from the session's thread on ``"draining"`` (seconds),
+        ``"limits_changed"`` (:class:`Limits`) and ``"ended"`` (reason) events."""
+        self._listeners.append(fn)
+
+    def _emit(self, kind: str, value: object) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(kind, value)
+            except Exception:  # a listener must not kill the session thread
+                pass
+
+    def _on_event(self, ev: pb.SessionEvent) -> None:
+        kind = ev.WhichOneof("event")
+        if kind == "draining":
+            self._draining = ev.draining.drain_seconds
+            self._emit("draining", self._draining)
+        elif kind == "limits_changed":
+            self._limits = Limits._from(ev.limits_changed)
+            self._emit("limits_changed", self._limits)
+
+    def _on_stream_end(self, reason: str) -> None:
+        if self._end_reason is None:
+            self._end_reason = reason
+        self._emit("ended", reason)
+
+    def _abandon_in_child(self) -> None:
+        # The thread and the stream stayed in the parent; forget them here without closing.
+        if self._pid != os.getpid():
+            _ABANDONED.append(self._call_obj)
+            self._lock = threading.Lock()
+
+    def _check(self) -> None:
+        if self._pid != os.getpid():
+            raise FailedPrecondition(
+                f"session {self.session_id} belongs to process {self._pid}, not to this process "
+                f"({os.getpid()}): after fork, attach a new session in the child "
+                f"(graphpool.Client().attach(...))"
+            )
+        if self._closed:
+            raise FailedPrecondition(f"session {self.session_id} is closed; attach a new one")
+        if self._end_reason is not None:
+            raise FailedPrecondition(
+                f"session {self.session_id} ended ({self._end_reason}); attach a new one"
+            )
+
+    # -- segments --------------------------------------------------------------------------
+
+    def allocate(self, size: int | str, label: str = "") -> Segment:
+        """Asks the daemon for a segment of at least ``size`` bytes (``int`` or ``"256MiB"``)
+        and fetches its fd. The size is rounded up to the device granularity.
+
+        Raises:
+            CapacityExceeded: it does not fit under a budget, quota or the device's capacity.
+            InvalidArgument: ``size`` or ``label`` is malformed (``.field`` says which).
+            FailedPrecondition: the session is closed or belongs to another process.
+        """
+        self._check()
+        grant = self.client.allocate_segment(self.session_id, size, label)
+        try:
+            fd, resp = self._fds.fetch(self.session_id, grant.grant_id)
+        except BaseException:
+            try:
+                self.client.release_segment(self.session_id, grant.grant_id)
+            except GraphpoolError:
+                pass
+            raise
+        seg = Segment(grant, fd, resp.handle_kind or grant.handle_kind, self._release_segment)
+        self._segments[grant.grant_id] = seg
+        return seg
+
+    def _release_segment(self, grant_id: int) -> None:
+        self._segments.pop(grant_id, None)
+        if self.alive:
+            self.client.release_segment(self.session_id, grant_id)
+
+    def release(self, grant_id: int) -> int:
+        """Releases a grant of this session by id and returns the bytes released. A live
+        :class:`Segment` of that grant is unmapped first.
+
+        Raises:
+            NotFound: no such grant (e.g. released already).
+            PermissionDenied: the grant belongs to another session.
+        """
+        self._check()
+        seg = self._segments.pop(grant_id, None)
+        if seg is not None:
+            seg._forget()
+        return self.client.release_segment(self.session_id, grant_id)
+
+    def fetch_fd(self, grant_id: int) -> int:
+        """Fetches (another) fd of one of this session's grants; the caller owns it."""
+        self._check()
+        fd, _ = self._fds.fetch(self.session_id, grant_id)
+        return fd
+
+    def grants(self) -> list[GrantInfo]:
+        """The grants this session holds, as the daemon lists them."""
+        self._check()
+        resp: pb.ListGrantsResponse = self.client._call(
+            "ListGrants", pb.ListGrantsRequest(session_id=self.session_id)
+        )
+        return [GrantInfo._from(g) for g in resp.grants]
+
+    def plan_capture(self, plan_input: Any, reserve: bool = False) -> pb.PlanCaptureResponse:
+        """Plans the static buffers of a schedule (a ``graphpool.v1.PlanInput`` message) for
+        this session; with ``reserve``, the plan's bytes are reserved in the ledger."""
+        self._check()
+        return self.client.plan_capture(self.session_id, plan_input, reserve)
+
+    # -- ending ------------------------------------------------------------------------------
+
+    def close(self) -> DetachResult:
+        """Ends the session: the daemon releases every grant; local segments are unmapped and
+        their fds closed. Idempotent (a second call returns zeros). In a child process after
+        ``fork`` this only forgets the session locally: it belongs to the parent."""
+        with self._lock:
+            if self._closed:
+                return DetachResult(0, 0)
+            self._closed = True
+        for seg in list(self._segments.values()):
+            seg._forget()
+        self._segments.clear()
+        if self._pid != os.getpid():
+            return DetachResult(0, 0)
+        result = DetachResult(0, 0)
+        if self._end_reason is None:
+            try:
+                result = self.client.detach(self.session_id)
+            except (GraphpoolError, ValueError):
+                pass  # the stream closing below ends the session as well
+        try:
+            self._call_obj.cancel()
+        except Exception:
+            pass
+        self._fds.close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        _SESSIONS.discard(self)
+        return result
+
+    detach = close
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@atexit.register
+def _close_sessions_at_exit() -> None:
+    for s in list(_SESSIONS):
+        if s._pid == os.getpid() and not s._closed:
+            try:
+                s.close()
+            except Exception:
+                pass
+
