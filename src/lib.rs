@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod fd_broker;
