@@ -4,11 +4,31 @@
 
 use std::time::Duration;
 
-use graphpool_planner::{PlaceOptions, place, verify, workload};
+use graphpool_planner::pipeline::{schedule_buffers, transformer_layers};
+use graphpool_planner::{PlaceOptions, Schedule, SchedulePlanInput, place, verify, workload};
 
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
     let mut cases: Vec<(String, Vec<graphpool_planner::Buffer>)> = Vec::new();
+    let pipelines = [
+        ("1f1b pp=8 rank=0 M=8", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 8 }, 1),
+        ("1f1b pp=8 rank=0 M=128", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 128 }, 1),
+        ("1f1b pp=8 rank=7 M=128", Schedule::OneFOneB { pp_size: 8, pp_rank: 7, num_microbatches: 128 }, 1),
+        (
+            "interleaved pp=4 v=2 rank=0 M=64",
+            Schedule::Interleaved { pp_size: 4, pp_rank: 0, num_microbatches: 64, virtual_chunks: 2 },
+            2,
+        ),
+        (
+            "interleaved pp=8 v=4 rank=3 M=128",
+            Schedule::Interleaved { pp_size: 8, pp_rank: 3, num_microbatches: 128, virtual_chunks: 4 },
+            4,
+        ),
+    ];
+    for (name, schedule, chunks) in pipelines {
+        let input = SchedulePlanInput { schedule, layers: transformer_layers(chunks, 9, 4096, 1, 1024) };
+        cases.push((name.to_string(), schedule_buffers(&input).expect("valid schedule").buffers));
+    }
     for n in [1_000, 10_000, 100_000] {
         for seed in 1..=3 {
             cases.push((format!("random n={n} seed={seed}"), workload::random(n, seed)));

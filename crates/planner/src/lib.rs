@@ -7,7 +7,14 @@
 //! - [`workload`]: generated workloads for benchmarks and tests.
 
 pub mod dsa;
+pub mod pipeline;
 pub mod rng;
+pub mod schedule;
 pub mod workload;
 
 pub use dsa::{Buffer, PlaceError, PlaceOptions, Placement, lower_bound, place, verify};
+pub use pipeline::{
+    DType, LayerSpec, NamedBuffer, Plan, PlanError, PlannedBuffer, SchedulePlanInput, TensorSpec,
+    plan_buffers, plan_schedule,
+};
+pub use schedule::{Schedule, ScheduleError, Step};

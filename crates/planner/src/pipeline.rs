@@ -1,0 +1,548 @@
+//! From a pipeline schedule and per-layer tensor specs to buffers with lifetimes, buffer
+//! slots and alias groups; and from buffers to a [`Plan`].
+//!
+//! ## The clock
+//! Every layer graph launch is one clock tick: the forward step of chunk `c` with `L` layers
+//! takes ticks `base..base + L` (layer `l` at `base + l`), its backward the next `L` ticks
+//! of its own step, layers in reverse. A buffer live over `[start, end)` is in use from the
+//! launch at `start` through the launch at `end - 1`.
+//!
+//! ## Buffers of one (microbatch, chunk)
+//! - `inJ` of layer 0 (and of any layer whose input `J` is not chained): the static input,
+//!   live at its forward launch, or until its backward when `kept_for_backward`.
+//! - `outJ` of layer `l`: its static output. When layer `l + 1` has an input `J` of the same
+//!   byte size, that input *is* this buffer (layer `l`'s output aliases layer `l + 1`'s
+//!   input), so it lives through layer `l + 1`'s forward, or through its backward when that
+//!   input is kept for backward.
+//! - `doutJ` of layer `l`: the gradient of output `J` (floating dtypes only), the static
+//!   input of the backward graph; for `l` below the last layer it is also the gradient
+//!   layer `l + 1`'s backward writes for its input `J` (live from that backward to this one).
+//! - `dinJ` of layer 0 (or of an input not chained): the gradient sent to the previous stage.
+//! - `saved`: `saved_bytes` kept from the forward to the backward of the layer.
+//! - `fws` / `bws`: workspace of the forward / backward graph, live during its launch.
+//!
+//! ## Slots and graph reuse
+//! Microbatches whose spans (first forward to last backward) do not overlap share a buffer
+//! slot and replay the same graphs, so each buffer above belongs to the alias group
+//! `s<slot>.c<chunk>.l<layer>.<kind>`: one offset for every microbatch of the slot, live over
+//! the union of their intervals. The graph count is `slots × layers × 2`, whatever the
+//! number of microbatches.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dsa::{self, Buffer, PlaceError, PlaceOptions};
+use crate::schedule::{Schedule, ScheduleError, assign_slots};
+
+/// Element type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 64-bit float.
+    F64,
+    /// 32-bit float.
+    F32,
+    /// 16-bit float.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 8-bit float (e4m3 or e5m2).
+    F8,
+    /// 64-bit integer.
+    I64,
+    /// 32-bit integer.
+    I32,
+    /// 16-bit integer.
+    I16,
+    /// 8-bit integer.
+    I8,
+    /// 8-bit unsigned integer.
+    U8,
+    /// Boolean (one byte).
+    Bool,
+}
+
+impl DType {
+    /// Names accepted by [`DType::parse`].
+    pub const NAMES: &'static str = "f64, f32, f16, bf16, f8e4m3, f8e5m2, i64, i32, i16, i8, u8, bool \
+        (torch names such as float32, bfloat16, torch.float16, long, int also work)";
+
+    /// Parses `bf16`, `torch.bfloat16`, `float32`, `half`, `long`, ...
+    pub fn parse(name: &str) -> Option<DType> {
+        let n = name.trim().to_ascii_lowercase();
+        let n = n.strip_prefix("torch.").unwrap_or(&n);
+        Some(match n {
+            "f64" | "float64" | "double" | "fp64" => DType::F64,
+            "f32" | "float32" | "float" | "fp32" => DType::F32,
+            "f16" | "float16" | "half" | "fp16" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "f8e4m3" | "f8e5m2" | "float8_e4m3fn" | "float8_e5m2" | "fp8" => DType::F8,
+            "i64" | "int64" | "long" => DType::I64,
+            "i32" | "int32" | "int" => DType::I32,
+            "i16" | "int16" | "short" => DType::I16,
+            "i8" | "int8" => DType::I8,
+            "u8" | "uint8" => DType::U8,
+            "bool" => DType::Bool,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
+            DType::F8 | DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    /// Floating types get gradients; integer and boolean ones do not.
+    pub fn is_floating(self) -> bool {
+        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16 | DType::F8)
+    }
+}
+
+/// A static input or output of a layer's graph.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    /// A name for people (optional).
+    #[serde(default)]
+    pub name: String,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+    /// Element type (see [`DType::NAMES`]).
+    pub dtype: String,
+    /// For inputs: the forward graph keeps this tensor for its backward.
+    #[serde(default)]
+    pub kept_for_backward: bool,
+}
+
+/// One layer of one model chunk: the graphs of its forward and backward.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerSpec {
+    /// Model chunk (0-based).
+    #[serde(default)]
+    pub chunk: u32,
+    /// Position of the layer in its chunk (0-based; every chunk numbers its layers 0..L).
+    pub layer: u32,
+    /// Static inputs of the forward graph.
+    #[serde(default)]
+    pub inputs: Vec<TensorSpec>,
+    /// Static outputs of the forward graph.
+    #[serde(default)]
+    pub outputs: Vec<TensorSpec>,
+    /// Bytes the forward keeps for the backward beyond its inputs (saved activations).
+    #[serde(default)]
+    pub saved_bytes: u64,
+    /// Peak temporary bytes of the forward graph.
+    #[serde(default)]
+    pub forward_workspace_bytes: u64,
+    /// Peak temporary bytes of the backward graph.
+    #[serde(default)]
+    pub backward_workspace_bytes: u64,
+}
+
+/// A schedule with the layers of every chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulePlanInput {
+    /// The rank's schedule.
+    pub schedule: Schedule,
+    /// Layers of every chunk, in any order.
+    pub layers: Vec<LayerSpec>,
+}
+
+/// A named buffer with a lifetime, for plain buffer lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedBuffer {
+    /// Name.
+    pub name: String,
+    /// First step live.
+    pub start: u64,
+    /// First step no longer live.
+    pub end: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Buffers with the same non-empty group share an offset.
+    #[serde(default)]
+    pub alias_group: String,
+}
+
+/// A buffer of a plan, placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedBuffer {
+    /// Name (`mb<m>.c<chunk>.l<layer>.<kind>` for schedules).
+    pub name: String,
+    /// First step live.
+    pub start: u64,
+    /// First step no longer live.
+    pub end: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Offset in the arena.
+    pub offset: u64,
+    /// Alias group (empty when none).
+    pub alias_group: String,
+}
+
+/// A plan: slots, placed buffers and the figures that explain them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Buffer slots (0 for plain buffer lists).
+    pub slots: u32,
+    /// Slot of each microbatch.
+    pub microbatch_slot: Vec<u32>,
+    /// Every buffer with its offset.
+    pub buffers: Vec<PlannedBuffer>,
+    /// Bytes of the arena.
+    pub footprint: u64,
+    /// Most bytes live at any step.
+    pub lower_bound: u64,
+    /// Sum of all buffer sizes minus the footprint: what reuse saved against giving every
+    /// buffer memory of its own.
+    pub saved_by_aliasing: u64,
+    /// Planning time.
+    pub elapsed: Duration,
+    /// What produced the placement.
+    pub strategy: String,
+    /// Steps of the schedule as signed chunk numbers (`+c` forward, `-c` backward).
+    pub steps: Vec<i32>,
+    /// Device bytes capture needs for this plan: the arena holds static inputs and outputs,
+    /// saved activations and workspaces, so this is the footprint.
+    pub predicted_capture_bytes: u64,
+    /// CUDA graphs to capture (slots × layers × 2; 0 for buffer lists).
+    pub graphs: u32,
+}
+
+impl Plan {
+    /// `footprint / lower_bound` (1.0 when both are 0).
+    pub fn ratio(&self) -> f64 {
+        if self.lower_bound == 0 { 1.0 } else { self.footprint as f64 / self.lower_bound as f64 }
+    }
+}
+
+/// Why a plan could not be made. [`PlanError::field`] names the input at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The schedule cannot run.
+    #[error("schedule.{0}")]
+    Schedule(#[from] ScheduleError),
+    /// A setting is wrong.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The input at fault, e.g. `layers[3].inputs[0].dtype`.
+        field: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// The buffers cannot be placed.
+    #[error("{0}")]
+    Place(#[from] PlaceError),
+}
+
+impl PlanError {
+    /// The input at fault, as a path into the input (`schedule.pp_rank`, `buffers[7]`).
+    pub fn field(&self) -> String {
+        match self {
+            PlanError::Schedule(e) => format!("schedule.{}", e.field),
+            PlanError::Invalid { field, .. } => field.clone(),
+            PlanError::Place(PlaceError::Reversed { index, .. }) => format!("buffers[{index}]"),
+            PlanError::Place(PlaceError::Overflow) => "buffers".to_string(),
+        }
+    }
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> PlanError {
+    PlanError::Invalid { field: field.into(), message: message.into() }
+}
+
+/// Places a plain buffer list.
+pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, PlanError> {
+    let mut groups: HashMap<&str, u32> = HashMap::new();
+    let buffers: Vec<Buffer> = list
+        .iter()
+        .map(|b| {
+            let group = (!b.alias_group.is_empty()).then(|| {
+                let next = groups.len() as u32;
+                *groups.entry(b.alias_group.as_str()).or_insert(next)
+            });
+            Buffer { start: b.start, end: b.end, size: b.size, group }
+        })
+        .collect();
+    let placement = dsa::place(&buffers, opts)?;
+    let total: u64 = list.iter().map(|b| b.size).sum();
+    Ok(Plan {
+        slots: 0,
+        microbatch_slot: Vec::new(),
+        buffers: list
+            .iter()
+            .zip(&placement.offsets)
+            .map(|(b, &offset)| PlannedBuffer {
+                name: b.name.clone(),
+                start: b.start,
+                end: b.end,
+                size: b.size,
+                offset,
+                alias_group: b.alias_group.clone(),
+            })
+            .collect(),
+        footprint: placement.footprint,
+        lower_bound: placement.lower_bound,
+        saved_by_aliasing: total.saturating_sub(placement.footprint),
+        elapsed: placement.elapsed,
+        strategy: placement.strategy,
+        steps: Vec::new(),
+        predicted_capture_bytes: placement.footprint,
+        graphs: 0,
+    })
+}
+
+/// Byte sizes and flags of one layer's tensors, checked.
+struct Layer {
+    inputs: Vec<(u64, bool, bool)>,
+    outputs: Vec<(u64, bool)>,
+    saved: u64,
+    fws: u64,
+    bws: u64,
+}
+
+fn tensor_bytes(t: &TensorSpec, field: &str) -> Result<(u64, bool), PlanError> {
+    let dtype = DType::parse(&t.dtype).ok_or_else(|| {
+        invalid(format!("{field}.dtype"), format!("unknown dtype {:?}; use one of {}", t.dtype, DType::NAMES))
+    })?;
+    let mut bytes = dtype.bytes();
+    for &d in &t.shape {
+        bytes = bytes.checked_mul(d).ok_or_else(|| {
+            invalid(format!("{field}.shape"), "has more than 2^64 bytes; check the dimensions")
+        })?;
+    }
+    Ok((bytes, dtype.is_floating()))
+}
+
+/// The buffers of a schedule (one per microbatch and kind), before placement.
+#[derive(Debug, Clone)]
+pub struct ScheduleBuffers {
+    /// Buffers (with their alias group as `Buffer::group`).
+    pub buffers: Vec<Buffer>,
+    /// Name of each buffer.
+    pub names: Vec<String>,
+    /// Names of the alias groups, indexed by `Buffer::group`.
+    pub groups: Vec<String>,
+    /// Buffer slots.
+    pub slots: u32,
+    /// Slot of each microbatch.
+    pub microbatch_slot: Vec<u32>,
+    /// The schedule as signed chunk numbers.
+    pub steps: Vec<i32>,
+    /// CUDA graphs to capture.
+    pub graphs: u32,
+}
+
+/// Builds the buffers of a schedule: see the module documentation.
+pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, PlanError> {
+    let steps = input.schedule.steps()?;
+    let chunks = input.schedule.chunks() as usize;
+    let m = input.schedule.num_microbatches() as usize;
+    if input.layers.is_empty() {
+        return Err(invalid("layers", "is empty; describe at least one layer per chunk"));
+    }
+    let mut per_chunk: Vec<Vec<(u32, usize)>> = vec![Vec::new(); chunks];
+    for (i, l) in input.layers.iter().enumerate() {
+        if l.chunk as usize >= chunks {
+            return Err(invalid(
+                format!("layers[{i}].chunk"),
+                format!("is {}; the schedule has chunks 0..{chunks}", l.chunk),
+            ));
+        }
+        per_chunk[l.chunk as usize].push((l.layer, i));
+    }
+    let mut layers: Vec<Vec<Layer>> = Vec::with_capacity(chunks);
+    for (c, list) in per_chunk.iter_mut().enumerate() {
+        if list.is_empty() {
+            return Err(invalid("layers", format!("chunk {c} has no layers; describe every chunk's layers")));
+        }
+        list.sort_unstable();
+        let mut out = Vec::with_capacity(list.len());
+        for (pos, &(layer, i)) in list.iter().enumerate() {
+            if layer as usize != pos {
+                return Err(invalid(
+                    format!("layers[{i}].layer"),
+                    format!(
+                        "chunk {c} must number its layers 0..{} once each; found layer {layer} at position {pos}",
+                        list.len()
+                    ),
+                ));
+            }
+            let spec = &input.layers[i];
+            let inputs = spec
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(j, t)| {
+                    tensor_bytes(t, &format!("layers[{i}].inputs[{j}]"))
+                        .map(|(b, f)| (b, f, t.kept_for_backward))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let outputs = spec
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(j, t)| tensor_bytes(t, &format!("layers[{i}].outputs[{j}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.push(Layer {
+                inputs,
+                outputs,
+                saved: spec.saved_bytes,
+                fws: spec.forward_workspace_bytes,
+                bws: spec.backward_workspace_bytes,
+            });
+        }
+        layers.push(out);
+    }
+    let (slots, microbatch_slot) = assign_slots(&steps, m as u32);
+    // Clock: base tick of every step; the forward / backward step of each (chunk, microbatch).
+    let mut base = Vec::with_capacity(steps.len());
+    let mut tick = 0u64;
+    let mut fstep = vec![vec![0usize; m]; chunks];
+    let mut bstep = vec![vec![0usize; m]; chunks];
+    for (k, s) in steps.iter().enumerate() {
+        base.push(tick);
+        tick += layers[s.chunk as usize].len() as u64;
+        let table = if s.forward { &mut fstep } else { &mut bstep };
+        table[s.chunk as usize][s.microbatch as usize] = k;
+    }
+    let mut out = ScheduleBuffers {
+        buffers: Vec::new(),
+        names: Vec::new(),
+        groups: Vec::new(),
+        slots,
+        microbatch_slot,
+        steps: steps.iter().map(|s| s.signed()).collect(),
+        graphs: slots * layers.iter().map(|l| l.len() as u32).sum::<u32>() * 2,
+    };
+    let mut group_ids: HashMap<String, u32> = HashMap::new();
+    for (c, chunk) in layers.iter().enumerate() {
+        let n = chunk.len() as u64;
+        for mb in 0..m {
+            let slot = out.microbatch_slot[mb];
+            let (fb, bb) = (base[fstep[c][mb]], base[bstep[c][mb]]);
+            let tf = |l: usize| fb + l as u64;
+            let tb = |l: usize| bb + (n - 1 - l as u64);
+            let mut push = |l: usize, kind: String, start: u64, end: u64, size: u64| {
+                if size == 0 {
+                    return;
+                }
+                let key = format!("s{slot}.c{c}.l{l}.{kind}");
+                let next = group_ids.len() as u32;
+                let group = *group_ids.entry(key.clone()).or_insert_with(|| {
+                    out.groups.push(key);
+                    next
+                });
+                out.names.push(format!("mb{mb}.c{c}.l{l}.{kind}"));
+                out.buffers.push(Buffer { start, end, size, group: Some(group) });
+            };
+            for (l, layer) in chunk.iter().enumerate() {
+                let next = chunk.get(l + 1);
+                let prev = l.checked_sub(1).map(|p| &chunk[p]);
+                // Input j is chained to output j of the previous layer when the bytes match.
+                let chained_in =
+                    |j: usize| prev.and_then(|p| p.outputs.get(j)).map(|o| o.0) == Some(layer.inputs[j].0);
+                for (j, &(bytes, floating, kept)) in layer.inputs.iter().enumerate() {
+                    if !chained_in(j) {
+                        let end = if kept { tb(l) + 1 } else { tf(l) + 1 };
+                        push(l, format!("in{j}"), tf(l), end, bytes);
+                        if floating {
+                            push(l, format!("din{j}"), tb(l), tb(l) + 1, bytes);
+                        }
+                    }
+                }
+                for (j, &(bytes, floating)) in layer.outputs.iter().enumerate() {
+                    let consumer = next.and_then(|nx| nx.inputs.get(j)).filter(|i| i.0 == bytes);
+                    let end = match consumer {
+                        Some(&(_, _, true)) => tb(l + 1) + 1,
+                        Some(_) => tf(l + 1) + 1,
+                        None => tf(l) + 1,
+                    };
+                    push(l, format!("out{j}"), tf(l), end, bytes);
+                    if floating {
+                        // Written by the next layer's backward when chained, else an input of
+                        // this backward only.
+                        let start = if consumer.is_some() { tb(l + 1) } else { tb(l) };
+                        push(l, format!("dout{j}"), start, tb(l) + 1, bytes);
+                    }
+                }
+                push(l, "saved".to_string(), tf(l), tb(l) + 1, layer.saved);
+                push(l, "fws".to_string(), tf(l), tf(l) + 1, layer.fws);
+                push(l, "bws".to_string(), tb(l), tb(l) + 1, layer.bws);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Plans a schedule: slots, buffers, offsets and figures.
+pub fn plan_schedule(input: &SchedulePlanInput, opts: &PlaceOptions) -> Result<Plan, PlanError> {
+    let sb = schedule_buffers(input)?;
+    let placement = dsa::place(&sb.buffers, opts)?;
+    let total: u64 = sb.buffers.iter().map(|b| b.size).sum();
+    let buffers = sb
+        .buffers
+        .iter()
+        .zip(&sb.names)
+        .zip(&placement.offsets)
+        .map(|((b, name), &offset)| PlannedBuffer {
+            name: name.clone(),
+            start: b.start,
+            end: b.end,
+            size: b.size,
+            offset,
+            alias_group: b.group.map(|g| sb.groups[g as usize].clone()).unwrap_or_default(),
+        })
+        .collect();
+    Ok(Plan {
+        slots: sb.slots,
+        microbatch_slot: sb.microbatch_slot,
+        buffers,
+        footprint: placement.footprint,
+        lower_bound: placement.lower_bound,
+        saved_by_aliasing: total.saturating_sub(placement.footprint),
+        elapsed: placement.elapsed,
+        strategy: placement.strategy,
+        steps: sb.steps,
+        predicted_capture_bytes: placement.footprint,
+        graphs: sb.graphs,
+    })
+}
+
+/// A transformer-like layer stack for examples, tests and benchmarks: `layers` layers per
+/// chunk, hidden state `[seq, batch, hidden]` in bf16 chained from layer to layer and kept
+/// for backward, `saved_bytes` ≈ 10 hidden states (attention and FFN activations) and
+/// workspaces of 4 hidden states.
+pub fn transformer_layers(chunks: u32, layers: u32, seq: u64, batch: u64, hidden: u64) -> Vec<LayerSpec> {
+    let h = TensorSpec {
+        name: "hidden".to_string(),
+        shape: vec![seq, batch, hidden],
+        dtype: "bf16".to_string(),
+        kept_for_backward: true,
+    };
+    let bytes = seq * batch * hidden * 2;
+    let mut out = Vec::new();
+    for c in 0..chunks {
+        for l in 0..layers {
+            out.push(LayerSpec {
+                chunk: c,
+                layer: l,
+                inputs: vec![h.clone()],
+                outputs: vec![TensorSpec { kept_for_backward: false, ..h.clone() }],
+                saved_bytes: 10 * bytes,
+                forward_workspace_bytes: 4 * bytes,
+                backward_workspace_bytes: 4 * bytes,
+            });
+        }
+    }
+    out
+}
