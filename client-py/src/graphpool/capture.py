@@ -515,6 +515,7 @@ def make_graphed_callables(
     client: Any = None,
     plan: bool = True,
     progress_every_s: float = 2.0,
+    _unsafe_single_pool: bool = False,
 ) -> GraphedSchedule:
     """Capture ``callables`` (the layers of this pipeline rank) for a pipeline schedule.
 
@@ -536,6 +537,9 @@ def make_graphed_callables(
         client: a ``graphpool.Client`` for the plan and the pools (default: none / the pool's).
         plan: ask the daemon for a plan before capture (when a client is given).
         progress_every_s: log capture progress at most this often.
+        _unsafe_single_pool: for tests and benchmarks only: put every graph in one pool, which
+            breaks the lifetime split and lets slot reuse corrupt results (the failure this
+            module exists to prevent). Never use it for training.
 
     Returns:
         A :class:`GraphedSchedule`.
@@ -618,6 +622,10 @@ def make_graphed_callables(
             return torch.cuda.MemPool()
     else:
         stats.pool_kind = "graphpool"
+    if _unsafe_single_pool:
+        log.warning("_unsafe_single_pool: every graph in one pool; results may be wrong")
+        shared = factory("all")
+        factory = lambda label: shared  # noqa: E731
     pool_list: list[tuple[str, Any]] = []
     fwd_pools = []
     for c, n in enumerate(schedule.slots_per_chunk):
@@ -629,7 +637,7 @@ def make_graphed_callables(
         fwd_pools.append(row)
     bwd_pool = factory("bwd")
     pool_list.append(("bwd", bwd_pool))
-    stats.num_pools = len(pool_list)
+    stats.num_pools = len({id(p) for _, p in pool_list})
 
     # 5. capture in schedule order: the first step that uses each (kind, chunk, slot)
     total = 2 * sum(len(ch) * n for ch, n in zip(layers, schedule.slots_per_chunk))

@@ -1,0 +1,1 @@
+"""Helpers of the seed reproduction benchmark (bench/gpu/seed_repro.py)."""

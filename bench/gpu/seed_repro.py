@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""Seed reproduction: CUDA graphs of a pipeline stage at 8..128 microbatches, four ways.
+
+The stage of ../shared/ARCHITECTURE.md (9 transformer layers, hidden 1024, FFN 4096, 16 heads,
+sequence 4096, micro-batch 1, bf16, SDPA attention), under 1F1B stage 0 of 8, 1F1B stage 7 of 8
+and interleaved 1F1B stage 0 of 8 with 2 virtual chunks (chunks of 5 and 4 layers), for
+M in {8, 32, 128}. Variants, each in a process of its own (forked from a parent that imported
+torch but never initialised CUDA):
+
+* ``eager``      - no graphs; the reference gradients and their run-to-run noise;
+* ``torch``      - ``torch.cuda.make_graphed_callables`` with one graph per (layer, microbatch),
+                   replayed in schedule order (out-of-memory recorded as such);
+* ``ordered``    - the schedule-ordered baseline from torch primitives (seed/ordered.py): one
+                   graph per (layer, microbatch) captured in schedule order into one pool;
+* ``graphpool``  - ``graphpool.capture.make_graphed_callables``: one graph per (layer, slot),
+                   memory split by lifetime;
+* ``unsafe-onepool`` (opt-in) - graphpool's slot reuse with every graph in ONE pool: the
+                   configuration ARCHITECTURE.md reports as silently wrong; shows the check
+                   catches it.
+
+Per variant: device footprint (rise in used device memory per ``torch.cuda.mem_get_info``: pool
+reserve + graph objects), allocator peaks (reserved / allocated), graphs, capture time, median
+step time of a full schedule, and a per-parameter-tensor gradient check against eager.
+
+    PYTHONPATH=client-py/src python3 bench/gpu/seed_repro.py --out seed.json
+    PYTHONPATH=client-py/src python3 bench/gpu/seed_repro.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client-py", "src"))
+
+GiB = float(1 << 30)
+SCHEDULES = {
+    "1f1b-s0": dict(kind="1f1b", pp_size=8, pp_rank=0, chunks=[9]),
+    "1f1b-s7": dict(kind="1f1b", pp_size=8, pp_rank=7, chunks=[9]),
+    "il2-s0": dict(kind="interleaved", pp_size=8, pp_rank=0, chunks=[5, 4]),
+}
+VARIANTS = ["eager", "torch", "ordered", "graphpool"]
+GRAD_FLOOR = 1e-3
+
+
+def make_schedule(name: str, m: int) -> Any:
+    from graphpool.schedule import Schedule
+
+    d = SCHEDULES[name]
+    if d["kind"] == "1f1b":
+        return Schedule.one_f_one_b(d["pp_size"], d["pp_rank"], m)
+    return Schedule.interleaved(d["pp_size"], d["pp_rank"], m, len(d["chunks"]))
+
+
+# ------------------------------------------------------------------------------------ child
+
+
+def _alias_module(lay: Any) -> Any:
+    import torch
+
+    class Alias(torch.nn.Module):
+        """A distinct module over a shared layer: torch.cuda.make_graphed_callables replaces a
+        module's forward with its graphed version, so a layer passed M times would keep only
+        the last microbatch's graphs; one Alias per (layer, microbatch) keeps all of them."""
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(x)
+
+    return Alias(lay)
+
+
+_Alias = _alias_module
+
+
+def _rel(a: Any, b: Any) -> float:
+    import torch
+
+    a32, b32 = a.float(), b.float()
+    den = torch.linalg.vector_norm(b32).item()
+    num = torch.linalg.vector_norm(a32 - b32).item()
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def child(case: dict[str, Any], conn: Any) -> None:
+    try:
+        res = _child(case)
+    except BaseException as e:  # noqa: BLE001
+        res = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+    conn.send(res)
+    conn.close()
+
+
+def _child(case: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from seed.model import StageConfig, build_stage
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    variant, m, sname = case["variant"], case["m"], case["schedule"]
+    cfg = StageConfig(seq=case.get("seq", 4096))
+    sched = make_schedule(sname, m)
+    chunk_sizes = SCHEDULES[sname]["chunks"]
+    torch.cuda.init()
+    dev = torch.cuda.current_device()
+    chunks = build_stage(cfg, chunk_sizes)
+    params = [(f"c{c}.l{i}.{n}", p) for c, ch in enumerate(chunks) for i, lay in enumerate(ch)
+              for n, p in lay.named_parameters()]
+    for _, p in params:
+        p.grad = torch.zeros_like(p)
+    shape = (cfg.micro_batch, cfg.seq, cfg.hidden)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(99)
+    X = [[torch.randn(shape, dtype=cfg.dtype, device="cuda", generator=gen) for _ in range(m)]
+         for _ in chunk_sizes]
+    G = [[torch.randn(shape, dtype=cfg.dtype, device="cuda", generator=gen) for _ in range(m)]
+         for _ in chunk_sizes]
+    # warm-up outside the measurement: handles, workspaces, lazily loaded kernels
+    for ch in chunks:
+        x = X[0][0].detach().requires_grad_()
+        y = ch[0](x)
+        torch.autograd.grad(y, [x] + list(ch[0].parameters()), G[0][0])
+    del x, y
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    free0 = torch.cuda.mem_get_info()[0]
+    res0 = torch.cuda.memory_reserved()
+    alloc0 = torch.cuda.memory_allocated()
+    out: dict[str, Any] = {"graphs": 0, "capture_s": 0.0}
+    steps = list(sched.steps)
+
+    def chain_run(fwd: Any) -> None:
+        live: dict[tuple[int, int], Any] = {}
+        for st in steps:
+            if st.kind == "F":
+                x = X[st.chunk][st.microbatch].detach().requires_grad_()
+                y = fwd(st.chunk, st.microbatch, x)
+                live[(st.chunk, st.microbatch)] = y
+            else:
+                y = live.pop((st.chunk, st.microbatch))
+                torch.autograd.backward(y, G[st.chunk][st.microbatch])
+
+    t0 = time.perf_counter()
+    if variant == "eager":
+        def fwd(c: int, mb: int, x: Any) -> Any:
+            for lay in chunks[c]:
+                x = lay(x)
+            return x
+
+        def step() -> None:
+            chain_run(fwd)
+
+    elif variant == "torch":
+        callables, samples, index = [], [], {}
+        for c, ch in enumerate(chunks):
+            for mb in range(m):
+                for li, lay in enumerate(ch):
+                    index[(c, mb, li)] = len(callables)
+                    callables.append(_Alias(lay))
+                    samples.append((torch.randn(shape, dtype=cfg.dtype, device="cuda",
+                                                requires_grad=True),))
+        try:
+            graphed = torch.cuda.make_graphed_callables(tuple(callables), tuple(samples),
+                                                        num_warmup_iters=1)
+        except torch.OutOfMemoryError as e:
+            torch.cuda.synchronize()
+            return {"oom": True, "error": f"out of memory in make_graphed_callables: "
+                    f"{str(e).splitlines()[0][:160]}",
+                    "capture_s": time.perf_counter() - t0,
+                    "footprint_at_oom_gib": (free0 - torch.cuda.mem_get_info()[0]) / GiB,
+                    "graphs_attempted": 2 * len(callables)}
+        out["graphs"] = 2 * len(callables)
+
+        def fwd(c: int, mb: int, x: Any) -> Any:
+            for li in range(len(chunks[c])):
+                x = graphed[index[(c, mb, li)]](x)
+            return x
+
+        def step() -> None:
+            chain_run(fwd)
+
+    elif variant == "ordered":
+        from seed.ordered import OrderedGraphs
+
+        og = OrderedGraphs(chunks, steps, shape, cfg.dtype)
+        out["graphs"] = og.graphs
+
+        def step() -> None:
+            og.run_step(X, G)
+
+    elif variant in ("graphpool", "unsafe-onepool"):
+        import logging
+
+        from graphpool import capture
+
+        logging.basicConfig(level=logging.WARNING)
+        kw: dict[str, Any] = {}
+        if variant == "unsafe-onepool":
+            kw["_unsafe_single_pool"] = True
+        samples = [(X[c][0],) for c in range(len(chunks))]
+        gs = capture.make_graphed_callables(chunks, samples, num_warmup_iters=1, schedule=sched,
+                                            pools=case.get("pools", "auto"), **kw)
+        out["graphs"] = gs.stats.graphs
+        out["pool_kind"] = gs.stats.pool_kind
+        out["num_pools"] = gs.stats.num_pools
+        out["slots"] = list(sched.slots_per_chunk)
+        out["predicted_gib"] = gs.stats.predicted_bytes / GiB
+        out["capture_only_s"] = gs.stats.capture_seconds
+
+        def fwd(c: int, mb: int, x: Any) -> Any:
+            for call in gs.chunk(c, mb):
+                x = call(x)
+            return x
+
+        def step() -> None:
+            chain_run(fwd)
+    else:
+        raise ValueError(variant)
+    torch.cuda.synchronize()
+    out["capture_s"] = time.perf_counter() - t0 if variant != "eager" else 0.0
+    out["held_after_capture_gib"] = (free0 - torch.cuda.mem_get_info()[0]) / GiB
+
+    # full schedules: 1 warm-up, then timed ones; gradients of each timed one kept for the check
+    times, grads_seen = [], []
+    nsteps = case["steps"]
+    for i in range(nsteps + 1):
+        for _, p in params:
+            p.grad.zero_()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        if i > 0:
+            times.append(time.perf_counter() - t)
+            if variant == "eager" and i <= 3 or i == nsteps:
+                # to the host, so that the copies take no device memory from the measurement
+                grads_seen.append([p.grad.detach().to("cpu") for _, p in params])
+    free1 = torch.cuda.mem_get_info()[0]
+    out.update(
+        footprint_gib=(free0 - free1) / GiB,
+        peak_reserved_gib=(torch.cuda.max_memory_reserved() - res0) / GiB,
+        peak_allocated_gib=(torch.cuda.max_memory_allocated() - alloc0) / GiB,
+        reserved_now_gib=(torch.cuda.memory_reserved() - res0) / GiB,
+        step_ms=sorted(times)[len(times) // 2] * 1e3,
+        step_ms_all=[t * 1e3 for t in times],
+    )
+    out["outside_allocator_gib"] = out["footprint_gib"] - out["reserved_now_gib"]
+    ref_path = case["ref_path"]
+    names = [n for n, _ in params]
+    if variant == "eager":
+        ref = grads_seen[0]
+        noise = [0.0] * len(ref)
+        for other in grads_seen[1:]:
+            noise = [max(a, _rel(o.cuda(), r.cuda())) for a, o, r in zip(noise, other, ref)]
+        torch.save({"names": names, "grads": ref, "noise": noise}, ref_path)
+        worst = max(range(len(noise)), key=lambda i: noise[i])
+        out.update(grad_noise_max=noise[worst], grad_noise_worst=names[worst],
+                   grad_runs=len(grads_seen))
+    elif os.path.exists(ref_path):
+        ref = torch.load(ref_path)
+        thr = max(max(ref["noise"]), GRAD_FLOOR)
+        got = grads_seen[-1]
+        diffs = [_rel(g.cuda(), r.cuda()) for g, r in zip(got, ref["grads"])]
+        worst = max(range(len(diffs)), key=lambda i: diffs[i])
+        bad = [names[i] for i, d in enumerate(diffs) if not d <= thr]
+        per_t = max(d / max(n, GRAD_FLOOR) for d, n in zip(diffs, ref["noise"]))
+        out.update(grad_max_rel=diffs[worst], grad_worst=names[worst], grad_threshold=thr,
+                   grad_tensors=len(diffs), grad_bad_tensors=len(bad), grad_bad=bad[:8],
+                   grad_ok=not bad, grad_max_over_own_noise=per_t)
+    return out
+
+
+# ------------------------------------------------------------------------------------ parent
+
+
+def run_case(case: dict[str, Any], timeout: float) -> dict[str, Any]:
+    ctx = mp.get_context("fork")
+    a, b = ctx.Pipe(duplex=False)
+    t0 = time.perf_counter()
+    p = ctx.Process(target=child, args=(case, b))
+    p.start()
+    b.close()
+    res: dict[str, Any]
+    if a.poll(timeout):
+        try:
+            res = a.recv()
+        except EOFError:
+            res = {"error": "child exited without a result"}
+    else:
+        res = {"error": f"timeout after {timeout:.0f} s"}
+    p.join(5)
+    if p.is_alive():
+        p.kill()
+        p.join()
+    if p.exitcode not in (0, None) and "error" not in res:
+        res["error"] = f"exit code {p.exitcode}"
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def fmt_row(r: dict[str, Any], eager: dict[str, Any] | None) -> str:
+    def f(x: Any, spec: str = ".2f") -> str:
+        return "-" if x is None else format(x, spec)
+
+    if r.get("oom"):
+        return (f"| {r['schedule']} | {r['m']} | {r['variant']} | OOM ({f(r.get('footprint_at_oom_gib'))} GiB "
+                f"at failure) | | | | {r.get('graphs_attempted', '')} (attempted) | {f(r.get('capture_s'))} | | |")
+    if "error" in r:
+        return f"| {r['schedule']} | {r['m']} | {r['variant']} | error: {r['error'][:80]} | | | | | | | |"
+    ratio = None
+    if eager and "peak_reserved_gib" in eager and eager["peak_reserved_gib"]:
+        ratio = r["footprint_gib"] / eager["peak_reserved_gib"]
+    if r["variant"] == "eager":
+        check = f"noise {r.get('grad_noise_max', 0) * 100:.3f}%"
+    elif "grad_ok" in r:
+        check = (f"{'ok' if r['grad_ok'] else 'FAIL'} {r['grad_max_rel'] * 100:.3f}% "
+                 f"(thr {r['grad_threshold'] * 100:.3f}%, {r['grad_bad_tensors']}/{r['grad_tensors']} bad)")
+    else:
+        check = "-"
+    return (f"| {r['schedule']} | {r['m']} | {r['variant']}{'*' if r.get('pool_kind') == 'torch' else ''} "
+            f"| {f(r['footprint_gib'])} | {f(ratio, '.3f')} | {f(r['peak_reserved_gib'])} "
+            f"| {f(r['peak_allocated_gib'])} | {r['graphs']} | {f(r['capture_s'])} | {f(r['step_ms'], '.1f')} "
+            f"| {check} |")
+
+
+HEADER = ("| schedule | M | variant | footprint GiB | / eager peak reserved | peak reserved GiB "
+          "| peak allocated GiB | graphs | capture s | step ms (median) | gradient check |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", default="8,32,128", help="microbatch counts, comma-separated")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, of {VARIANTS + ['unsafe-onepool']} (eager always runs first)")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES), help=f"of {list(SCHEDULES)}")
+    ap.add_argument("--steps", type=int, default=3, help="timed full schedules per variant")
+    ap.add_argument("--quick", action="store_true", help="M=8 only, 2 timed steps")
+    ap.add_argument("--seq", type=int, default=4096, help="sequence length (4096 = the seed stage)")
+    ap.add_argument("--pools", default="auto", choices=["auto", "graphpool", "torch"],
+                    help="graphpool variant: daemon-backed pools, plain torch pools, or auto")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per variant process")
+    ap.add_argument("--out", default="", help="JSON output path")
+    args = ap.parse_args()
+    ms = [8] if args.quick else [int(x) for x in args.m.split(",") if x]
+    steps = 2 if args.quick else args.steps
+    variants = [v for v in args.variants.split(",") if v]
+    if "eager" in variants:
+        variants.remove("eager")
+    variants = ["eager"] + variants  # the reference first
+    import torch  # imported here, CUDA initialised only in the children
+
+    meta = {"torch": torch.__version__, "argv": sys.argv, "grad_floor": GRAD_FLOOR,
+            "stage": "9 layers, hidden 1024, FFN 4096, 16 heads, seq %d, mb 1, bf16" % args.seq}
+    results: list[dict[str, Any]] = []
+    tmp = tempfile.mkdtemp(prefix="seed_repro_")
+    t_all = time.perf_counter()
+    print(HEADER, flush=True)
+    for sname in args.schedules.split(","):
+        for m in ms:
+            eager = None
+            ref_path = os.path.join(tmp, f"ref_{sname}_{m}.pt")
+            for v in variants:
+                case = dict(variant=v, m=m, schedule=sname, steps=steps, ref_path=ref_path,
+                            seq=args.seq, pools=args.pools)
+                r = run_case(case, args.timeout)
+                r.update(variant=v, m=m, schedule=sname)
+                results.append(r)
+                if v == "eager":
+                    eager = r
+                print(fmt_row(r, eager), flush=True)
+                if "trace" in r:
+                    print(r["trace"], file=sys.stderr)
+            if os.path.exists(ref_path):
+                os.remove(ref_path)
+    if "device" not in meta:
+        meta["device"] = _device_name()
+    meta["total_s"] = time.perf_counter() - t_all
+    print(f"\n{meta['device']}, torch {meta['torch']}; total {meta['total_s']:.0f} s; "
+          f"* = graphpool variant measured with plain torch.cuda.MemPool pools split as graphpool does")
+    print("\n" + HEADER)
+    by = {(r["schedule"], r["m"]): r for r in results if r["variant"] == "eager"}
+    for r in results:
+        print(fmt_row(r, by.get((r["schedule"], r["m"]))))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
+    return 0
+
+
+def _device_name() -> str:
+    ctx = mp.get_context("fork")
+    a, b = ctx.Pipe(duplex=False)
+
+    def q(conn: Any) -> None:
+        import torch
+
+        conn.send(f"{torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / GiB:.0f} GiB)")
+
+    p = ctx.Process(target=q, args=(b,))
+    p.start()
+    name = a.recv() if a.poll(60) else "unknown"
+    p.join()
+    return name
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
