@@ -1,0 +1,139 @@
+//! The client side of the daemon's fd socket: length-prefixed `FdRequest`/`FdResponse`
+//! frames, the fd arriving in an `SCM_RIGHTS` control message.
+//!
+//! Blocking I/O on the caller's thread: the fetch is one small round trip on a connection
+//! kept open for the session, so it needs no async runtime.
+
+use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use graphpool_proto::v1::{FdRequest, FdResponse};
+use prost::Message;
+
+use crate::error::ShimError;
+
+/// Largest response frame accepted.
+const MAX_FRAME: usize = 1 << 20;
+
+/// A connection to the fd socket.
+#[derive(Debug)]
+pub struct FdConn {
+    stream: UnixStream,
+}
+
+impl FdConn {
+    /// Connects to the daemon's fd socket.
+    pub fn connect(path: &Path) -> Result<Self, ShimError> {
+        let stream = UnixStream::connect(path)
+            .map_err(|e| ShimError::Fd(format!("cannot connect to {}: {e}", path.display())))?;
+        Ok(FdConn { stream })
+    }
+
+    /// Asks for the fd of `grant_id`; returns it with the response (size, handle kind).
+    pub fn fetch(&mut self, session_id: u64, grant_id: u64) -> Result<(OwnedFd, FdResponse), ShimError> {
+        let body = FdRequest { session_id, grant_id }.encode_to_vec();
+        let mut frame = Vec::with_capacity(4 + body.len());
+        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&body);
+        self.stream.write_all(&frame).map_err(|e| ShimError::Fd(format!("send: {e}")))?;
+
+        let mut buf: Vec<u8> = Vec::with_capacity(256);
+        let mut fd: Option<OwnedFd> = None;
+        let mut want: Option<usize> = None;
+        loop {
+            if let Some(n) = want
+                && buf.len() >= 4 + n
+            {
+                break;
+            }
+            if want.is_none() && buf.len() >= 4 {
+                let n = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+                if n > MAX_FRAME {
+                    return Err(ShimError::Fd(format!("response frame of {n} bytes is too large")));
+                }
+                want = Some(n);
+                continue;
+            }
+            let (got, received) = recv_with_fd(self.stream.as_raw_fd(), &mut buf)?;
+            if let Some(f) = received {
+                // A second fd would be a protocol error; keep the first, close the others.
+                if fd.is_none() {
+                    fd = Some(f);
+                }
+            }
+            if got == 0 {
+                return Err(ShimError::Fd("the daemon closed the fd socket".to_string()));
+            }
+        }
+        let n = want.unwrap_or(0);
+        let resp = FdResponse::decode(&buf[4..4 + n])
+            .map_err(|e| ShimError::Fd(format!("undecodable FdResponse: {e}")))?;
+        if !resp.ok {
+            let code = tonic::Code::from(resp.code);
+            return Err(ShimError::Daemon {
+                call: "FdRequest",
+                code,
+                message: resp.message.clone(),
+                detail: None,
+            });
+        }
+        let fd = fd.ok_or_else(|| ShimError::Fd("the response carried no fd".to_string()))?;
+        Ok((fd, resp))
+    }
+}
+
+/// One `recvmsg` appending to `buf`; returns the byte count and the fd if one came with it.
+fn recv_with_fd(sock: RawFd, buf: &mut Vec<u8>) -> Result<(usize, Option<OwnedFd>), ShimError> {
+    let mut chunk = [0u8; 4096];
+    // Room for one cmsghdr with up to 4 ints, aligned.
+    let mut cbuf = [0u64; 16];
+    let mut iov = libc::iovec { iov_base: chunk.as_mut_ptr().cast(), iov_len: chunk.len() };
+    // SAFETY: msghdr is a plain C struct; zeroed is a valid empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    let n = loop {
+        // SAFETY: `msg` points at live buffers (`chunk`, `cbuf`) for the whole call.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(ShimError::Fd(format!("recvmsg: {e}")));
+        }
+        break n as usize;
+    };
+    let mut fd = None;
+    // SAFETY: walking the control buffer the kernel filled, with the libc CMSG macros, which
+    // stay within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<libc::c_int>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<libc::c_int>();
+                for i in 0..count {
+                    let raw = std::ptr::read_unaligned(data.add(i));
+                    // Every received fd is ours; the first is kept, the rest are closed on drop.
+                    let owned = OwnedFd::from_raw_fd(raw);
+                    if fd.is_none() {
+                        fd = Some(owned);
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(ShimError::Fd("control message truncated".to_string()));
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    Ok((n, fd))
+}
