@@ -1,0 +1,222 @@
+//! Shared helpers of the integration tests: a real `graphpoold` process on a temporary
+//! socket, and clients that talk to it over real sockets.
+#![allow(dead_code)]
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use graphpool::client::{Clients, FdConnection, connect};
+use graphpool_proto::v1 as pb;
+use tonic::Streaming;
+
+/// A running daemon; killed and its directory removed on drop.
+pub struct Daemon {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub fd_socket: PathBuf,
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// Extra TOML appended to the daemon's config.
+pub fn start(extra_toml: &str) -> Daemon {
+    start_with(extra_toml, false)
+}
+
+/// Starts a daemon (host backend, 2 devices of 1 GiB) with `extra_toml` in its config file,
+/// and waits until it answers.
+pub fn start_with(extra_toml: &str, metrics: bool) -> Daemon {
+    let dir = tempfile::Builder::new().prefix("gp").tempdir_in("/tmp").expect("tempdir");
+    let socket = dir.path().join("g.sock");
+    let metrics_addr = metrics.then(|| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    });
+    let config = dir.path().join("graphpoold.toml");
+    let ml = metrics_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into());
+    let toml = format!(
+        "socket = \"{}\"\nbackend = \"host\"\nmetrics_listen = \"{ml}\"\ndrain_timeout_seconds = 1\n{extra_toml}\n",
+        socket.display()
+    );
+    let toml = if toml.contains("[host]") {
+        toml
+    } else {
+        format!("{toml}\n[host]\ndevices = 2\ncapacity = \"1GiB\"\n")
+    };
+    std::fs::write(&config, toml).unwrap();
+    let log = std::fs::File::create(dir.path().join("daemon.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_graphpoold"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn graphpoold");
+    let d =
+        Daemon { child, fd_socket: dir.path().join("graphpool-fd.sock"), socket, dir, metrics: metrics_addr };
+    d.wait_ready();
+    d
+}
+
+impl Daemon {
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+                && std::os::unix::net::UnixStream::connect(&self.fd_socket).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("graphpoold did not become ready; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    pub async fn clients(&self) -> Clients {
+        connect(&self.socket).await.expect("connect")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Number of open fds of the daemon process.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map(|d| d.count()).unwrap_or(0)
+    }
+
+    pub fn fd_conn(&self) -> FdConnection {
+        FdConnection::connect(&self.fd_socket).expect("fd socket")
+    }
+
+    pub async fn metrics_text(&self) -> String {
+        let addr = self.metrics.expect("daemon started with metrics");
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An attached session: keep it alive to keep the session.
+pub struct Session {
+    pub id: u64,
+    pub events: Streaming<pb::SessionEvent>,
+    pub attached: pb::Attached,
+}
+
+pub async fn attach(c: &mut Clients, job: &str, rank: u32, device: &str) -> Result<Session, tonic::Status> {
+    attach_req(c, pb::AttachRequest { job_id: job.into(), rank, device: device.into(), ..Default::default() })
+        .await
+}
+
+pub async fn attach_req(c: &mut Clients, req: pb::AttachRequest) -> Result<Session, tonic::Status> {
+    let mut events = c.graphpool.attach(req).await?.into_inner();
+    let first = events.message().await?.expect("first event");
+    let Some(pb::session_event::Event::Attached(a)) = first.event else {
+        panic!("first event is not attached")
+    };
+    Ok(Session { id: a.session_id, events, attached: a })
+}
+
+pub async fn allocate(c: &mut Clients, s: &Session, size: u64) -> Result<pb::Grant, tonic::Status> {
+    let req = pb::AllocateSegmentRequest { session_id: s.id, size_bytes: size, label: "test".into() };
+    Ok(c.graphpool.allocate_segment(req).await?.into_inner())
+}
+
+pub async fn usage(c: &mut Clients) -> pb::Usage {
+    c.graphpool.get_usage(pb::GetUsageRequest {}).await.unwrap().into_inner()
+}
+
+pub async fn granted_total(c: &mut Clients) -> u64 {
+    usage(c).await.devices.iter().map(|d| d.granted_bytes).sum()
+}
+
+/// Polls `f` until it returns true, up to `limit`; returns the time it took.
+pub async fn wait_until<F, Fut>(limit: Duration, mut f: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if f().await {
+            return Some(t.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+/// Maps a memfd grant shared and read-write.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    pub fn new(fd: &impl AsRawFd, len: usize) -> Mapping {
+        // SAFETY: mapping a valid fd of at least `len` bytes, shared, read-write.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap failed: {}", std::io::Error::last_os_error());
+        Mapping { ptr: p as *mut u8, len }
+    }
+
+    pub fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes and lives as long as self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `new` mapped.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Clears FD_CLOEXEC so a child process inherits `fd`.
+pub fn inheritable(fd: &OwnedFd) {
+    // SAFETY: fcntl on a valid fd.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
+}
+
+/// Re-runs this test binary, running only `test_name`, with `env` set: the way a test gets a
+/// second real process that runs test code.
+pub fn child_test(test_name: &str, env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test_name, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+pub fn socket_path(d: &Daemon) -> &Path {
+    &d.socket
+}

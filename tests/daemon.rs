@@ -1,0 +1,479 @@
+//! Integration tests: the real `graphpoold` binary (host backend) on a temporary socket,
+//! real gRPC over Unix sockets, real fds over SCM_RIGHTS, real child processes.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use graphpool::client::{ClientError, error_detail};
+use graphpool_proto::v1 as pb;
+use tonic::Code;
+
+const MIB: u64 = 1 << 20;
+
+fn capacity(status: &tonic::Status) -> pb::CapacityRefusal {
+    match error_detail(status).and_then(|d| d.detail) {
+        Some(pb::error_detail::Detail::Capacity(c)) => c,
+        other => panic!("expected a capacity refusal, got {other:?} for {status:?}"),
+    }
+}
+
+fn field(status: &tonic::Status) -> String {
+    match error_detail(status).and_then(|d| d.detail) {
+        Some(pb::error_detail::Detail::Field(f)) => f.field,
+        other => panic!("expected a field violation, got {other:?} for {status:?}"),
+    }
+}
+
+#[tokio::test]
+async fn allocate_map_release_round_trip() {
+    let d = start("");
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "train", 0, "1").await.unwrap();
+    assert_eq!(s.attached.device.as_ref().unwrap().index, 1);
+    let g = allocate(&mut c, &s, 3 * MIB).await.unwrap();
+    assert_eq!(g.size_bytes, 4 * MIB, "rounded to the 2 MiB granularity");
+    assert_eq!(g.requested_bytes, 3 * MIB);
+    assert_eq!(g.handle_kind, "memfd");
+    let (fd, resp) = d.fd_conn().fetch(s.id, g.grant_id).unwrap();
+    assert_eq!(resp.size_bytes, 4 * MIB);
+    let mut m = Mapping::new(&fd, resp.size_bytes as usize);
+    m.bytes()[4 * MIB as usize - 1] = 7;
+    assert_eq!(granted_total(&mut c).await, 4 * MIB);
+    let rel = c
+        .graphpool
+        .release_segment(pb::ReleaseSegmentRequest { session_id: s.id, grant_id: g.grant_id })
+        .await
+        .unwrap();
+    assert_eq!(rel.into_inner().bytes_released, 4 * MIB);
+    assert_eq!(granted_total(&mut c).await, 0);
+    // Double release names the grant.
+    let e = c
+        .graphpool
+        .release_segment(pb::ReleaseSegmentRequest { session_id: s.id, grant_id: g.grant_id })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert_eq!(field(&e), "grant_id");
+}
+
+/// Child side of `two_processes_share_a_grant`: maps the inherited fd, checks the parent's
+/// pattern, writes its own, and tries (and must fail) to fetch the fd itself.
+#[test]
+fn child_maps_inherited_fd() {
+    let Ok(fd) = std::env::var("GP_CHILD_FD") else { return };
+    let fd: i32 = fd.parse().unwrap();
+    let len: usize = std::env::var("GP_CHILD_LEN").unwrap().parse().unwrap();
+    // SAFETY: the parent passed this fd to us open.
+    let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut m = Mapping::new(&owned, len);
+    assert_eq!(&m.bytes()[..5], b"hello");
+    m.bytes()[len - 5..].copy_from_slice(b"world");
+    // Holding the session and grant ids is not enough to get the fd.
+    let fd_socket = std::env::var("GP_CHILD_FD_SOCKET").unwrap();
+    let session: u64 = std::env::var("GP_CHILD_SESSION").unwrap().parse().unwrap();
+    let grant: u64 = std::env::var("GP_CHILD_GRANT").unwrap().parse().unwrap();
+    let mut conn = graphpool::client::FdConnection::connect(std::path::Path::new(&fd_socket)).unwrap();
+    match conn.fetch(session, grant) {
+        Err(ClientError::FdRefused { code: 7, .. }) => println!("CHILD-REFUSED"),
+        other => panic!("a foreign process got {other:?}"),
+    }
+    println!("CHILD-OK");
+}
+
+#[tokio::test]
+async fn two_processes_share_a_grant_and_only_the_owner_gets_fds() {
+    let d = start("");
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "train", 0, "").await.unwrap();
+    let g = allocate(&mut c, &s, 2 * MIB).await.unwrap();
+    let (fd, _) = d.fd_conn().fetch(s.id, g.grant_id).unwrap();
+    let len = g.size_bytes as usize;
+    let mut m = Mapping::new(&fd, len);
+    m.bytes()[..5].copy_from_slice(b"hello");
+    inheritable(&fd);
+    let out = child_test(
+        "child_maps_inherited_fd",
+        &[
+            ("GP_CHILD_FD", fd.as_raw_fd().to_string()),
+            ("GP_CHILD_LEN", len.to_string()),
+            ("GP_CHILD_FD_SOCKET", d.fd_socket.display().to_string()),
+            ("GP_CHILD_SESSION", s.id.to_string()),
+            ("GP_CHILD_GRANT", g.grant_id.to_string()),
+        ],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("CHILD-REFUSED") && stdout.contains("CHILD-OK"), "{stdout}");
+    assert_eq!(&m.bytes()[len - 5..], b"world", "the parent sees the child's write");
+}
+
+#[tokio::test]
+async fn quota_exhaustion_gives_structured_details() {
+    let d = start("[limits]\ndefault_rank_quota = \"64MiB\"\njobs = { capped = \"96MiB\" }");
+    let mut c = d.clients().await;
+    let a = attach(&mut c, "capped", 0, "").await.unwrap();
+    let b = attach(&mut c, "capped", 1, "").await.unwrap();
+    allocate(&mut c, &a, 64 * MIB).await.unwrap();
+    let e = allocate(&mut c, &a, 2 * MIB).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    let r = capacity(&e);
+    assert_eq!(
+        (r.limit.as_str(), r.requested_bytes, r.free_bytes, r.limit_bytes),
+        ("rank-quota", 2 * MIB, 0, 64 * MIB)
+    );
+    assert_eq!(r.top_holders[0].job_id, "capped");
+    assert_eq!(r.top_holders[0].granted_bytes, 64 * MIB);
+    allocate(&mut c, &b, 32 * MIB).await.unwrap();
+    let r = capacity(&allocate(&mut c, &b, 2 * MIB).await.unwrap_err());
+    assert_eq!(r.limit, "job-quota");
+    assert_eq!(r.top_holders.len(), 2);
+    // The device budget (1 GiB) bites for another job.
+    let x = attach(&mut c, "other", 0, "").await.unwrap();
+    let r = capacity(&allocate(&mut c, &x, 1024 * MIB).await.unwrap_err());
+    assert_eq!((r.limit.as_str(), r.free_bytes), ("device-budget", 1024 * MIB - 96 * MIB));
+    // Quotas change at run time (the test runs as an admin: root or the daemon's uid).
+    let set = pb::SetLimitsRequest {
+        jobs: vec![pb::JobLimit { job_id: "capped".into(), quota_bytes: 0 }],
+        default_rank_quota_bytes: Some(0),
+        ..Default::default()
+    };
+    c.admin.set_limits(set).await.unwrap();
+    allocate(&mut c, &a, 2 * MIB).await.unwrap();
+    // A reserved budget that does not fit is refused at attach.
+    let req = pb::AttachRequest {
+        job_id: "big".into(),
+        budget_bytes: 2048 * MIB,
+        reserve_budget: true,
+        ..Default::default()
+    };
+    let e = attach_req(&mut c, req).await.err().unwrap();
+    assert_eq!(capacity(&e).limit, "device-budget");
+}
+
+/// Child side of the SIGKILL test: attaches, allocates, says so, then waits to be killed.
+#[test]
+fn child_holds_grants_until_killed() {
+    let Ok(socket) = std::env::var("GP_HOLD_SOCKET") else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = graphpool::client::connect(std::path::Path::new(&socket)).await.unwrap();
+        let s = attach(&mut c, "victim", 5, "").await.unwrap();
+        for _ in 0..4 {
+            allocate(&mut c, &s, 8 * MIB).await.unwrap();
+        }
+        println!("READY");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(s);
+    });
+}
+
+#[tokio::test]
+async fn sigkilled_client_is_reclaimed_within_a_second() {
+    let d = start_with("", true);
+    let mut child =
+        child_test("child_holds_grants_until_killed", &[("GP_HOLD_SOCKET", d.socket.display().to_string())])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let l = lines.next().expect("child ended before READY").unwrap();
+        if l.contains("READY") {
+            break;
+        }
+    }
+    let mut c = d.clients().await;
+    assert_eq!(granted_total(&mut c).await, 32 * MIB);
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let took = wait_until(Duration::from_secs(1), || {
+        let mut c = c.clone();
+        async move { granted_total(&mut c).await == 0 }
+    })
+    .await;
+    let _ = child.wait();
+    let took = took.unwrap_or_else(|| panic!("grants not reclaimed within 1 s; log:\n{}", d.log()));
+    eprintln!("reclaimed after SIGKILL in {took:?}");
+    let m = d.metrics_text().await;
+    assert!(m.contains("graphpool_sessions{Hostname="), "{m}");
+    let sessions_line = m.lines().find(|l| l.starts_with("graphpool_sessions{")).unwrap();
+    assert!(sessions_line.ends_with(" 0"), "{sessions_line}");
+    assert!(
+        m.lines().any(|l| l.starts_with("graphpool_sessions_ended_total") && l.contains("reason=\"")),
+        "{m}"
+    );
+    assert!(!m.contains("job=\"victim\""), "no stale series of the dead job:\n{m}");
+}
+
+/// Child side of the allow-list test: drops to an unprivileged uid, then asks for a session.
+#[test]
+fn child_outside_allow_list() {
+    let Ok(socket) = std::env::var("GP_NOBODY_SOCKET") else { return };
+    // SAFETY: changing credentials of this single-threaded-at-this-point child process.
+    unsafe {
+        assert_eq!(libc::setgid(65534), 0);
+        assert_eq!(libc::setuid(65534), 0);
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = graphpool::client::connect(std::path::Path::new(&socket)).await.unwrap();
+        let e = attach(&mut c, "sneaky", 0, "").await.err().expect("must be refused");
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("allow-list"), "{e:?}");
+        let e = c.admin.set_limits(pb::SetLimitsRequest::default()).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied);
+        println!("NOBODY-REFUSED");
+    });
+}
+
+#[tokio::test]
+async fn uid_not_on_allow_list_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run a child under another uid");
+        return;
+    }
+    let d = start("socket_mode = \"0666\"\n[access]\nallowed_uids = [4242]");
+    // Let the unprivileged child reach the socket inside the test's private directory.
+    std::fs::set_permissions(d.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = child_test("child_outside_allow_list", &[("GP_NOBODY_SOCKET", d.socket.display().to_string())])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("NOBODY-REFUSED"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The daemon keeps serving allowed peers.
+    let mut c = d.clients().await;
+    attach(&mut c, "ok", 0, "").await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_right_code_and_the_daemon_keeps_serving() {
+    let d = start("[guards]\nmax_message_bytes = \"64KiB\"\nmax_grants_per_session = 3");
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "j", 0, "").await.unwrap();
+
+    let cases: Vec<(pb::AllocateSegmentRequest, Code, &str)> = vec![
+        (
+            pb::AllocateSegmentRequest { session_id: s.id, size_bytes: 0, label: String::new() },
+            Code::InvalidArgument,
+            "size_bytes",
+        ),
+        (
+            pb::AllocateSegmentRequest { session_id: s.id, size_bytes: u64::MAX, label: String::new() },
+            Code::InvalidArgument,
+            "size_bytes",
+        ),
+        (
+            pb::AllocateSegmentRequest { session_id: s.id, size_bytes: MIB, label: "bad label!".into() },
+            Code::InvalidArgument,
+            "label",
+        ),
+        (
+            pb::AllocateSegmentRequest { session_id: 0, size_bytes: MIB, label: String::new() },
+            Code::InvalidArgument,
+            "session_id",
+        ),
+        (
+            pb::AllocateSegmentRequest { session_id: 12345, size_bytes: MIB, label: String::new() },
+            Code::NotFound,
+            "session_id",
+        ),
+    ];
+    for (req, code, f) in cases {
+        let e = c.graphpool.allocate_segment(req.clone()).await.unwrap_err();
+        assert_eq!(e.code(), code, "{req:?}: {e:?}");
+        assert_eq!(field(&e), f, "{req:?}");
+        assert!(e.message().contains(f), "message names the field: {}", e.message());
+    }
+    // Attach validation.
+    for (req, f) in [
+        (pb::AttachRequest { job_id: String::new(), ..Default::default() }, "job_id"),
+        (pb::AttachRequest { job_id: "has space".into(), ..Default::default() }, "job_id"),
+        (
+            pb::AttachRequest { job_id: "j".into(), reserve_budget: true, ..Default::default() },
+            "budget_bytes",
+        ),
+    ] {
+        let e = attach_req(&mut c, req).await.err().unwrap();
+        assert_eq!((e.code(), field(&e).as_str()), (Code::InvalidArgument, f));
+    }
+    let e = attach(&mut c, "j", 0, "7").await.err().unwrap();
+    assert_eq!((e.code(), field(&e).as_str()), (Code::NotFound, "device"));
+    let e = attach(&mut c, "j", 0, "GPU-00000000-nope").await.err().unwrap();
+    assert_eq!(e.code(), Code::NotFound);
+
+    // Unknown and foreign grants.
+    let other = attach(&mut c, "k", 0, "").await.unwrap();
+    let g = allocate(&mut c, &other, MIB).await.unwrap();
+    let e = c
+        .graphpool
+        .release_segment(pb::ReleaseSegmentRequest { session_id: s.id, grant_id: g.grant_id })
+        .await
+        .unwrap_err();
+    assert_eq!((e.code(), field(&e).as_str()), (Code::PermissionDenied, "grant_id"));
+    let e = c
+        .graphpool
+        .release_segment(pb::ReleaseSegmentRequest { session_id: s.id, grant_id: 99 })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+
+    // Grants per session are bounded.
+    for _ in 0..3 {
+        allocate(&mut c, &s, MIB).await.unwrap();
+    }
+    let e = allocate(&mut c, &s, MIB).await.unwrap_err();
+    assert_eq!(capacity(&e).limit, "session-grants");
+
+    // An oversized message is refused by the transport's limit before it is decoded.
+    let huge = pb::AttachRequest { job_id: "x".repeat(100 * 1024), ..Default::default() };
+    let e = attach_req(&mut c, huge).await.err().unwrap();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    assert!(e.message().contains("too large"), "{e:?}");
+
+    // The fd socket rejects garbage and oversized frames.
+    let mut conn = d.fd_conn();
+    let r = conn.send_raw(&[3, 0, 0, 0, 0xff, 0xff, 0xff]).unwrap();
+    assert_eq!((r.ok, r.code), (false, 3));
+    let mut conn = d.fd_conn();
+    let r = conn.send_raw(&(1u32 << 30).to_le_bytes()).unwrap();
+    assert_eq!((r.ok, r.code), (false, 3));
+    let mut conn = d.fd_conn();
+    match conn.fetch(s.id, 424242) {
+        Err(ClientError::FdRefused { code: 5, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+
+    // Still serving.
+    let st = c.graphpool.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.backend, "host");
+    assert_eq!(st.sessions.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_clients_leave_an_empty_ledger_and_no_fds() {
+    let d = start("");
+    // Warm up the daemon's own fds (listeners, epoll, first connection) before the baseline.
+    {
+        let mut c = d.clients().await;
+        let s = attach(&mut c, "warm", 0, "").await.unwrap();
+        let g = allocate(&mut c, &s, MIB).await.unwrap();
+        d.fd_conn().fetch(s.id, g.grant_id).unwrap();
+    }
+    let mut c = d.clients().await;
+    wait_until(Duration::from_secs(2), || {
+        let mut c = c.clone();
+        async move { granted_total(&mut c).await == 0 }
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let baseline = d.open_fds();
+    let mut tasks = Vec::new();
+    for i in 0..32u32 {
+        let socket = d.socket.clone();
+        let fd_socket = d.fd_socket.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = graphpool::client::connect(&socket).await.unwrap();
+            let s = attach(&mut c, "load", i, &(i % 2).to_string()).await.unwrap();
+            let mut conn = graphpool::client::FdConnection::connect(&fd_socket).unwrap();
+            for n in 0..1000u64 {
+                let g = allocate(&mut c, &s, MIB * (1 + n % 4)).await.unwrap();
+                if n % 50 == 0 {
+                    let (fd, _) = conn.fetch(s.id, g.grant_id).unwrap();
+                    drop(fd);
+                }
+                c.graphpool
+                    .release_segment(pb::ReleaseSegmentRequest { session_id: s.id, grant_id: g.grant_id })
+                    .await
+                    .unwrap();
+            }
+            drop(s);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let empty = wait_until(Duration::from_secs(2), || {
+        let mut c = c.clone();
+        async move {
+            let u = usage(&mut c).await;
+            u.devices.iter().all(|d| d.granted_bytes == 0 && d.grants == 0) && u.jobs.is_empty()
+        }
+    })
+    .await;
+    assert!(empty.is_some(), "ledger not empty: {:?}", usage(&mut c).await);
+    let back = wait_until(Duration::from_secs(3), || async { d.open_fds() <= baseline }).await;
+    assert!(back.is_some(), "daemon fds {} > baseline {baseline}", d.open_fds());
+}
+
+#[tokio::test]
+async fn detach_and_stream_close_release_grants() {
+    let d = start("");
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "j", 0, "").await.unwrap();
+    allocate(&mut c, &s, 4 * MIB).await.unwrap();
+    allocate(&mut c, &s, 4 * MIB).await.unwrap();
+    let r = c.graphpool.detach(pb::DetachRequest { session_id: s.id }).await.unwrap().into_inner();
+    assert_eq!((r.grants_released, r.bytes_released), (2, 8 * MIB));
+    let mut events = s.events;
+    let end = tokio::time::timeout(Duration::from_secs(2), events.message()).await.expect("stream ends");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+
+    let s2 = attach(&mut c, "j", 1, "").await.unwrap();
+    allocate(&mut c, &s2, 4 * MIB).await.unwrap();
+    drop(s2); // closes the Attach stream
+    let took = wait_until(Duration::from_secs(1), || {
+        let mut c = c.clone();
+        async move { granted_total(&mut c).await == 0 }
+    })
+    .await;
+    assert!(took.is_some(), "stream close did not release within 1 s");
+}
+
+#[tokio::test]
+async fn cli_reports_status_grants_and_health() {
+    let d = start("");
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "clijob", 3, "").await.unwrap();
+    allocate(&mut c, &s, 6 * MIB).await.unwrap();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_graphpool"))
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["status", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["backend"], "host");
+    assert_eq!(v["devices"][0]["granted_bytes"], 6 * MIB);
+    assert_eq!(v["sessions"][0]["job_id"], "clijob");
+    let out = cli(&["grants"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("clijob") && text.contains("6 MiB"), "{text}");
+    assert!(cli(&["health"]).status.success());
+    let out = cli(&["limits", "set", "--job", "clijob=8MiB"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let e = allocate(&mut c, &s, 4 * MIB).await.unwrap_err();
+    assert_eq!(capacity(&e).limit, "job-quota");
+    drop(d);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphpool"))
+        .args(["--socket", "/nonexistent/graphpool.sock", "health", "--timeout", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
