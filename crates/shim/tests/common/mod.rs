@@ -1,0 +1,76 @@
+//! A real `graphpoold` (host backend) on a temporary socket, for the shim's tests.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A daemon process, killed on drop.
+pub struct Daemon {
+    child: Child,
+    _dir: tempfile::TempDir,
+    pub socket: PathBuf,
+}
+
+/// The `graphpoold` binary: `$GRAPHPOOLD`, else next to this test's target directory, built
+/// with cargo when missing.
+pub fn graphpoold() -> PathBuf {
+    if let Some(p) = std::env::var_os("GRAPHPOOLD") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test-binary>
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf();
+    let bin = profile_dir.join("graphpoold");
+    if !bin.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "graphpool", "--bin", "graphpoold", "--manifest-path"]).arg(&manifest);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        if let Some(target) = profile_dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        let st = cmd.status().expect("running cargo to build graphpoold");
+        assert!(st.success(), "building graphpoold failed");
+    }
+    bin
+}
+
+impl Daemon {
+    /// Starts a host-backend daemon with `devices` devices of `capacity` each.
+    pub fn start(devices: u32, capacity: &str) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("g.sock");
+        let log = std::fs::File::create(dir.path().join("graphpoold.log")).expect("log file");
+        let child = Command::new(graphpoold())
+            .args(["--backend", "host", "--metrics-listen", "off", "--host-devices"])
+            .arg(devices.to_string())
+            .arg("--host-capacity")
+            .arg(capacity)
+            .arg("--socket")
+            .arg(&socket)
+            .env_remove("GRAPHPOOL_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting graphpoold");
+        let d = Daemon { child, _dir: dir, socket };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&d.socket).is_err() {
+            assert!(Instant::now() < deadline, "graphpoold did not listen on {}", d.socket.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
