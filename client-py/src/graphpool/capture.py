@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .schedule import Schedule
 
@@ -437,6 +437,12 @@ class _GraphedCall:
                     f"microbatch {holder} whose backward has not run: call the layers in the "
                     f"order of the schedule ({self.owner.schedule.describe()})"
                 )
+            for a, r in zip(args, lay.in_requires_grad):
+                if a.requires_grad and not r:
+                    raise RuntimeError(
+                        f"chunk {lay.chunk}'s input requires grad but its sample did not: pass "
+                        f"sample_args that require grad to compute the input gradient"
+                    )
             owners[s] = self.mb
         elif holder != self.mb:
             raise RuntimeError(
@@ -515,6 +521,7 @@ def make_graphed_callables(
     client: Any = None,
     plan: bool = True,
     progress_every_s: float = 2.0,
+    expandable_segments: bool = False,
     _unsafe_single_pool: bool = False,
 ) -> GraphedSchedule:
     """Capture ``callables`` (the layers of this pipeline rank) for a pipeline schedule.
@@ -537,6 +544,10 @@ def make_graphed_callables(
         client: a ``graphpool.Client`` for the plan and the pools (default: none / the pool's).
         plan: ask the daemon for a plan before capture (when a client is given).
         progress_every_s: log capture progress at most this often.
+        expandable_segments: create the pools' segments as torch's expandable segments (the
+            allocator setting is switched on for the capture only, then restored): one growing
+            mapping per pool instead of 20 MiB segments, so a pool wastes less than a segment
+            page of its reserve.
         _unsafe_single_pool: for tests and benchmarks only: put every graph in one pool, which
             breaks the lifetime split and lets slot reuse corrupt results (the failure this
             module exists to prevent). Never use it for training.
@@ -639,6 +650,28 @@ def make_graphed_callables(
     pool_list.append(("bwd", bwd_pool))
     stats.num_pools = len({id(p) for _, p in pool_list})
 
+    settings = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if expandable_segments and settings is None:
+        raise RuntimeError("expandable_segments: this torch cannot switch allocator settings")
+    if expandable_segments:
+        settings("expandable_segments:True")
+    try:
+        _capture_all(schedule, layers, samples, fwd_pools, bwd_pool, pool_list, stats, stream,
+                     allow_unused_input, progress_every_s, device, reserved0)
+    finally:
+        if expandable_segments:
+            settings("expandable_segments:False")
+    return GraphedSchedule(schedule, layers, pool_list, stats)
+
+
+def _capture_all(
+    schedule: Schedule, layers: list[list[_Layer]], samples: list[tuple[Any, ...]],
+    fwd_pools: list[list[Any]], bwd_pool: Any, pool_list: list[tuple[str, Any]],
+    stats: CaptureStats, stream: Any, allow_unused_input: bool, progress_every_s: float,
+    device: int, reserved0: int,
+) -> None:
+    import torch
+
     # 5. capture in schedule order: the first step that uses each (kind, chunk, slot)
     total = 2 * sum(len(ch) * n for ch, n in zip(layers, schedule.slots_per_chunk))
     log.info(
@@ -680,7 +713,6 @@ def make_graphed_callables(
         "captured %d graphs in %.2f s, %.2f GiB reserved (predicted %.2f GiB)", done,
         stats.capture_seconds, stats.reserved_bytes / _GiB, stats.predicted_bytes / _GiB,
     )
-    return GraphedSchedule(schedule, layers, pool_list, stats)
 
 
 def _warm_chunk(
