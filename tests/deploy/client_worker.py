@@ -32,7 +32,7 @@ MiB = 1 << 20
 def main():
     sock, job, rank, device, mode = sys.argv[1:6]
     sizes = [int(s) for s in sys.argv[6:]]
-    channel = grpc.insecure_channel(f"unix://{sock}")
+    channel = grpc.insecure_channel(f"unix://{sock}", options=[("grpc.default_authority", "localhost")])
     stub = rpc.GraphpoolStub(channel)
     stream = stub.Attach(pb.AttachRequest(job_id=job, rank=int(rank), local_rank=int(rank),
                                           device=device, client="deploy-e2e/1"), timeout=600)
@@ -62,10 +62,16 @@ def main():
         # Four buffers; two pairs with disjoint lifetimes share memory.
         buffers = [plan_pb2.BufferSpec(name=f"b{i}", start=s, end=e, size_bytes=4 * MiB)
                    for i, (s, e) in enumerate([(0, 2), (2, 4), (1, 3), (3, 5)])]
-        resp = stub.PlanCapture(pb.PlanCaptureRequest(
-            session_id=sid, reserve=True,
-            input=plan_pb2.PlanInput(buffers=plan_pb2.BufferList(buffers=buffers))), timeout=30)
-        info.append(f"footprint={resp.plan.footprint_bytes} saved={resp.plan.saved_by_aliasing_bytes}")
+        try:
+            resp = stub.PlanCapture(pb.PlanCaptureRequest(
+                session_id=sid, reserve=True,
+                input=plan_pb2.PlanInput(buffers=plan_pb2.BufferList(buffers=buffers))), timeout=30)
+            info.append(f"footprint={resp.plan.footprint_bytes} saved={resp.plan.saved_by_aliasing_bytes}")
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            # A daemon built without the planner: the test reports plan panels as skipped.
+            info.append("plan=UNIMPLEMENTED")
     if mode == "detach":
         stub.Detach(pb.DetachRequest(session_id=sid), timeout=10)
     print("READY " + " ".join(info), flush=True)
