@@ -486,7 +486,12 @@ pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, Pl
 
 /// Plans a schedule: slots, buffers, offsets and figures.
 pub fn plan_schedule(input: &SchedulePlanInput, opts: &PlaceOptions) -> Result<Plan, PlanError> {
-    let sb = schedule_buffers(input)?;
+    plan_schedule_buffers(schedule_buffers(input)?, opts)
+}
+
+/// Places the buffers of a schedule built by [`schedule_buffers`] (for callers that look at
+/// them first, e.g. to bound their number).
+pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result<Plan, PlanError> {
     let placement = dsa::place(&sb.buffers, opts)?;
     let total: u64 = sb.buffers.iter().map(|b| b.size).sum();
     let buffers = sb
