@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Everything GPU-related of graphpool, in one go, building nothing:
+#   1. bench/gpu/cuda_backend.py  (grant imported in another process, latency, daemon memory)
+#   2. a graphpoold --backend cuda on a socket under /tmp, then bench/gpu/shim_latency.py
+#   3. the GPU pytest suite (client-py/tests/gpu) against that daemon
+# Binaries come from $GRAPHPOOL_BIN_DIR (default <repo>/.carry): graphpoold and
+# libgraphpool_shim.so, built elsewhere with `cargo build --release -p graphpool --bins` and
+# `cargo build --release -p graphpool-shim`. Results go to $OUT (default /tmp/graphpool-bench-out):
+# env.txt, cuda_backend.json, shim_latency.json, gpu_tests.json, pytest.log, graphpoold.log,
+# run.log; a short table is printed last.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/graphpool-bench-out}
+BIN=${GRAPHPOOL_BIN_DIR:-$ROOT/.carry}
+mkdir -p "$OUT"
+export PYTHONPATH="$ROOT/client-py/src${PYTHONPATH:+:$PYTHONPATH}"
+export GRAPHPOOL_SHIM="$BIN/libgraphpool_shim.so"
+export PYTHONUNBUFFERED=1
+cd "$ROOT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+  python3 -c 'import sys, torch, grpc, google.protobuf as pb; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "grpcio", grpc.__version__, "protobuf", pb.__version__, "gpus", torch.cuda.device_count())' 2>&1
+  "$BIN/graphpoold" --version 2>&1
+  nproc; uname -r
+} > "$OUT/env.txt"
+cat "$OUT/env.txt"
+
+echo "== cuda backend"
+python3 bench/gpu/cuda_backend.py --graphpoold "$BIN/graphpoold" --out "$OUT/cuda_backend.json" \
+  --log "$OUT/graphpoold.log" > /dev/null || echo "cuda_backend.py failed: $?"
+
+echo "== daemon for the shim bench and the tests"
+SOCKDIR=$(mktemp -d /tmp/graphpool-gpu.XXXXXX)
+SOCK=$SOCKDIR/g.sock
+"$BIN/graphpoold" --backend cuda --socket "$SOCK" --metrics-listen off >> "$OUT/graphpoold.log" 2>&1 &
+DPID=$!
+for _ in $(seq 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
+sleep 0.3
+
+echo "== shim latency"
+python3 bench/gpu/shim_latency.py --socket "$SOCK" --out "$OUT/shim_latency.json" || echo "shim_latency.py failed: $?"
+
+echo "== GPU tests"
+rm -f "$OUT/gpu_tests.json"
+GRAPHPOOL_GPU_SOCKET=$SOCK GRAPHPOOL_BENCH_OUT="$OUT/gpu_tests.json" timeout 300 \
+  python3 -m pytest client-py/tests/gpu -v -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+echo "pytest exit $?"; tail -15 "$OUT/pytest.log"
+
+kill "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null
+
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def load(n):
+    p = os.path.join(out, n)
+    return json.load(open(p)) if os.path.exists(p) else {}
+cb, sl, gt = load("cuda_backend.json"), load("shim_latency.json"), load("gpu_tests.json")
+rows = []
+for k, v in cb.get("grant_latency", {}).items():
+    rows.append((f"grant e2e {k} p50/p99 (us)", f"{v['grant_p50_us']:.0f} / {v['grant_p99_us']:.0f}"
+                 f"  [rpc {v['rpc_p50_us']:.0f}, fd {v['fd_p50_us']:.0f}, import+map {v['import_map_p50_us']:.0f}]"))
+if cb:
+    rows.append(("daemon device memory, idle (MiB)", f"{cb.get('daemon_idle_device_bytes', 0) / 2**20:.1f}"))
+    rows.append(("drop with 1 GiB granted (MiB)", f"{cb.get('drop_with_1GiB_granted_bytes', 0) / 2**20:.1f}"))
+    rows.append(("NVML: daemon listed / used", f"{cb.get('nvml_holding', {}).get('daemon_listed')} / {cb.get('nvml_holding', {}).get('daemon_used_bytes')}"))
+    rows.append(("readback ok", str(cb.get("readback"))))
+for r in sl.get("results", []):
+    rows.append((f"shim segment {r['size_mib']} MiB p50 (us)", f"{r['alloc_p50_us']:.0f} (free {r['free_p50_us']:.0f})"))
+rt = gt.get("replay_time")
+if rt:
+    rows.append(("replay median torch / graphpool (ms)", f"{rt['torch_pool_median_ms']:.4f} / {rt['graphpool_median_ms']:.4f} ({100 * rt['relative_difference']:+.2f}%)"))
+if gt.get("ledger_check"):
+    rows.append(("ledger == pool reserved (bytes)", str(gt["ledger_check"])))
+if gt.get("two_processes"):
+    s = gt["two_processes"]["second"]
+    rows.append(("2nd process refused", f"{s.get('limit')} requested {s.get('requested')} free {s.get('free')}"))
+w = max((len(a) for a, _ in rows), default=10)
+print("\n== summary")
+for a, b in rows:
+    print(f"{a:<{w}}  {b}")
+PY

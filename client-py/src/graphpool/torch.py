@@ -1,0 +1,320 @@
+"""``torch.cuda.MemPool`` backed by graphpoold segments.
+
+::
+
+    import torch, graphpool
+    pool = graphpool.torch.MemPool(device=local_rank, budget="8GiB")
+    g = torch.cuda.CUDAGraph()
+    with pool.capture(g):                      # = torch.cuda.graph(g, pool=pool.id), with
+        y = model(x)                           #   refusals raised as graphpool.CapacityExceeded
+    graphed = torch.cuda.make_graphed_callables(layers, sample_args, pool=pool.id)
+
+Every segment torch's caching allocator takes for the pool comes from the daemon through the
+native shim (``libgraphpool_shim.so``, torch calls it without the GIL, also during capture):
+one ``AllocateSegment`` per torch segment, the fd imported and mapped into this process. The
+daemon's ledger shows it under this job and rank; it goes back when torch frees the segment
+(``pool.release()``, or the pool's destruction) or when the process exits.
+
+All MemPools of one CUDA device in a process share one daemon session (torch's allocator hook
+does not say which pool asks): the first pool opens it with its ``budget`` and
+``reserve_budget``; later ones reuse it. The session ends when the last pool is released.
+
+A refused segment request makes torch raise ``torch.OutOfMemoryError``; :meth:`MemPool.capture`
+and :func:`translate_errors` turn that into ``graphpool.CapacityExceeded`` carrying the daemon's
+details (requested, free, which limit, the top holders).
+
+torch is imported only here: ``import graphpool`` never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from . import _shim
+from .errors import GraphpoolError
+from .units import parse_size
+
+__all__ = ["MemPool", "graph", "translate_errors"]
+
+_lock = threading.Lock()
+_allocator: Any = None
+_allocator_pid = 0
+# device -> number of live MemPools using its session, per process.
+_sessions: dict[int, int] = {}
+_sessions_pid = 0
+# device -> (job_id, rank) of the session the shim holds for it.
+_owners: dict[int, tuple[str, int]] = {}
+
+
+def _pluggable_allocator() -> Any:
+    """One ``CUDAPluggableAllocator`` over the shim per process."""
+    global _allocator, _allocator_pid
+    if _allocator is None or _allocator_pid != os.getpid():
+        _allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            _shim.loaded_path(), "graphpool_alloc", "graphpool_free"
+        )
+        _allocator_pid = os.getpid()
+    return _allocator
+
+
+def _env_int(*names: str) -> int | None:
+    for n in names:
+        v = os.environ.get(n)
+        if v is not None and v.strip().lstrip("-").isdigit():
+            return int(v)
+    return None
+
+
+def _default_job_id() -> str:
+    for n in ("GRAPHPOOL_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        v = os.environ.get(n)
+        if v and v != "none":
+            return v
+    return f"pid-{os.getpid()}"
+
+
+def _oom_in_chain(e: BaseException) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, torch.OutOfMemoryError) or "out of memory" in str(cur).lower():
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Raises ``graphpool.CapacityExceeded`` (or the shim's error) instead of the
+    ``torch.OutOfMemoryError`` that a refused segment request causes, for code that allocates
+    from a graphpool pool: ``torch.cuda.graph(..., pool=pool.id)``,
+    ``torch.cuda.make_graphed_callables(..., pool=pool.id)``, ``torch.cuda.use_mem_pool``."""
+    _shim.clear_error()
+    try:
+        yield
+    except GraphpoolError:
+        raise
+    except BaseException as e:
+        # The shim's error was cleared on entry: one recorded now comes from a segment request
+        # of this block. torch reports it as OutOfMemoryError, or (when the refusal surfaces
+        # through capture_end) as another error with the out-of-memory error as its context.
+        d = _shim.last_error()
+        if d is None or not (_oom_in_chain(e) or d.get("kind") == "capacity"):
+            raise
+        raise _shim.error_from_shim(d) from e
+
+
+@contextlib.contextmanager
+def graph(g: torch.cuda.CUDAGraph, pool: MemPool, **kwargs: Any) -> Iterator[torch.cuda.graph]:
+    """``torch.cuda.graph(g, pool=pool.id, **kwargs)`` with refusals raised as
+    ``graphpool.CapacityExceeded``."""
+    with translate_errors():
+        with torch.cuda.graph(g, pool=pool.id, **kwargs) as ctx:
+            yield ctx
+
+
+class MemPool:
+    """A ``torch.cuda.MemPool`` whose segments are granted by graphpoold.
+
+    Args:
+        device: CUDA device (index, ``torch.device`` or None for the current one).
+        budget: most bytes the device's daemon session may hold (``"8GiB"``, an int, or
+            None/0 for no session budget; the job/rank quotas and device budget still apply).
+        job_id: the job (default: ``$GRAPHPOOL_JOB_ID``, ``$SLURM_JOB_ID``,
+            ``$TORCHELASTIC_RUN_ID``, else ``pid-<pid>``).
+        rank / local_rank: default ``$RANK`` / ``$LOCAL_RANK``, else 0 / the device index.
+        reserve_budget: admit the whole budget now, so that capture cannot be refused later
+            up to it; raises ``CapacityExceeded`` at once if it does not fit.
+        socket: the daemon's socket (default ``$GRAPHPOOL_SOCKET`` or the system socket).
+        client: a ``graphpool.Client`` whose socket to use.
+        daemon_device: the device as the daemon names it (default: this device's UUID).
+        label: a name for this pool (shown in ``repr``).
+    """
+
+    def __init__(
+        self,
+        device: int | torch.device | None = None,
+        budget: int | str | None = "8GiB",
+        job_id: str | None = None,
+        rank: int | None = None,
+        *,
+        local_rank: int | None = None,
+        reserve_budget: bool = False,
+        socket: str | os.PathLike[str] | None = None,
+        client: Any = None,
+        daemon_device: str | None = None,
+        label: str = "",
+    ) -> None:
+        global _sessions, _sessions_pid, _owners
+        if device is None:
+            index = torch.cuda.current_device()
+        elif isinstance(device, torch.device):
+            index = device.index if device.index is not None else torch.cuda.current_device()
+        else:
+            index = int(device)
+        self.device = index
+        self.label = label
+        self.budget_bytes = parse_size(budget) if budget else 0
+        self.job_id = job_id or _default_job_id()
+        self.rank = rank if rank is not None else (_env_int("RANK") or 0)
+        self.local_rank = local_rank if local_rank is not None else (_env_int("LOCAL_RANK") or index)
+        if socket is None and client is not None:
+            socket = getattr(client, "socket_path", None)
+        self.socket = os.fspath(socket) if socket is not None else None
+        self._released = False
+        # The primary context must exist before the shim maps memory for torch.
+        torch.cuda.init()
+        with _lock:
+            if _sessions_pid != os.getpid():
+                _sessions, _sessions_pid, _owners = {}, os.getpid(), {}
+            # A session left open by released pools whose segments torch still holds (graphs
+            # alive) is reused as it is.
+            owner = _owners.get(index)
+            if owner is not None and _shim.session_info(index) is not None and owner != (self.job_id, self.rank):
+                raise GraphpoolError(
+                    f"device {index} already has a graphpool session of job {owner[0]} rank {owner[1]} in "
+                    f"this process; all graphpool pools of a device in one process share it "
+                    f"(release the other pools first, or use the same job_id and rank)"
+                )
+            if _shim.session_info(index) is None:
+                _shim.configure(
+                    socket=self.socket,
+                    job_id=self.job_id,
+                    rank=self.rank,
+                    local_rank=self.local_rank,
+                    device=index,
+                    daemon_device=daemon_device,
+                    budget_bytes=self.budget_bytes,
+                    reserve_budget=reserve_budget,
+                )
+                _owners[index] = (self.job_id, self.rank)
+            _sessions[index] = _sessions.get(index, 0) + 1
+        try:
+            with torch.cuda.device(index):
+                self._pool = torch.cuda.MemPool(_pluggable_allocator().allocator())
+        except BaseException:
+            self._drop_session_ref()
+            raise
+        self._finalizer = weakref.finalize(self, MemPool._finalize, index)
+
+    # -- identity ------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool id, for ``torch.cuda.graph(g, pool=...)`` and ``make_graphed_callables``."""
+        return self._pool.id
+
+    @property
+    def torch_pool(self) -> torch.cuda.MemPool:
+        """The underlying ``torch.cuda.MemPool``."""
+        return self._pool
+
+    def __repr__(self) -> str:
+        name = f" {self.label!r}" if self.label else ""
+        return f"<graphpool.torch.MemPool{name} device={self.device} job={self.job_id} rank={self.rank}>"
+
+    # -- capture -------------------------------------------------------------------------------
+
+    def capture(self, g: torch.cuda.CUDAGraph, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
+        """``torch.cuda.graph(g, pool=self.id, **kwargs)``, raising ``CapacityExceeded``
+        instead of ``torch.OutOfMemoryError`` when the daemon refuses a segment."""
+        return graph(g, self, **kwargs)
+
+    def use(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.cuda.use_mem_pool(self)`` (eager allocations from this pool), with refusals
+        raised as ``CapacityExceeded``."""
+
+        @contextlib.contextmanager
+        def ctx() -> Iterator[None]:
+            with translate_errors(), torch.cuda.use_mem_pool(self._pool, device=self.device):
+                yield
+
+        return ctx()
+
+    # -- counters ------------------------------------------------------------------------------
+
+    def _segments(self) -> list[dict[str, Any]]:
+        try:
+            snap = self._pool.snapshot()
+        except (AttributeError, RuntimeError):
+            return []
+        return [s for s in snap if s.get("device", self.device) == self.device]
+
+    def reserved_bytes(self) -> int:
+        """Bytes of this pool's segments, as torch counts them (cached, used or not)."""
+        return sum(int(s.get("total_size", 0)) for s in self._segments())
+
+    def allocated_bytes(self) -> int:
+        """Bytes of this pool's segments that hold live tensors."""
+        return sum(int(s.get("allocated_size", 0)) for s in self._segments())
+
+    def granted_bytes(self) -> int:
+        """Bytes the daemon granted to this process on this device (all graphpool pools of
+        the device share the session)."""
+        s = _shim.stats(self.device)
+        return s[0] if s else 0
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the pool and of the device's daemon session."""
+        granted, segments = _shim.stats(self.device) or (0, 0)
+        info = _shim.session_info(self.device)
+        return {
+            "device": self.device,
+            "label": self.label,
+            "pool_reserved_bytes": self.reserved_bytes(),
+            "pool_allocated_bytes": self.allocated_bytes(),
+            "pool_segments": len(self._segments()),
+            "session_granted_bytes": granted,
+            "session_segments": segments,
+            "session_id": info[0] if info else 0,
+            "session_reserved_bytes": info[1] if info else 0,
+            "device_uuid": info[2] if info else "",
+            "budget_bytes": self.budget_bytes,
+        }
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Drops the torch pool and returns its free segments to the daemon. Graphs captured
+        into it must be gone first (their memory stays in use until they are). Ends the
+        device's daemon session when no other graphpool pool of the device is left."""
+        if self._released:
+            return
+        self._released = True
+        self._finalizer.detach()
+        pool = self._pool
+        del self._pool
+        del pool
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self._drop_session_ref()
+
+    def _drop_session_ref(self) -> None:
+        MemPool._finalize(self.device)
+
+    @staticmethod
+    def _finalize(device: int) -> None:
+        with _lock:
+            if _sessions_pid != os.getpid() or _sessions.get(device, 0) == 0:
+                return
+            _sessions[device] -= 1
+            if _sessions[device] == 0:
+                # Keeps the session while torch still holds segments (graphs alive).
+                _shim.release_device(device)
+
+    def __enter__(self) -> MemPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
