@@ -1,1 +1,379 @@
 //! `graphpool plan`: predict graph memory offline, with no daemon and no session.
+//!
+//! Two inputs:
+//!
+//! - `--buffers FILE.csv`: a plain buffer list, for comparison with other allocators on the
+//!   same inputs. The first line is the header `buffer,start,end,size` (optionally with a
+//!   fifth column `alias_group`); then one buffer per line: a name, the first step it is
+//!   live, the first step it no longer is (`[start, end)`), and its size in bytes (a plain
+//!   count or a size such as `64MiB`). Buffers with the same non-empty `alias_group` share
+//!   one offset. Empty lines and lines starting with `#` are skipped; fields are not quoted.
+//!
+//! - `--schedule FILE.toml|FILE.json`: a pipeline schedule and the layers of every chunk,
+//!   the same content as the API's `SchedulePlanInput`:
+//!
+//!   ```toml
+//!   [schedule.one_f_one_b]          # or [schedule.interleaved] with virtual_chunks,
+//!   pp_size = 8                     # or [schedule.explicit] with order = [1, 1, -1, ...],
+//!   pp_rank = 0                     #    num_microbatches and virtual_chunks
+//!   num_microbatches = 128
+//!
+//!   [[layers]]
+//!   chunk = 0                       # default 0
+//!   layer = 0                       # 0..L within the chunk
+//!   saved_bytes = 83886080          # kept for backward beyond the inputs
+//!   forward_workspace_bytes = 33554432
+//!   backward_workspace_bytes = 33554432
+//!   inputs = [{ name = "hidden", shape = [4096, 1, 1024], dtype = "bf16", kept_for_backward = true }]
+//!   outputs = [{ name = "hidden", shape = [4096, 1, 1024], dtype = "bf16" }]
+//!   ```
+//!
+//!   JSON has the same keys (`{"schedule": {"one_f_one_b": {...}}, "layers": [...]}`).
+//!   `crates/planner/examples/schedule-1f1b.toml` is a complete example; `docs/planner.md`
+//!   explains how buffers, lifetimes and slots follow from it.
+//!
+//! The report gives footprint, lower bound, their ratio, the strategy that won, planning
+//! time and, for schedules, slots and graphs; `--json` prints the whole plan with every
+//! buffer's offset.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use graphpool_planner::PlaceOptions;
+use graphpool_planner::pipeline::{self, NamedBuffer, Plan, PlanError, SchedulePlanInput};
+use serde_json::json;
+
+use crate::units::{SizeDisplay, parse_size};
+
+/// Arguments of `graphpool plan`.
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// A buffer list: CSV with header `buffer,start,end,size` (optional 5th column
+    /// `alias_group`), one buffer per line, live over [start, end).
+    #[arg(long, value_name = "FILE.csv", conflicts_with = "schedule", required_unless_present = "schedule")]
+    pub buffers: Option<PathBuf>,
+    /// A pipeline schedule with per-layer tensor specs, as TOML or JSON (by extension).
+    #[arg(long, value_name = "FILE")]
+    pub schedule: Option<PathBuf>,
+    /// Print the plan as JSON, with every buffer's offset.
+    #[arg(long)]
+    pub json: bool,
+    /// Most time to spend planning, in milliseconds (small inputs finish sooner).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub time_budget_ms: u64,
+}
+
+/// Why `graphpool plan` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanCliError {
+    /// Neither or both inputs given.
+    #[error("give exactly one of --buffers FILE.csv or --schedule FILE")]
+    Usage,
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A line of the CSV is malformed.
+    #[error("{}:{line}: field `{field}`: {message}", path.display())]
+    Csv {
+        /// The file.
+        path: PathBuf,
+        /// Line number (1-based).
+        line: usize,
+        /// Column name.
+        field: String,
+        /// What is wrong and what to write instead.
+        message: String,
+    },
+    /// The schedule file is not valid TOML/JSON for a schedule.
+    #[error("{}: {message}", path.display())]
+    Schedule {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (with line and column).
+        message: String,
+    },
+    /// The planner refused the input; `field` names the setting at fault.
+    #[error("{}: {source}", path.display())]
+    Plan {
+        /// The input file.
+        path: PathBuf,
+        /// The planner's error (see [`PlanError::field`]).
+        source: PlanError,
+    },
+}
+
+impl PlanCliError {
+    /// The field at fault (a CSV column, or a path into the schedule such as
+    /// `layers[2].inputs[0].dtype`), when there is one.
+    pub fn field(&self) -> Option<String> {
+        match self {
+            PlanCliError::Csv { field, .. } => Some(field.clone()),
+            PlanCliError::Plan { source, .. } => Some(source.field()),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `graphpool plan`: reads the input, plans it and prints the report to stdout.
+pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
+    let opts =
+        PlaceOptions { time_budget: Duration::from_millis(args.time_budget_ms), ..PlaceOptions::default() };
+    let plan = match (&args.buffers, &args.schedule) {
+        (Some(path), None) => {
+            let text = read(path)?;
+            let buffers = parse_buffers_csv(path, &text)?;
+            pipeline::plan_buffers(&buffers, &opts)
+                .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?
+        }
+        (None, Some(path)) => {
+            let text = read(path)?;
+            let input = parse_schedule(path, &text)?;
+            pipeline::plan_schedule(&input, &opts)
+                .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?
+        }
+        _ => return Err(PlanCliError::Usage),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan_json(&plan)).expect("a plan serializes"));
+    } else {
+        print!("{}", report(&plan));
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String, PlanCliError> {
+    std::fs::read_to_string(path).map_err(|source| PlanCliError::Read { path: path.to_path_buf(), source })
+}
+
+/// Parses a schedule description: TOML for `.toml`, JSON for `.json`, else whichever parses.
+pub fn parse_schedule(path: &Path, text: &str) -> Result<SchedulePlanInput, PlanCliError> {
+    let err = |message: String| PlanCliError::Schedule { path: path.to_path_buf(), message };
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => serde_json::from_str(text).map_err(|e| err(e.to_string())),
+        Some("toml") => toml::from_str(text).map_err(|e| err(e.to_string())),
+        _ => serde_json::from_str(text).or_else(|json_err| {
+            toml::from_str(text).map_err(|toml_err| {
+                err(format!("neither JSON ({json_err}) nor TOML ({toml_err}); name the file .json or .toml"))
+            })
+        }),
+    }
+}
+
+/// Parses a buffer-list CSV (see the module documentation). Errors give the line number
+/// and the column at fault.
+pub fn parse_buffers_csv(path: &Path, text: &str) -> Result<Vec<NamedBuffer>, PlanCliError> {
+    let err = |line: usize, field: &str, message: String| PlanCliError::Csv {
+        path: path.to_path_buf(),
+        line,
+        field: field.to_string(),
+        message,
+    };
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end_matches('\r')));
+    let (header_line, header) =
+        lines.by_ref().find(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#')).ok_or_else(
+            || err(1, "buffer", "the file is empty; start with the header buffer,start,end,size".into()),
+        )?;
+    let columns: Vec<String> = header.split(',').map(|c| c.trim().to_ascii_lowercase()).collect();
+    let with_alias = match columns.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["buffer", "start", "end", "size"] => false,
+        ["buffer", "start", "end", "size", "alias_group"] => true,
+        _ => {
+            return Err(err(
+                header_line,
+                "header",
+                format!(
+                    "is {header:?}; the first line must be buffer,start,end,size (optionally ,alias_group)"
+                ),
+            ));
+        }
+    };
+    let names = ["buffer", "start", "end", "size", "alias_group"];
+    let want = if with_alias { 5 } else { 4 };
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut out = Vec::new();
+    for (line, raw) in lines {
+        let trimmed = raw.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        if raw.contains('"') {
+            return Err(err(
+                line,
+                "buffer",
+                "quoted fields are not supported; write names without quotes or commas".into(),
+            ));
+        }
+        let fields: Vec<&str> = raw.split(',').map(str::trim).collect();
+        if fields.len() != want {
+            let field = names.get(fields.len().min(want)).copied().unwrap_or("size");
+            return Err(err(
+                line,
+                if fields.len() < want { field } else { names[want - 1] },
+                format!(
+                    "expected {want} comma-separated fields ({}), found {}",
+                    names[..want].join(","),
+                    fields.len()
+                ),
+            ));
+        }
+        let name = fields[0];
+        if name.is_empty() {
+            return Err(err(line, "buffer", "is empty; give every buffer a name".into()));
+        }
+        if let Some(first) = seen.insert(name.to_string(), line) {
+            return Err(err(line, "buffer", format!("duplicate name {name:?} (first on line {first})")));
+        }
+        let int = |k: usize| {
+            fields[k].parse::<u64>().map_err(|_| {
+                err(line, names[k], format!("expected a non-negative integer step, found {:?}", fields[k]))
+            })
+        };
+        let (start, end) = (int(1)?, int(2)?);
+        if end < start {
+            return Err(err(
+                line,
+                "end",
+                format!("is {end}, before start {start}; buffers live over [start, end)"),
+            ));
+        }
+        let size = parse_size(fields[3]).map_err(|e| err(line, "size", e.to_string()))?;
+        out.push(NamedBuffer {
+            name: name.to_string(),
+            start,
+            end,
+            size,
+            alias_group: if with_alias { fields[4].to_string() } else { String::new() },
+        });
+    }
+    Ok(out)
+}
+
+/// The human-readable report.
+pub fn report(plan: &Plan) -> String {
+    let mut s = String::new();
+    let row = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<18}{v}\n"));
+    row(&mut s, "footprint", format!("{} ({} bytes)", SizeDisplay(plan.footprint), plan.footprint));
+    row(&mut s, "lower bound", format!("{} ({} bytes)", SizeDisplay(plan.lower_bound), plan.lower_bound));
+    row(&mut s, "ratio", format!("{:.4}", plan.ratio()));
+    row(&mut s, "strategy", plan.strategy.clone());
+    row(&mut s, "planning time", format!("{:.1} ms", plan.elapsed.as_secs_f64() * 1e3));
+    row(&mut s, "buffers", plan.buffers.len().to_string());
+    let total: u64 = plan.buffers.iter().map(|b| b.size).sum();
+    row(&mut s, "sum of buffers", SizeDisplay(total).to_string());
+    row(&mut s, "saved by reuse", SizeDisplay(plan.saved_by_aliasing).to_string());
+    if !plan.steps.is_empty() {
+        row(&mut s, "slots", plan.slots.to_string());
+        row(&mut s, "graphs", plan.graphs.to_string());
+        row(&mut s, "microbatches", plan.microbatch_slot.len().to_string());
+        let shown: Vec<String> = plan.microbatch_slot.iter().take(32).map(u32::to_string).collect();
+        let more = if plan.microbatch_slot.len() > 32 { " ..." } else { "" };
+        row(&mut s, "slot of microbatch", format!("{}{more}", shown.join(" ")));
+        row(&mut s, "capture bytes", SizeDisplay(plan.predicted_capture_bytes).to_string());
+    }
+    s
+}
+
+/// The plan as JSON, with the API's field names.
+pub fn plan_json(plan: &Plan) -> serde_json::Value {
+    json!({
+        "footprint_bytes": plan.footprint,
+        "lower_bound_bytes": plan.lower_bound,
+        "ratio": plan.ratio(),
+        "strategy": plan.strategy,
+        "planning_seconds": plan.elapsed.as_secs_f64(),
+        "saved_by_aliasing_bytes": plan.saved_by_aliasing,
+        "predicted_capture_bytes": plan.predicted_capture_bytes,
+        "slots": plan.slots,
+        "graphs": plan.graphs,
+        "microbatch_slot": plan.microbatch_slot,
+        "steps": plan.steps,
+        "buffers": plan.buffers.iter().map(|b| json!({
+            "name": b.name, "start": b.start, "end": b.end, "size_bytes": b.size,
+            "offset": b.offset, "alias_group": b.alias_group,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn csv(text: &str) -> Result<Vec<NamedBuffer>, PlanCliError> {
+        parse_buffers_csv(Path::new("t.csv"), text)
+    }
+
+    fn line_field(e: PlanCliError) -> (usize, String) {
+        match e {
+            PlanCliError::Csv { line, field, .. } => (line, field),
+            other => panic!("not a CSV error: {other}"),
+        }
+    }
+
+    #[test]
+    fn reads_buffers() {
+        let b = csv("buffer,start,end,size\n# comment\na,0,4,1024\n\nb, 2, 6, 1MiB\n").unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[1].size, 1 << 20);
+        let b = csv("buffer,start,end,size,alias_group\na,0,4,16,g\nb,5,6,16,g\n").unwrap();
+        assert_eq!(b[1].alias_group, "g");
+    }
+
+    #[test]
+    fn rejects_malformed_lines_with_line_and_field() {
+        assert_eq!(line_field(csv("buf,start,end,size\n").unwrap_err()), (1, "header".into()));
+        assert_eq!(line_field(csv("buffer,start,end,size\na,0,x,4\n").unwrap_err()), (2, "end".into()));
+        assert_eq!(
+            line_field(csv("buffer,start,end,size\na,0,4,4\nb,-1,4,4\n").unwrap_err()),
+            (3, "start".into())
+        );
+        assert_eq!(line_field(csv("buffer,start,end,size\na,5,4,4\n").unwrap_err()), (2, "end".into()));
+        assert_eq!(line_field(csv("buffer,start,end,size\na,0,4,lots\n").unwrap_err()), (2, "size".into()));
+        assert_eq!(line_field(csv("buffer,start,end,size\na,0,4\n").unwrap_err()), (2, "size".into()));
+        assert_eq!(
+            line_field(csv("buffer,start,end,size\na,0,4,4\na,1,2,3\n").unwrap_err()),
+            (3, "buffer".into())
+        );
+        assert_eq!(line_field(csv("buffer,start,end,size\n,0,4,4\n").unwrap_err()), (2, "buffer".into()));
+    }
+
+    #[test]
+    fn reads_schedules_in_toml_and_json() {
+        let toml_text = r#"
+            [schedule.one_f_one_b]
+            pp_size = 4
+            pp_rank = 0
+            num_microbatches = 8
+
+            [[layers]]
+            layer = 0
+            saved_bytes = 1000
+            inputs = [{ shape = [16, 8], dtype = "bf16", kept_for_backward = true }]
+            outputs = [{ shape = [16, 8], dtype = "bf16" }]
+        "#;
+        let s = parse_schedule(Path::new("s.toml"), toml_text).unwrap();
+        let json_text = serde_json::to_string(&s).unwrap();
+        let j = parse_schedule(Path::new("s.json"), &json_text).unwrap();
+        assert_eq!(s, j);
+        let plan = pipeline::plan_schedule(&s, &PlaceOptions::default()).unwrap();
+        assert_eq!(plan.slots, 4);
+        assert!(report(&plan).contains("slots             4"));
+        let e = parse_schedule(Path::new("s.toml"), "[schedule.one_f_one_b]\npp_size = \"x\"\n").unwrap_err();
+        assert!(e.to_string().contains("s.toml"), "{e}");
+    }
+
+    #[test]
+    fn example_schedule_plans() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/planner/examples/schedule-1f1b.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let input = parse_schedule(&path, &text).unwrap();
+        let plan = pipeline::plan_schedule(&input, &PlaceOptions::default()).unwrap();
+        assert_eq!(plan.slots, 8);
+        assert!(plan.ratio() <= 1.001, "ratio {}", plan.ratio());
+    }
+}
