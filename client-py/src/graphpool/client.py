@@ -426,6 +426,11 @@ class Client:
                         ("grpc.max_receive_message_length", 64 << 20),
                         ("grpc.max_send_message_length", 64 << 20),
                         ("grpc.enable_http_proxy", 0),
+                        # A Unix socket on the same node: retry connecting quickly (the
+                        # default first backoff is 1 s, which a child after fork always pays).
+                        ("grpc.initial_reconnect_backoff_ms", 20),
+                        ("grpc.min_reconnect_backoff_ms", 20),
+                        ("grpc.max_reconnect_backoff_ms", 1000),
                     ],
                 )
                 self._stub = pb_grpc.GraphpoolStub(ch)  # type: ignore[no-untyped-call]

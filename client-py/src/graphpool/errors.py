@@ -183,13 +183,14 @@ class CapacityExceeded(GraphpoolError, MemoryError):
             f"cannot grant {format_size(self.requested)}{where}: the {self.limit} limit of "
             f"{format_size(self.limit_bytes)} leaves {format_size(self.free)} free"
         )
-        if self.top_holders:
-            text += "; largest holders: " + ", ".join(str(h) for h in self.top_holders)
+        holders = [h for h in self.top_holders if h.granted_bytes > 0]
+        if holders:
+            text += "; largest holders: " + ", ".join(str(h) for h in holders)
+        else:
+            text += "; nobody else holds memory under it"
         hint = _HINTS.get(self.limit)
         if hint:
             text += f". {hint}"
-        if self.message and self.message not in text:
-            text += f" [graphpoold: {self.message}]"
         return text
 
 

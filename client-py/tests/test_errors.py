@@ -1,0 +1,126 @@
+"""Translation of gRPC errors into graphpool exceptions, without a daemon."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+import graphpool
+from graphpool._proto.graphpool.v1 import graphpool_pb2 as pb
+from graphpool.errors import ERROR_DETAIL_METADATA_KEY, error_from_code, error_from_rpc
+
+
+class FakeCall(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    def __init__(self, code: grpc.StatusCode, details: str, detail: pb.ErrorDetail | None = None) -> None:
+        self._code, self._details = code, details
+        self._md: tuple[tuple[str, Any], ...] = ()
+        if detail is not None:
+            self._md = (("other", "x"), (ERROR_DETAIL_METADATA_KEY, detail.SerializeToString()))
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> Any:
+        return self._md
+
+    def initial_metadata(self) -> Any:
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback: Any) -> bool:
+        return False
+
+
+def test_capacity_details() -> None:
+    detail = pb.ErrorDetail(
+        capacity=pb.CapacityRefusal(
+            requested_bytes=96 << 20,
+            free_bytes=16 << 20,
+            limit="rank-quota",
+            limit_bytes=64 << 20,
+            device_uuid="GPU-1234",
+            top_holders=[pb.Holder(job_id="j", rank=3, pid=42, granted_bytes=48 << 20)],
+        )
+    )
+    e = error_from_rpc(FakeCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "rank-quota: no", detail))
+    assert isinstance(e, graphpool.CapacityExceeded)
+    assert (e.requested, e.free, e.limit, e.limit_bytes, e.device_uuid) == (
+        96 << 20,
+        16 << 20,
+        "rank-quota",
+        64 << 20,
+        "GPU-1234",
+    )
+    assert e.top_holders == (graphpool.Holder(job_id="j", rank=3, pid=42, granted_bytes=48 << 20),)
+    text = str(e)
+    for part in ("96 MiB", "16 MiB", "64 MiB", "rank-quota", "GPU-1234", "job j rank 3 (pid 42): 48 MiB"):
+        assert part in text, text
+
+
+def test_field_violation() -> None:
+    detail = pb.ErrorDetail(field=pb.FieldViolation(field="job_id", description="too long"))
+    e = error_from_rpc(FakeCall(grpc.StatusCode.INVALID_ARGUMENT, "job_id: too long", detail))
+    assert isinstance(e, graphpool.InvalidArgument) and isinstance(e, ValueError)
+    assert e.field == "job_id" and e.description == "too long"
+    assert str(e) == "job_id: too long"
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [
+        (grpc.StatusCode.NOT_FOUND, graphpool.NotFound),
+        (grpc.StatusCode.PERMISSION_DENIED, graphpool.PermissionDenied),
+        (grpc.StatusCode.UNAUTHENTICATED, graphpool.PermissionDenied),
+        (grpc.StatusCode.FAILED_PRECONDITION, graphpool.FailedPrecondition),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, graphpool.CapacityExceeded),
+        (grpc.StatusCode.INTERNAL, graphpool.GraphpoolError),
+    ],
+)
+def test_codes(code: grpc.StatusCode, cls: type[graphpool.GraphpoolError]) -> None:
+    e = error_from_rpc(FakeCall(code, "msg"))
+    assert type(e) is cls
+    assert e.code == code
+    assert "msg" in str(e)
+
+
+def test_unavailable_names_socket() -> None:
+    e = error_from_rpc(FakeCall(grpc.StatusCode.UNAVAILABLE, "connect failed"), "/x/g.sock")
+    assert isinstance(e, graphpool.DaemonUnavailable)
+    assert e.socket_path == "/x/g.sock"
+    assert "/x/g.sock" in str(e) and "graphpoold" in str(e) and "GRAPHPOOL_SOCKET" in str(e)
+
+
+def test_malformed_detail_keeps_error() -> None:
+    call = FakeCall(grpc.StatusCode.NOT_FOUND, "gone")
+    call._md = ((ERROR_DETAIL_METADATA_KEY, b"\xff\xff\xff"),)
+    e = error_from_rpc(call)
+    assert isinstance(e, graphpool.NotFound) and str(e) == "gone"
+
+
+def test_from_numeric_code() -> None:
+    e = error_from_code(7, "not yours")
+    assert isinstance(e, graphpool.PermissionDenied) and str(e) == "not yours"
+    assert isinstance(error_from_code(5, "x"), graphpool.NotFound)
+
+
+def test_daemon_unavailable_without_socket(tmp_path: Any) -> None:
+    path = str(tmp_path / "missing.sock")
+    c = graphpool.Client(path)
+    with pytest.raises(graphpool.DaemonUnavailable) as ei:
+        c.status()
+    assert ei.value.socket_path == path
+    assert path in str(ei.value) and "graphpoold --socket" in str(ei.value)
+    assert not c.health()

@@ -1,0 +1,179 @@
+"""Processes: fork safety, reclaim after SIGKILL, two processes mapping one grant."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import graphpool
+from conftest import CLIENT, Daemon
+
+MiB = 1 << 20
+
+
+def _wait_child(pid: int) -> int:
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_fork_child_gets_its_own_session(client: graphpool.Client, job_id: str) -> None:
+    parent = client.attach(job_id, rank=0)
+    pseg = parent.allocate("2MiB")
+    pseg.map()[:6] = b"parent"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            os.close(r)
+            # The parent's session is not usable here, and says why.
+            try:
+                parent.allocate("2MiB")
+                msg = "parent session usable in child"
+            except graphpool.FailedPrecondition as e:
+                assert "after fork" in str(e)
+                with client.attach(job_id, rank=1) as child:
+                    assert child.session_id != parent.session_id
+                    with child.allocate("4MiB") as seg:
+                        seg.map()[:5] = b"child"
+                        assert seg.map()[:5] == b"child"
+                        assert len(child.grants()) == 1
+                msg = "ok"
+                code = 0
+            os.write(w, msg.encode())
+        except BaseException as e:  # report anything to the parent
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 4096):
+        out += chunk
+    os.close(r)
+    assert _wait_child(pid) == 0, out.decode()
+    assert out == b"ok"
+    # The parent's channel and session still work.
+    assert parent.alive
+    seg2 = parent.allocate("2MiB")
+    assert pseg.map()[:6] == b"parent"
+    assert {g.grant_id for g in parent.grants()} == {pseg.grant_id, seg2.grant_id}
+    assert client.status().backend == "host"
+    parent.close()
+
+
+def test_fork_twice_and_use_client_in_both(client: graphpool.Client, job_id: str) -> None:
+    client.status()  # the channel exists before the fork
+    pids = []
+    for rank in range(2):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with client.attach(job_id, rank=rank + 10) as s:
+                    s.allocate("2MiB")
+                    code = 0 if len(s.grants()) == 1 else 2
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    assert [_wait_child(p) for p in pids] == [0, 0]
+    assert client.usage().job(job_id) is None
+
+
+def test_grants_reclaimed_after_sigkill(daemon: Daemon, client: graphpool.Client, job_id: str) -> None:
+    code = """
+import sys, time, graphpool
+c = graphpool.Client(sys.argv[1])
+s = c.attach(sys.argv[2], rank=0)
+segs = [s.allocate("8MiB") for _ in range(3)]
+for seg in segs:
+    seg.map()[0] = 1
+print("ready", flush=True)
+time.sleep(60)
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, daemon.socket, job_id],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(CLIENT / "src")},
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        job = client.usage().job(job_id)
+        assert job is not None and job.granted == 24 * MiB and job.grants == 3
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait()
+        while client.usage().job(job_id) is not None:
+            assert time.monotonic() - killed < 1.0, "grants of a killed process not reclaimed within 1 s"
+            time.sleep(0.01)
+        assert not any(s.job_id == job_id for s in client.status().sessions)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_two_processes_map_one_grant_fork(client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=0) as s, s.allocate("4MiB") as seg:
+        m = seg.map()
+        to_child_r, to_child_w = os.pipe()
+        to_parent_r, to_parent_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                # The inherited fd is the same memory; map it anew in this process.
+                mc = mmap.mmap(seg.fd, seg.size)
+                mc[100:105] = b"child"
+                os.write(to_parent_w, b"w")
+                assert os.read(to_child_r, 1) == b"w"
+                code = 0 if mc[200:206] == b"parent" else 2
+                mc.close()
+            finally:
+                os._exit(code)
+        assert os.read(to_parent_r, 1) == b"w"
+        assert m[100:105] == b"child"
+        m[200:206] = b"parent"
+        os.write(to_child_w, b"w")
+        assert _wait_child(pid) == 0
+        for fd in (to_child_r, to_child_w, to_parent_r, to_parent_w):
+            os.close(fd)
+
+
+def test_two_processes_map_one_grant_scm_rights(client: graphpool.Client, job_id: str) -> None:
+    code = """
+import mmap, socket, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+msg, fds, _, _ = socket.recv_fds(sock, 64, 1)
+size = int(msg)
+m = mmap.mmap(fds[0], size)
+m[0:5] = b"child"
+sock.sendall(b"w")
+assert sock.recv(1) == b"w"
+print(m[size - 6:size].decode(), flush=True)
+"""
+    with client.attach(job_id, rank=0) as s, s.allocate("2MiB") as seg:
+        m = seg.map()
+        ours, theirs = socket.socketpair()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        theirs.close()
+        socket.send_fds(ours, [str(seg.size).encode()], [seg.fd])
+        assert ours.recv(1) == b"w"
+        assert m[0:5] == b"child"
+        m[seg.size - 6 : seg.size] = b"parent"
+        ours.sendall(b"w")
+        out, _ = proc.communicate(timeout=20)
+        ours.close()
+        assert proc.returncode == 0
+        assert out.strip() == "parent"

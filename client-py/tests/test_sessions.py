@@ -1,0 +1,182 @@
+"""Sessions, segments and errors against a real graphpoold (host backend)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import graphpool
+from conftest import Daemon, run_python
+
+MiB = 1 << 20
+
+
+def test_status(client: graphpool.Client) -> None:
+    st = client.status()
+    assert st.backend == "host"
+    assert len(st.devices) >= 1
+    d = st.devices[0]
+    assert d.capacity == 1 << 30 and d.granularity == 2 * MiB
+    assert st.fd_socket.endswith(".sock")
+
+
+def test_attach_allocate_map(client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=3, local_rank=1, budget="128MiB") as s:
+        assert s.alive and s.session_id > 0 and s.budget == 128 * MiB
+        assert s.device.index == 0
+        assert any(x.session_id == s.session_id and x.rank == 3 for x in client.status().sessions)
+        with s.allocate(3 * MiB, label="capture-pool") as seg:
+            assert seg.size == 4 * MiB and seg.requested == 3 * MiB  # rounded up to 2 MiB
+            assert seg.handle_kind == "memfd" and seg.fd >= 0
+            m = seg.map()
+            assert len(m) == seg.size
+            m[:5] = b"hello"
+            m[-3:] = b"end"
+            # A second mapping of the same fd sees the writes.
+            fd2 = s.fetch_fd(seg.grant_id)
+            try:
+                import mmap
+
+                m2 = mmap.mmap(fd2, seg.size)
+                assert m2[:5] == b"hello" and m2[-3:] == b"end"
+                m2.close()
+            finally:
+                os.close(fd2)
+            grants = s.grants()
+            assert [g.grant_id for g in grants] == [seg.grant_id]
+            assert grants[0].label == "capture-pool" and grants[0].pid == os.getpid()
+            job = client.usage().job(job_id)
+            assert job is not None and job.granted == 4 * MiB and job.grants == 1
+        assert seg.released and seg.fd == -1
+        assert s.grants() == []
+        with pytest.raises(graphpool.FailedPrecondition):
+            seg.map()
+    assert not s.alive
+    assert client.usage().job(job_id) is None
+
+
+def test_close_releases_everything(client: graphpool.Client, job_id: str) -> None:
+    s = client.attach(job_id, rank=0)
+    segs = [s.allocate("2MiB") for _ in range(3)]
+    assert client.usage().job(job_id) is not None
+    res = s.close()
+    assert res.grants_released == 3 and res.bytes_released == 6 * MiB
+    assert all(x.released for x in segs)
+    assert client.usage().job(job_id) is None
+    assert s.close() == graphpool.DetachResult(0, 0)
+    with pytest.raises(graphpool.FailedPrecondition, match="closed"):
+        s.allocate("2MiB")
+
+
+def test_device_by_uuid(client: graphpool.Client, job_id: str) -> None:
+    dev = client.status().devices[-1]
+    with client.attach(job_id, rank=0, device=dev.uuid) as s:
+        assert s.device.uuid == dev.uuid
+        with s.allocate("2MiB") as seg:
+            assert seg.device_uuid == dev.uuid
+
+
+def test_invalid_arguments_name_fields(client: graphpool.Client, job_id: str) -> None:
+    with pytest.raises(graphpool.InvalidArgument) as ei:
+        client.attach("bad job id!", rank=0)
+    assert ei.value.field == "job_id"
+    with pytest.raises(graphpool.NotFound) as ei:
+        client.attach(job_id, rank=0, device="99")
+    assert ei.value.field == "device"
+    with client.attach(job_id, rank=0) as s:
+        with pytest.raises(graphpool.InvalidArgument) as ei:
+            s.allocate(0)
+        assert ei.value.field == "size_bytes"
+        with pytest.raises(graphpool.InvalidArgument) as ei:
+            s.allocate("2MiB", label="no spaces allowed")
+        assert ei.value.field == "label"
+        with pytest.raises(graphpool.InvalidArgument) as ei:
+            s.allocate("lots")
+        assert ei.value.field == "size_bytes"
+    with pytest.raises(graphpool.InvalidArgument) as ei:
+        client.attach(job_id, rank=0, budget="12 parsecs")
+    assert ei.value.field == "budget_bytes"
+
+
+def test_double_release_is_not_found(client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=0) as s:
+        seg = s.allocate("2MiB")
+        assert s.release(seg.grant_id) == 2 * MiB
+        assert seg.released
+        with pytest.raises(graphpool.NotFound) as ei:
+            s.release(seg.grant_id)
+        assert str(seg.grant_id) in str(ei.value)
+        seg.release()  # idempotent locally
+
+
+def test_grant_of_another_session_is_denied(client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=0) as a, client.attach(job_id, rank=1) as b:
+        seg = a.allocate("2MiB")
+        with pytest.raises(graphpool.PermissionDenied):
+            b.release(seg.grant_id)
+        seg.release()
+
+
+def test_session_budget(client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=0, budget="8MiB") as s:
+        keep = s.allocate("6MiB")
+        with pytest.raises(graphpool.CapacityExceeded) as ei:
+            s.allocate("4MiB")
+        e = ei.value
+        assert e.limit == "session-budget"
+        assert (e.requested, e.free, e.limit_bytes) == (4 * MiB, 2 * MiB, 8 * MiB)
+        assert "session-budget" in str(e) and "4 MiB" in str(e) and "2 MiB" in str(e)
+        keep.release()
+
+
+def test_reserve_budget_that_does_not_fit(client: graphpool.Client, job_id: str) -> None:
+    with pytest.raises(graphpool.CapacityExceeded) as ei:
+        client.attach(job_id, rank=0, budget="2GiB", reserve_budget=True)
+    assert ei.value.limit == "device-budget"
+    with client.attach(job_id, rank=0, budget="64MiB", reserve_budget=True) as s:
+        assert s.reserved == 64 * MiB
+
+
+def test_foreign_session_from_another_process(daemon: Daemon, client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=0) as s:
+        seg = s.allocate("2MiB")
+        code = """
+import sys, graphpool
+c = graphpool.Client(sys.argv[1])
+sid, gid = int(sys.argv[2]), int(sys.argv[3])
+for name, fn in [("allocate", lambda: c.allocate_segment(sid, "2MiB")),
+                 ("release", lambda: c.release_segment(sid, gid))]:
+    try:
+        fn()
+        print(name, "allowed")
+    except graphpool.PermissionDenied as e:
+        print(name, "denied")
+"""
+        r = run_python(code, daemon.socket, str(s.session_id), str(seg.grant_id))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split("\n")[:2] == ["allocate denied", "release denied"]
+        # The fd socket refuses another process too.
+        code_fd = """
+import sys, graphpool
+from graphpool.segments import FdChannel
+try:
+    FdChannel(sys.argv[1]).fetch(int(sys.argv[2]), int(sys.argv[3]))
+    print("allowed")
+except graphpool.PermissionDenied:
+    print("denied")
+"""
+        r = run_python(code_fd, s.fd_socket, str(s.session_id), str(seg.grant_id))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "denied"
+        assert [g.grant_id for g in s.grants()] == [seg.grant_id]
+
+
+def test_many_segments_one_fd_connection(client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=0) as s:
+        segs = [s.allocate("2MiB", label=f"seg-{i}") for i in range(20)]
+        for i, seg in enumerate(segs):
+            seg.map()[0] = i
+        assert [seg.map()[0] for seg in segs] == list(range(20))
+        assert len({seg.grant_id for seg in segs}) == 20
+    assert client.usage().job(job_id) is None
