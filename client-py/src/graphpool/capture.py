@@ -376,7 +376,11 @@ class GraphedSchedule:
     # --- testing and diagnostics
 
     def pool_segments(self) -> list[tuple[str, int, int]]:
-        """``(pool label, address, bytes)`` of every segment of the capture's pools."""
+        """``(pool label, address, bytes)`` of every block (free or not) of the capture's pools.
+
+        Blocks, not segments: an expandable segment reserves address space that is not all
+        mapped, while every block lies in mapped memory.
+        """
         import torch
 
         ids = {}
@@ -385,9 +389,32 @@ class GraphedSchedule:
         out = []
         for seg in torch.cuda.memory_snapshot():
             pid = seg.get("segment_pool_id")
-            if pid is not None and tuple(pid) in ids:
-                out.append((ids[tuple(pid)], int(seg["address"]), int(seg["total_size"])))
+            if pid is None or tuple(pid) not in ids:
+                continue
+            addr = int(seg["address"])
+            for blk in seg.get("blocks", ()):
+                size = int(blk["size"])
+                start = int(blk.get("address", addr))
+                out.append((ids[tuple(pid)], start, size))
+                addr = start + size
         return out
+
+    def close(self) -> None:
+        """Destroy the graphs, then let go of the pools (a pool must outlive its graphs)."""
+        for lay in getattr(self, "_flat", ()):
+            for graphs in (lay.fwd, lay.bwd):
+                for i, g in enumerate(graphs):
+                    if g is not None:
+                        g.reset()
+                        graphs[i] = None
+            lay.static_in = lay.static_out = lay.static_gin = lay.static_gout = []
+        self._pools = []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def poison(self, byte: int = 0xFF) -> int:
         """Overwrite every pool that holds nothing live now; returns the bytes overwritten.
@@ -650,7 +677,9 @@ def make_graphed_callables(
     pool_list.append(("bwd", bwd_pool))
     stats.num_pools = len({id(p) for _, p in pool_list})
 
-    settings = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
+        torch.cuda.memory, "_set_allocator_settings", None
+    )
     if expandable_segments and settings is None:
         raise RuntimeError("expandable_segments: this torch cannot switch allocator settings")
     if expandable_segments:

@@ -141,6 +141,7 @@ def test_poisoned_replay_matches_eager(case: str, dtype: Any) -> None:
         # the chunk-input gradients leave the pools: still right after later poisoning
         for a, b in zip(ig, ref[0][1]):
             assert rel(a, b) <= thr
+    gs.close()
 
 
 def test_out_of_order_call_is_refused() -> None:
@@ -154,6 +155,7 @@ def test_out_of_order_call_is_refused() -> None:
         gs[0, 2](X[0][2])  # microbatch 2 reuses slot 0 before microbatch 0's backward
     torch.autograd.backward(ys[0], G[0][0])
     gs[0, 2](X[0][2])  # now it may
+    gs.close()
 
 
 def test_input_without_grad_still_accumulates_params() -> None:
@@ -176,6 +178,7 @@ def test_input_without_grad_still_accumulates_params() -> None:
     run(sched, lambda c, m, x: gs[1, m](gs[0, m](x)), X, G, input_grad=False)
     for p, r in zip(ps, ref):
         assert rel(p.grad, r) <= 1e-2  # nondeterministic attention backward: loose
+    gs.close()
 
 
 def test_expandable_segments_pools_match_eager() -> None:
@@ -192,3 +195,4 @@ def test_expandable_segments_pools_match_eager() -> None:
     run(sched, lambda c, m, x: gs[1, m](gs[0, m](x)), X, G, between=gs.poison)
     for p, r in zip(ps, ref):
         assert rel(p.grad, r) <= 1e-2
+    gs.close()
