@@ -94,9 +94,17 @@ def test_interleaved_last_stage() -> None:
     replay_ok(s)
 
 
-def test_interleaved_needs_multiple_of_pp_size() -> None:
-    with pytest.raises(ScheduleError, match="multiple of pp_size"):
-        Schedule.interleaved(8, 0, 12, 2)
+def test_interleaved_needs_pp_size_microbatches() -> None:
+    with pytest.raises(ScheduleError, match="at least pp_size = 8"):
+        Schedule.interleaved(8, 0, 6, 2)
+
+
+def test_interleaved_partial_last_group() -> None:
+    # M = 10 with pp_size 4: groups of 4, 4, 2 microbatches, each through both chunks
+    s = Schedule.interleaved(4, 3, 10, 2)
+    fwd = [x for x in s.order if x > 0]
+    assert fwd == [1] * 4 + [2] * 4 + [1] * 4 + [2] * 4 + [1] * 2 + [2] * 2
+    replay_ok(s)
 
 
 def test_interleaved_one_chunk_is_1f1b() -> None:

@@ -108,10 +108,11 @@ class Schedule:
     ) -> "Schedule":
         """Interleaved 1F1B (Megatron-LM) with ``virtual_chunks`` model chunks per rank.
 
-        Microbatches go through the chunks in groups of ``pp_size``: forward step k runs chunk
-        ``(k // pp_size) % V``; backward step k runs chunk ``V - 1 - (k // pp_size) % V``.
-        Warm-up: ``2 (pp_size - pp_rank - 1) + (V - 1) pp_size`` forwards (capped at M V).
-        ``num_microbatches`` must be a multiple of ``pp_size``.
+        Microbatches go through the chunks in groups of ``pp_size`` (the last group may be
+        shorter): with M a multiple of pp_size, forward step k runs chunk ``(k // pp_size) % V``
+        and backward step k chunk ``V - 1 - (k // pp_size) % V``. Warm-up:
+        ``2 (pp_size - pp_rank - 1) + (V - 1) pp_size`` forwards (capped at M V). Needs
+        ``num_microbatches >= pp_size``. The same model as the daemon's planner.
         """
         _positive("pp_size", pp_size)
         _positive("pp_rank", pp_rank, 0)
@@ -123,19 +124,27 @@ class Schedule:
         if v == 1:
             s = cls.one_f_one_b(p, pp_rank, m)
             return cls._build("interleaved", list(s.order), m, 1, p, pp_rank)
-        if m % p != 0:
+        if m < p:
             raise ScheduleError(
-                f"interleaved schedules need num_microbatches ({m}) to be a multiple of "
-                f"pp_size ({p})"
+                f"interleaved 1F1B needs at least pp_size = {p} microbatches, got {m}"
             )
+        # Megatron's table: microbatches in groups of pp_size (the last group may be shorter),
+        # each group through chunk 0, 1, ..., V-1.
+        table: list[int] = []  # chunk of each virtual microbatch
+        lo = 0
+        while lo < m:
+            hi = min(lo + p, m)
+            for c in range(v):
+                table.extend([c] * (hi - lo))
+            lo = hi
         total = m * v
         warmup = min((p - pp_rank - 1) * 2 + (v - 1) * p, total)
 
         def fwd_chunk(k: int) -> int:
-            return (k // p) % v
+            return table[k]
 
         def bwd_chunk(k: int) -> int:
-            return v - 1 - (k // p) % v
+            return v - 1 - table[k]
 
         order: list[int] = [fwd_chunk(k) + 1 for k in range(warmup)]
         for k in range(total - warmup):
