@@ -48,6 +48,7 @@ __all__ = [
     "GraphedSchedule",
     "LayerProfile",
     "make_graphed_callables",
+    "plan_description",
     "request_plan",
 ]
 
@@ -266,6 +267,33 @@ def request_plan(
         schedule=plan_pb2.SchedulePlanInput(schedule=schedule.to_proto(), layers=layers)
     )
     return plan_capture(inp, reserve=reserve)
+
+
+def plan_description(schedule: Schedule, profiles: Sequence[LayerProfile]) -> dict[str, Any]:
+    """The input of ``graphpool plan --schedule FILE.json`` for this capture.
+
+    ``profiles`` come from :attr:`CaptureStats.profiles` (one eager warm-up step), so a job can
+    be planned offline from a profile recorded once: ``json.dump(plan_description(...), f)``.
+    """
+    return {
+        "schedule": schedule.to_dict(),
+        "layers": [
+            {
+                "chunk": p.chunk,
+                "layer": p.layer,
+                "saved_bytes": p.saved_bytes,
+                "inputs": [
+                    {"name": f"in{i}", "shape": shape, "dtype": dt, "kept_for_backward": kept}
+                    for i, (shape, dt, kept) in enumerate(p.input_shapes)
+                ],
+                "outputs": [
+                    {"name": f"out{i}", "shape": shape, "dtype": dt}
+                    for i, (shape, dt) in enumerate(p.output_shapes)
+                ],
+            }
+            for p in profiles
+        ],
+    }
 
 
 def _capacity_error(message: str, requested: int, free: int, limit: str, limit_bytes: int) -> Exception:

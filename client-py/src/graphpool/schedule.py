@@ -257,6 +257,18 @@ class Schedule:
 
     # ------------------------------------------------------------------ proto
 
+    def to_dict(self) -> dict[str, Any]:
+        """The schedule as the JSON/TOML ``schedule`` table of ``graphpool plan --schedule``."""
+        if self.kind == "1f1b":
+            return {"one_f_one_b": {"pp_size": self.pp_size, "pp_rank": self.pp_rank,
+                                    "num_microbatches": self.num_microbatches}}
+        if self.kind == "interleaved":
+            return {"interleaved": {"pp_size": self.pp_size, "pp_rank": self.pp_rank,
+                                    "num_microbatches": self.num_microbatches,
+                                    "virtual_chunks": self.virtual_chunks}}
+        return {"explicit": {"order": list(self.order), "num_microbatches": self.num_microbatches,
+                             "virtual_chunks": self.virtual_chunks}}
+
     def to_proto(self) -> Any:
         """The ``graphpool.v1.Schedule`` message for this schedule (needs protobuf)."""
         from graphpool._proto.graphpool.v1 import plan_pb2
