@@ -1,0 +1,44 @@
+//! `cargo bench -p graphpool-planner`: planning time on generated pipeline schedules and
+//! random / tightly packed buffer lists up to 100k buffers. Ratios are printed by
+//! `cargo run --release -p graphpool-planner --example figures`.
+
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use graphpool_planner::pipeline::{schedule_buffers, transformer_layers};
+use graphpool_planner::{Buffer, PlaceOptions, Schedule, SchedulePlanInput, place, workload};
+
+fn pipeline(schedule: Schedule, chunks: u32) -> Vec<Buffer> {
+    let input = SchedulePlanInput { schedule, layers: transformer_layers(chunks, 9, 4096, 1, 1024) };
+    schedule_buffers(&input).expect("valid schedule").buffers
+}
+
+fn bench(c: &mut Criterion) {
+    let opts = PlaceOptions { time_budget: Duration::from_secs(1), ..PlaceOptions::default() };
+    let cases: Vec<(String, Vec<Buffer>)> = vec![
+        (
+            "1f1b_pp8_r0_m128".into(),
+            pipeline(Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 128 }, 1),
+        ),
+        (
+            "interleaved_pp4_v2_r0_m64".into(),
+            pipeline(
+                Schedule::Interleaved { pp_size: 4, pp_rank: 0, num_microbatches: 64, virtual_chunks: 2 },
+                2,
+            ),
+        ),
+        ("random_1k".into(), workload::random(1_000, 1)),
+        ("random_10k".into(), workload::random(10_000, 1)),
+        ("random_100k".into(), workload::random(100_000, 1)),
+        ("packed_10k".into(), workload::packed(10_000, 1)),
+    ];
+    let mut group = c.benchmark_group("place");
+    group.sample_size(10).measurement_time(Duration::from_secs(5));
+    for (name, buffers) in &cases {
+        group.bench_function(name.as_str(), |b| b.iter(|| place(buffers, &opts).expect("valid")));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
