@@ -22,11 +22,13 @@
 //! - `fws` / `bws`: workspace of the forward / backward graph, live during its launch.
 //!
 //! ## Slots and graph reuse
-//! Microbatches whose spans (first forward to last backward) do not overlap share a buffer
-//! slot and replay the same graphs, so each buffer above belongs to the alias group
+//! The graphs of chunk `c` are replayed by several microbatches: those whose spans in that
+//! chunk (forward of chunk `c` to backward of chunk `c`) do not overlap share a slot of the
+//! chunk. Each chunk has as many slots as it has microbatches in flight at once (the
+//! minimum), handed out by interval colouring. Each buffer above belongs to the alias group
 //! `s<slot>.c<chunk>.l<layer>.<kind>`: one offset for every microbatch of the slot, live over
-//! the union of their intervals. The graph count is `slots × layers × 2`, whatever the
-//! number of microbatches.
+//! the union of their intervals. The graph count is `Σ_chunks slots × layers × 2`, whatever
+//! the number of microbatches.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -34,7 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::dsa::{self, Buffer, PlaceError, PlaceOptions};
-use crate::schedule::{Schedule, ScheduleError, assign_slots};
+use crate::schedule::{Schedule, ScheduleError, assign_chunk_slots};
 
 /// Element type of a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -192,9 +194,10 @@ pub struct PlannedBuffer {
 /// A plan: slots, placed buffers and the figures that explain them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
-    /// Buffer slots (0 for plain buffer lists).
+    /// Buffer slots: the most of any chunk (0 for plain buffer lists).
     pub slots: u32,
-    /// Slot of each microbatch.
+    /// Slot of each microbatch in each chunk, indexed `chunk × num_microbatches + microbatch`
+    /// (by microbatch for one chunk).
     pub microbatch_slot: Vec<u32>,
     /// Every buffer with its offset.
     pub buffers: Vec<PlannedBuffer>,
@@ -214,7 +217,7 @@ pub struct Plan {
     /// Device bytes capture needs for this plan: the arena holds static inputs and outputs,
     /// saved activations and workspaces, so this is the footprint.
     pub predicted_capture_bytes: u64,
-    /// CUDA graphs to capture (slots × layers × 2; 0 for buffer lists).
+    /// CUDA graphs to capture (Σ over chunks of slots × layers × 2; 0 for buffer lists).
     pub graphs: u32,
 }
 
@@ -332,9 +335,9 @@ pub struct ScheduleBuffers {
     pub names: Vec<String>,
     /// Names of the alias groups, indexed by `Buffer::group`.
     pub groups: Vec<String>,
-    /// Buffer slots.
+    /// Buffer slots: the most of any chunk.
     pub slots: u32,
-    /// Slot of each microbatch.
+    /// Slot of each microbatch in each chunk, indexed `chunk × num_microbatches + microbatch`.
     pub microbatch_slot: Vec<u32>,
     /// The schedule as signed chunk numbers.
     pub steps: Vec<i32>,
@@ -403,7 +406,10 @@ pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, Pl
         }
         layers.push(out);
     }
-    let (slots, microbatch_slot) = assign_slots(&steps, m as u32);
+    let chunk_slots = assign_chunk_slots(&steps, chunks as u32, m as u32);
+    let slots = chunk_slots.iter().map(|c| c.0).max().unwrap_or(0);
+    let graphs = chunk_slots.iter().zip(&layers).map(|(c, l)| c.0 * l.len() as u32 * 2).sum();
+    let microbatch_slot: Vec<u32> = chunk_slots.iter().flat_map(|c| c.1.iter().copied()).collect();
     // Clock: base tick of every step; the forward / backward step of each (chunk, microbatch).
     let mut base = Vec::with_capacity(steps.len());
     let mut tick = 0u64;
@@ -422,13 +428,13 @@ pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, Pl
         slots,
         microbatch_slot,
         steps: steps.iter().map(|s| s.signed()).collect(),
-        graphs: slots * layers.iter().map(|l| l.len() as u32).sum::<u32>() * 2,
+        graphs,
     };
     let mut group_ids: HashMap<String, u32> = HashMap::new();
     for (c, chunk) in layers.iter().enumerate() {
         let n = chunk.len() as u64;
         for mb in 0..m {
-            let slot = out.microbatch_slot[mb];
+            let slot = out.microbatch_slot[c * m + mb];
             let (fb, bb) = (base[fstep[c][mb]], base[bstep[c][mb]]);
             let tf = |l: usize| fb + l as u64;
             let tb = |l: usize| bb + (n - 1 - l as u64);

@@ -262,7 +262,29 @@ pub fn max_in_flight(steps: &[Step], num_microbatches: u32) -> u32 {
 /// [`max_in_flight`] (interval graphs colour optimally this way). Returns (slots, slot of
 /// each microbatch).
 pub fn assign_slots(steps: &[Step], num_microbatches: u32) -> (u32, Vec<u32>) {
-    let spans = microbatch_spans(steps, num_microbatches);
+    color_spans(&microbatch_spans(steps, num_microbatches))
+}
+
+/// Buffer slots per model chunk: the graphs of chunk `c` are replayed by every microbatch
+/// of a slot of that chunk, so what counts is how many microbatches are between the forward
+/// and the backward *of that chunk* at once. Returns, per chunk, (slots, slot of each
+/// microbatch).
+pub fn assign_chunk_slots(steps: &[Step], chunks: u32, num_microbatches: u32) -> Vec<(u32, Vec<u32>)> {
+    (0..chunks)
+        .map(|c| {
+            let mut spans = vec![(usize::MAX, 0usize); num_microbatches as usize];
+            for (k, s) in steps.iter().enumerate().filter(|(_, s)| s.chunk == c) {
+                let span = &mut spans[s.microbatch as usize];
+                span.0 = span.0.min(k);
+                span.1 = span.1.max(k);
+            }
+            color_spans(&spans)
+        })
+        .collect()
+}
+
+/// Interval colouring in order of start, lowest free colour first (optimal for intervals).
+fn color_spans(spans: &[(usize, usize)]) -> (u32, Vec<u32>) {
     let mut order: Vec<usize> = (0..spans.len()).collect();
     order.sort_by_key(|&mb| spans[mb].0);
     let mut free: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
@@ -348,6 +370,10 @@ mod tests {
         let s = last.steps().unwrap();
         assert_eq!(s.iter().take_while(|s| s.forward).count(), 5);
         assert_eq!(max_in_flight(&s, 8), 5);
+        // Per chunk: chunk 1's backward follows its forward at once on the last rank.
+        let per_chunk = assign_chunk_slots(&s, 2, 8);
+        assert_eq!(per_chunk[1].0, 1);
+        assert_eq!(per_chunk[0].0, 5);
     }
 
     #[test]
