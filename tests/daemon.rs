@@ -477,3 +477,75 @@ async fn cli_reports_status_grants_and_health() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+fn buffer_list(sizes: &[(u64, u64, u64)]) -> pb::PlanInput {
+    pb::PlanInput {
+        input: Some(pb::plan_input::Input::Buffers(pb::BufferList {
+            buffers: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, (start, end, size))| pb::BufferSpec {
+                    name: format!("b{i}"),
+                    start: *start,
+                    end: *end,
+                    size_bytes: *size,
+                    alias_group: String::new(),
+                })
+                .collect(),
+        })),
+        time_budget_ms: 50,
+    }
+}
+
+#[tokio::test]
+async fn plan_capture_is_checked_reserved_and_recorded() {
+    let d = start_with("[limits]\ndefault_rank_quota = \"64MiB\"", true);
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "planner", 0, "").await.unwrap();
+    // Three buffers; b1 and b2 are live together at step 2: the lower bound is 64 MiB.
+    let input = buffer_list(&[(0, 2, 16 * MIB), (1, 3, 32 * MIB), (2, 4, 32 * MIB)]);
+    let resp = c
+        .graphpool
+        .plan_capture(pb::PlanCaptureRequest { session_id: s.id, input: Some(input.clone()), reserve: true })
+        .await
+        .unwrap()
+        .into_inner();
+    let plan = resp.plan.unwrap();
+    assert_eq!(plan.lower_bound_bytes, 64 * MIB, "b1 and b2 overlap at step 2");
+    assert!(plan.footprint_bytes >= plan.lower_bound_bytes);
+    assert_eq!(plan.buffers.len(), 3);
+    assert_eq!(resp.reserved_bytes, 64 * MIB);
+    let u = usage(&mut c).await;
+    assert_eq!(u.devices[0].planned_bytes, 64 * MIB, "reserved, not yet granted");
+    // The reservation is the rank's whole quota: another session of the rank is refused...
+    let other = attach(&mut c, "planner", 0, "").await.unwrap();
+    let e = allocate(&mut c, &other, 2 * MIB).await.unwrap_err();
+    assert_eq!(capacity(&e).limit, "rank-quota");
+    // ...while the planning session allocates within its reservation.
+    allocate(&mut c, &s, 64 * MIB).await.unwrap();
+    let m = d.metrics_text().await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("graphpool_plan_bytes{job=\"planner\",rank=\"0\"")
+                && l.ends_with(" 67108864")),
+        "{m}"
+    );
+    // A plan that cannot fit is refused before capture, with details.
+    let big = buffer_list(&[(0, 1, 128 * MIB)]);
+    let e = c
+        .graphpool
+        .plan_capture(pb::PlanCaptureRequest { session_id: other.id, input: Some(big), reserve: false })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert_eq!(capacity(&e).limit, "rank-quota");
+    // Malformed input names the field.
+    let bad = buffer_list(&[(3, 1, MIB)]);
+    let e = c
+        .graphpool
+        .plan_capture(pb::PlanCaptureRequest { session_id: s.id, input: Some(bad), reserve: false })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(field(&e).starts_with("input."), "{e:?}");
+}

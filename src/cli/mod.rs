@@ -61,6 +61,8 @@ pub enum Command {
         #[arg(long, default_value_t = 3.0)]
         timeout: f64,
     },
+    /// Predict graph memory offline (no daemon): a plan for a schedule or a buffer list.
+    Plan(plan::PlanArgs),
 }
 
 /// `graphpool limits set`.
@@ -135,6 +137,15 @@ pub fn describe_status(s: &tonic::Status) -> String {
 /// Entry point of the `graphpool` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Plan(args) = &cli.command {
+        return match plan::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("graphpool plan: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -258,6 +269,7 @@ async fn run(socket: &std::path::Path, command: Command) -> Result<ExitCode, Cli
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Plan(_) => unreachable!("`plan` runs offline, before the runtime starts"),
     }
 }
 

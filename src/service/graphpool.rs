@@ -369,9 +369,13 @@ impl GraphpoolService {
         let input = r.input.ok_or_else(|| invalid("input", "must be set"))?;
         let (budget, max) = (self.plan_time_budget, self.max_plan_buffers);
         // Planning is CPU work bounded by its time box: keep it off the async workers.
-        let plan: pb::Plan = tokio::task::spawn_blocking(move || plan_stub(&input, budget, max))
+        let plan = tokio::task::spawn_blocking(move || crate::planning::plan(&input, budget, max))
             .await
-            .map_err(|e| Status::internal(format!("planner failed: {e}")))??;
+            .map_err(|e| Status::internal(format!("planner failed: {e}")))?
+            .map_err(|e| match e.field() {
+                Some(f) => invalid(&format!("input.{f}"), e.to_string()),
+                None => Status::invalid_argument(e.to_string()),
+            })?;
         let need = plan.predicted_capture_bytes.max(plan.footprint_bytes);
         let who = format!("{}/{}", session.job_id, session.rank);
         let reserved = if r.reserve {
@@ -391,9 +395,4 @@ impl GraphpoolService {
         );
         Ok(Response::new(pb::PlanCaptureResponse { plan: Some(plan), reserved_bytes: reserved }))
     }
-}
-
-// PLAN-WIRING: replaced by crate::planning::plan once the planner lands.
-fn plan_stub(_i: &pb::PlanInput, _b: std::time::Duration, _m: usize) -> Result<pb::Plan, Status> {
-    Err(Status::unimplemented("the planner is not available in this build"))
 }
