@@ -653,6 +653,10 @@ impl Ledger {
             }
             Err(e) => return Err(e.into()),
         };
+        // Skip ids declared by clients re-attaching after a restart: they may name any id.
+        while st.grants.contains_key(&st.next_grant) {
+            st.next_grant += 1;
+        }
         let id = st.next_grant;
         st.next_grant += 1;
         let s = st.sessions.get_mut(&session).expect("checked above");
