@@ -458,6 +458,17 @@ impl Ledger {
                 limit: self.guards.max_sessions_per_uid,
             });
         }
+        if resume.len() > self.guards.max_grants_per_session as usize {
+            return Err(LedgerError::Refused(Box::new(Refusal {
+                requested_bytes: resume.iter().fold(0, |a, d| a.saturating_add(d.size_bytes)),
+                free_bytes: 0,
+                limit: LimitKind::SessionGrants,
+                limit_bytes: u64::from(self.guards.max_grants_per_session),
+                device: spec.device,
+                device_uuid: dev.uuid.clone(),
+                top_holders: Vec::new(),
+            })));
+        }
         let reserved = if spec.reserve_budget {
             let r = round_up(spec.budget_bytes, dev.granularity_bytes).unwrap_or(u64::MAX);
             self.admit(&st, spec.device, &spec.job_id, spec.rank, None, r)?;
