@@ -64,6 +64,9 @@ impl GraphpoolService {
                 "refused"
             );
         }
+        if let LedgerError::TooManySessions { uid, limit } = &e {
+            tracing::warn!(who, uid, limit = "sessions-per-uid", limit_sessions = limit, "refused");
+        }
         e.into()
     }
 
