@@ -895,10 +895,10 @@ fn resolve_device(devices: &[DeviceInfo], key: &str) -> Result<u32, LedgerError>
     if key.is_empty() {
         return if devices.is_empty() { Err(LedgerError::UnknownDevice(String::new())) } else { Ok(0) };
     }
-    if let Ok(i) = key.parse::<u32>() {
-        if (i as usize) < devices.len() {
-            return Ok(i);
-        }
+    if let Ok(i) = key.parse::<u32>()
+        && (i as usize) < devices.len()
+    {
+        return Ok(i);
     }
     devices
         .iter()

@@ -154,21 +154,22 @@ async fn drain(shared: &Shared, timeout: Duration) {
 }
 
 fn notify(state: &[sd_notify::NotifyState<'_>]) {
-    if std::env::var_os("NOTIFY_SOCKET").is_some() {
-        if let Err(e) = sd_notify::notify(false, state) {
-            tracing::warn!(error = %e, "sd_notify failed");
-        }
+    if std::env::var_os("NOTIFY_SOCKET").is_some()
+        && let Err(e) = sd_notify::notify(false, state)
+    {
+        tracing::warn!(error = %e, "sd_notify failed");
     }
 }
 
 /// Binds a Unix socket at `path`: creates its directory, replaces a stale socket file (but
 /// refuses if a daemon still answers there), and applies the configured mode and group.
 fn bind_socket(path: &Path, config: &Config) -> Result<UnixListener, DaemonError> {
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() && !dir.exists() {
-            std::fs::create_dir_all(dir)
-                .map_err(|source| DaemonError::Bind { path: path.to_path_buf(), source })?;
-        }
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        std::fs::create_dir_all(dir)
+            .map_err(|source| DaemonError::Bind { path: path.to_path_buf(), source })?;
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {

@@ -55,10 +55,10 @@ impl SessionRegistry {
                 _ = tx.closed() => Some(EndReason::StreamClosed),
                 _ = ended.notified() => None,
             };
-            if let Some(reason) = reason {
-                if ledger.end_session(id, reason).is_some() {
-                    metrics.session_ended(reason);
-                }
+            if let Some(reason) = reason
+                && ledger.end_session(id, reason).is_some()
+            {
+                metrics.session_ended(reason);
             }
             registry.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             // Dropping the last sender ends the client's stream.
