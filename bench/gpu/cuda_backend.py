@@ -62,6 +62,39 @@ def nvml_process(pid: int) -> dict:
         return {"nvml": False, "error": repr(e)}
 
 
+def driver_calls(cu: ctypes.CDLL, iterations: int = 50) -> dict:
+    """What the daemon's driver calls cost here: cuMemCreate + cuMemExportToShareableHandle
+    (+ close + cuMemRelease), timed through ctypes in this process."""
+
+    class Prop(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int), ("loc_type", ctypes.c_int),
+                    ("loc_id", ctypes.c_int), ("win32", ctypes.c_void_p), ("flags", ctypes.c_uint64)]
+
+    prop = Prop(1, 1, 1, 0, None, 0)  # PINNED, POSIX_FD, DEVICE 0
+    res = {}
+    for size in (64 * MIB, 1 << 30):
+        create, export, release = [], [], []
+        for _ in range(iterations):
+            h = ctypes.c_uint64(0)
+            fd = ctypes.c_int(-1)
+            t0 = time.perf_counter_ns()
+            r1 = cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_uint64(0))
+            t1 = time.perf_counter_ns()
+            r2 = cu.cuMemExportToShareableHandle(ctypes.byref(fd), h, ctypes.c_int(1), ctypes.c_uint64(0))
+            t2 = time.perf_counter_ns()
+            os.close(fd.value) if r2 == 0 else None
+            r3 = cu.cuMemRelease(h)
+            t3 = time.perf_counter_ns()
+            if r1 or r2 or r3:
+                return {"error": [r1, r2, r3]}
+            create.append((t1 - t0) / 1e3)
+            export.append((t2 - t1) / 1e3)
+            release.append((t3 - t2) / 1e3)
+        res[f"{size // MIB}MiB"] = {"cuMemCreate_p50_us": pct(create, 0.5), "export_p50_us": pct(export, 0.5),
+                                    "close_release_p50_us": pct(release, 0.5)}
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--graphpoold", required=True)
@@ -170,6 +203,7 @@ def main() -> int:
                 "import_map_p50_us": pct([x["map"] for x in ph], 0.5),
             }
         out["grant_latency"] = lat
+        out["driver_calls"] = driver_calls(cu)
         _shim.release_device(0)
         time.sleep(0.5)
         out["daemon_after_device_bytes"] = free_before - free_bytes()

@@ -51,6 +51,15 @@ echo "pytest exit $?"; tail -15 "$OUT/pytest.log"
 
 kill "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null
 
+echo "== the same shim bench against a host-backend daemon (gRPC + fd cost without the driver)"
+"$BIN/graphpoold" --backend host --socket "$SOCKDIR/h.sock" --metrics-listen off >> "$OUT/graphpoold.log" 2>&1 &
+HPID=$!
+for _ in $(seq 200); do [ -S "$SOCKDIR/h.sock" ] && break; sleep 0.05; done
+sleep 0.3
+python3 bench/gpu/shim_latency.py --host --socket "$SOCKDIR/h.sock" --sizes-mib 20,1024 > "$OUT/host_latency.txt" 2>&1
+cat "$OUT/host_latency.txt"
+kill "$HPID" 2>/dev/null; wait "$HPID" 2>/dev/null
+
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
@@ -67,6 +76,8 @@ if cb:
     rows.append(("drop with 1 GiB granted (MiB)", f"{cb.get('drop_with_1GiB_granted_bytes', 0) / 2**20:.1f}"))
     rows.append(("NVML: daemon listed / used", f"{cb.get('nvml_holding', {}).get('daemon_listed')} / {cb.get('nvml_holding', {}).get('daemon_used_bytes')}"))
     rows.append(("readback ok", str(cb.get("readback"))))
+    for k, v in cb.get("driver_calls", {}).items():
+        rows.append((f"driver calls {k} (us)", str(v)))
 for r in sl.get("results", []):
     rows.append((f"shim segment {r['size_mib']} MiB p50 (us)", f"{r['alloc_p50_us']:.0f} (free {r['free_p50_us']:.0f})"))
 rt = gt.get("replay_time")
