@@ -3,6 +3,8 @@ ships it as ``graphpool/_native/libgraphpool_shim.so``.
 
 Set ``GRAPHPOOL_SKIP_SHIM=1`` to install only the pure-Python parts (no Rust toolchain needed;
 ``graphpool.torch`` then finds the shim through ``GRAPHPOOL_SHIM=/path/to/libgraphpool_shim.so``).
+``GRAPHPOOL_SHIM_PROFILE=debug`` builds the shim unoptimized (faster, for test runs).
+cargo honours ``CARGO_TARGET_DIR`` as usual (default: the workspace's ``target/``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from setuptools import setup
 HERE = Path(__file__).resolve().parent
 SHIM_MANIFEST = HERE.parent / "crates" / "shim" / "Cargo.toml"
 SKIP = os.environ.get("GRAPHPOOL_SKIP_SHIM", "").lower() in ("1", "true", "yes", "on")
+# `debug` builds faster (test runs); wheels for GPU machines should use the default, release.
+PROFILE = os.environ.get("GRAPHPOOL_SHIM_PROFILE", "release")
 
 HOW = (
     "Either install a Rust toolchain (https://rustup.rs, then `cargo` on PATH), install a wheel "
@@ -32,6 +36,8 @@ if not SKIP:
             f"the repository (`pip install ./client-py` or `pip wheel ./client-py`; an sdist "
             f"alone does not contain crates/shim). {HOW}"
         )
+    if PROFILE not in ("release", "debug"):
+        raise SystemExit(f"graphpool: GRAPHPOOL_SHIM_PROFILE must be release or debug, not {PROFILE!r}")
     if shutil.which("cargo") is None:
         raise SystemExit(f"graphpool: cargo not found on PATH; it builds the native allocator shim. {HOW}")
 
@@ -52,7 +58,7 @@ if not SKIP:
             path=str(SHIM_MANIFEST),
             binding=Binding.NoBinding,
             py_limited_api=False,
-            debug=False,
+            debug=PROFILE == "debug",
         )
     ]
     kwargs["cmdclass"] = {"bdist_wheel": BdistWheel}

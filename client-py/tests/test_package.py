@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import graphpool
-from conftest import run_python
+from gp_helpers import run_python
 
 
 def test_import_does_not_import_torch() -> None:

@@ -11,7 +11,7 @@ import sys
 import time
 
 import graphpool
-from conftest import CLIENT, Daemon
+from gp_helpers import CLIENT, Daemon
 
 MiB = 1 << 20
 

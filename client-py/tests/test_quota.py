@@ -7,7 +7,7 @@ import os
 import pytest
 
 import graphpool
-from conftest import Daemon
+from gp_helpers import Daemon
 
 MiB = 1 << 20
 

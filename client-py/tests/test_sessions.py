@@ -7,7 +7,7 @@ import os
 import pytest
 
 import graphpool
-from conftest import Daemon, run_python
+from gp_helpers import Daemon, run_python
 
 MiB = 1 << 20
 

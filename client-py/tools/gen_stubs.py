@@ -55,8 +55,9 @@ def _fix(text: str) -> str:
     return text
 
 
-def generate(out: Path) -> list[Path]:
-    """Generates the stubs under ``out`` (created if missing). Returns the files written."""
+def generate(out: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
+    """Generates the stubs under ``out`` (created if missing) from the ``.proto`` files under
+    ``proto_root``. Returns the files written."""
     try:
         from grpc_tools import protoc  # type: ignore[import-untyped]
     except ImportError:
@@ -69,12 +70,12 @@ def generate(out: Path) -> list[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         args = [
             "grpc_tools.protoc",
-            f"-I{PROTO_ROOT}",
+            f"-I{proto_root}",
             f"-I{include}",
             f"--python_out={tmp}",
             f"--pyi_out={tmp}",
             f"--grpc_python_out={tmp}",
-            *(str(PROTO_ROOT / f) for f in PROTO_FILES),
+            *(str(proto_root / f) for f in PROTO_FILES),
         ]
         rc = protoc.main(args)
         if rc != 0:
@@ -99,6 +100,7 @@ def generate(out: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    parser.add_argument("--proto", type=Path, default=PROTO_ROOT, help="root of the .proto files")
     ns = parser.parse_args()
     try:
         import grpc_tools  # noqa: F401
@@ -113,7 +115,7 @@ def main() -> None:
             )
     except ImportError:
         pass
-    for path in generate(ns.out):
+    for path in generate(ns.out, ns.proto):
         print(path)
 
 

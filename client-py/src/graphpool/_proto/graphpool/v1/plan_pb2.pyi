@@ -116,7 +116,7 @@ class BufferSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., size_bytes: _Optional[int] = ..., alias_group: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("slots", "microbatch_slot", "buffers", "footprint_bytes", "lower_bound_bytes", "saved_by_aliasing_bytes", "planning_seconds", "strategy", "steps", "predicted_capture_bytes")
+    __slots__ = ("slots", "microbatch_slot", "buffers", "footprint_bytes", "lower_bound_bytes", "saved_by_aliasing_bytes", "planning_seconds", "strategy", "steps", "predicted_capture_bytes", "graphs")
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     MICROBATCH_SLOT_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,7 @@ class Plan(_message.Message):
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_CAPTURE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRAPHS_FIELD_NUMBER: _ClassVar[int]
     slots: int
     microbatch_slot: _containers.RepeatedScalarFieldContainer[int]
     buffers: _containers.RepeatedCompositeFieldContainer[PlannedBuffer]
@@ -137,7 +138,8 @@ class Plan(_message.Message):
     strategy: str
     steps: _containers.RepeatedScalarFieldContainer[int]
     predicted_capture_bytes: int
-    def __init__(self, slots: _Optional[int] = ..., microbatch_slot: _Optional[_Iterable[int]] = ..., buffers: _Optional[_Iterable[_Union[PlannedBuffer, _Mapping]]] = ..., footprint_bytes: _Optional[int] = ..., lower_bound_bytes: _Optional[int] = ..., saved_by_aliasing_bytes: _Optional[int] = ..., planning_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., predicted_capture_bytes: _Optional[int] = ...) -> None: ...
+    graphs: int
+    def __init__(self, slots: _Optional[int] = ..., microbatch_slot: _Optional[_Iterable[int]] = ..., buffers: _Optional[_Iterable[_Union[PlannedBuffer, _Mapping]]] = ..., footprint_bytes: _Optional[int] = ..., lower_bound_bytes: _Optional[int] = ..., saved_by_aliasing_bytes: _Optional[int] = ..., planning_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., predicted_capture_bytes: _Optional[int] = ..., graphs: _Optional[int] = ...) -> None: ...
 
 class PlannedBuffer(_message.Message):
     __slots__ = ("name", "start", "end", "size_bytes", "offset", "alias_group")
