@@ -39,7 +39,8 @@ fi
 
 if want deploy; then
   step "deployment checks (manifests, rules, dashboard, Prometheus end to end)"
-  bash .ci/deploy-checks.sh
+  cargo build --locked --bins
+  GRAPHPOOL_BIN_DIR="$PWD/target/debug" bash .ci/deploy-checks.sh
 fi
 
 if want fuzz && [ -x fuzz/run.sh ]; then

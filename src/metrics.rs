@@ -156,7 +156,7 @@ impl Metrics {
         gauge(
             "graphpool_job_granted_bytes",
             "Bytes granted per job.",
-            jobs.iter().map(|(j, v)| (format!("job=\"{}\",Hostname=\"{host}\"", escape(j)), *v)).collect(),
+            jobs.iter().map(|(j, v)| (format!("job_id=\"{}\",Hostname=\"{host}\"", escape(j)), *v)).collect(),
         );
         gauge(
             "graphpool_rank_granted_bytes",
@@ -166,7 +166,7 @@ impl Metrics {
                 .map(|((j, r, d), v)| {
                     (
                         format!(
-                            "job=\"{}\",rank=\"{r}\",gpu=\"{d}\",UUID=\"{}\",Hostname=\"{host}\"",
+                            "job_id=\"{}\",rank=\"{r}\",gpu=\"{d}\",UUID=\"{}\",Hostname=\"{host}\"",
                             escape(j),
                             uuid(*d)
                         ),
@@ -186,7 +186,7 @@ impl Metrics {
                 .map(|((j, r, d), v)| {
                     (
                         format!(
-                            "job=\"{}\",rank=\"{r}\",gpu=\"{d}\",UUID=\"{}\",Hostname=\"{host}\"",
+                            "job_id=\"{}\",rank=\"{r}\",gpu=\"{d}\",UUID=\"{}\",Hostname=\"{host}\"",
                             escape(j),
                             uuid(*d)
                         ),

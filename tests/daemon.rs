@@ -209,7 +209,7 @@ async fn sigkilled_client_is_reclaimed_within_a_second() {
         m.lines().any(|l| l.starts_with("graphpool_sessions_ended_total") && l.contains("reason=\"")),
         "{m}"
     );
-    assert!(!m.contains("job=\"victim\""), "no stale series of the dead job:\n{m}");
+    assert!(!m.contains("job_id=\"victim\""), "no stale series of the dead job:\n{m}");
 }
 
 /// Child side of the allow-list test: drops to an unprivileged uid, then asks for a session.
@@ -525,9 +525,8 @@ async fn plan_capture_is_checked_reserved_and_recorded() {
     allocate(&mut c, &s, 64 * MIB).await.unwrap();
     let m = d.metrics_text().await;
     assert!(
-        m.lines()
-            .any(|l| l.starts_with("graphpool_plan_bytes{job=\"planner\",rank=\"0\"")
-                && l.ends_with(" 67108864")),
+        m.lines().any(|l| l.starts_with("graphpool_plan_bytes{job_id=\"planner\",rank=\"0\"")
+            && l.ends_with(" 67108864")),
         "{m}"
     );
     // A plan that cannot fit is refused before capture, with details.

@@ -10,9 +10,8 @@ Conventions of the queries:
   dcgm-exporter both put on their series) and $gpu (the `gpu` label, the device index).
 - Series without a Hostname label (requests, latency, sessions ended) are tied to a node through
   the scrape target: `... and on (instance) graphpool_sessions{Hostname=~"$node"}`.
-- The training job is the `job` label of graphpool's series; this needs `honor_labels: true` in
-  the scrape configuration (see docs/deploy.md), as Prometheus would otherwise rename it to
-  `exported_job`.
+- The training job is the `job_id` label of graphpool's series (the scrape job keeps Prometheus's
+  own `job` label, so no `honor_labels` is needed).
 - dcgm-exporter series are joined on `UUID` (unique per GPU), filtered by graphpool's own
   Hostname and gpu labels.
 """
@@ -169,30 +168,30 @@ def build():
 
     panels.append(row("Holders", y)); y += 1
     panels.append(timeseries(
-        "Granted by job", [target(f"sum by (job) (graphpool_job_granted_bytes{{{NODE}}})", "{{job}}")],
+        "Granted by job", [target(f"sum by (job_id) (graphpool_job_granted_bytes{{{NODE}}})", "{{job_id}}")],
         "bytes", 0, y, w=12, h=8, stack=True, desc="Capture memory held by each training job on the selected nodes."))
     panels.append(table(
         "Holders by job and rank",
-        [target(f"sum by (job, rank, Hostname, gpu) (graphpool_rank_granted_bytes{{{NODE_GPU}}})", instant=True, fmt="table")],
+        [target(f"sum by (job_id, rank, Hostname, gpu) (graphpool_rank_granted_bytes{{{NODE_GPU}}})", instant=True, fmt="table")],
         12, y, w=12, h=8, units={"Value": "bytes"},
-        renames={"Value": "granted", "job": "job", "rank": "rank", "Hostname": "node", "gpu": "gpu"},
+        renames={"Value": "granted", "job_id": "job", "rank": "rank", "Hostname": "node", "gpu": "gpu"},
         desc="Who holds capture memory, largest first."))
     y += 8
 
     panels.append(row("Plans and aliasing", y)); y += 1
     panels.append(timeseries(
         "Plan footprint and bytes saved by aliasing",
-        [target(f"sum by (job) (graphpool_plan_bytes{{{NODE_GPU}}})", "{{job}} footprint"),
-         target(f"sum by (job) (graphpool_plan_saved_bytes{{{NODE_GPU}}})", "{{job}} saved by aliasing")],
+        [target(f"sum by (job_id) (graphpool_plan_bytes{{{NODE_GPU}}})", "{{job_id}} footprint"),
+         target(f"sum by (job_id) (graphpool_plan_saved_bytes{{{NODE_GPU}}})", "{{job_id}} saved by aliasing")],
         "bytes", 0, y, w=12, h=8,
         desc="Latest plan of each live session: arena footprint, and the bytes saved by sharing memory between static buffers whose lifetimes do not overlap."))
     panels.append(table(
         "Plans by rank",
-        [target(f"sum by (job, rank, Hostname, gpu) (graphpool_plan_bytes{{{NODE_GPU}}})", instant=True, fmt="table"),
-         target(f"sum by (job, rank, Hostname, gpu) (graphpool_plan_saved_bytes{{{NODE_GPU}}})", instant=True, fmt="table"),
-         target(f"sum by (job, rank, Hostname, gpu) (graphpool_plan_saved_bytes{{{NODE_GPU}}})"
-                f" / (sum by (job, rank, Hostname, gpu) (graphpool_plan_bytes{{{NODE_GPU}}})"
-                f" + sum by (job, rank, Hostname, gpu) (graphpool_plan_saved_bytes{{{NODE_GPU}}}))",
+        [target(f"sum by (job_id, rank, Hostname, gpu) (graphpool_plan_bytes{{{NODE_GPU}}})", instant=True, fmt="table"),
+         target(f"sum by (job_id, rank, Hostname, gpu) (graphpool_plan_saved_bytes{{{NODE_GPU}}})", instant=True, fmt="table"),
+         target(f"sum by (job_id, rank, Hostname, gpu) (graphpool_plan_saved_bytes{{{NODE_GPU}}})"
+                f" / (sum by (job_id, rank, Hostname, gpu) (graphpool_plan_bytes{{{NODE_GPU}}})"
+                f" + sum by (job_id, rank, Hostname, gpu) (graphpool_plan_saved_bytes{{{NODE_GPU}}}))",
                 instant=True, fmt="table")],
         12, y, w=12, h=8, units={"Value #A": "bytes", "Value #B": "bytes", "Value #C": "percentunit"},
         renames={"Value #A": "footprint", "Value #B": "saved", "Value #C": "saved share", "Hostname": "node"},

@@ -8,7 +8,7 @@
    generated from proto/graphpool/v1): two jobs, several ranks and GPUs, grants, plans with a
    reservation, a detach, a process that exits, refusals by device budget and by job quota.
 3. Starts Prometheus (Debian's package) on loopback, scraping the daemon every second with the
-   scrape settings docs/deploy.md prescribes (job "graphpoold", honor_labels) and loading
+   scrape settings docs/deploy.md prescribes (job "graphpoold") and loading
    deploy/prometheus/rules.yml; waits for scrapes.
 4. Evaluates through Prometheus's HTTP API:
    - every target expression and template-variable query of deploy/grafana/graphpool.json,
@@ -352,7 +352,7 @@ def run(args, bin_dir, tmp, procs):
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES)],
         "scrape_configs": [{
-            "job_name": "graphpoold", "honor_labels": True,
+            "job_name": "graphpoold",
             "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}],
         }],
     }))

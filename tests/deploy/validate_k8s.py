@@ -207,8 +207,8 @@ def check_consistency(docs):
     check(all(p["targetPort"] in port_names for p in svc["spec"]["ports"]), "Service targets the container's named port")
     check(all(e["port"] in {p["name"] for p in svc["spec"]["ports"]} for e in sm["spec"]["endpoints"]),
           "ServiceMonitor scrapes a named port of the Service")
-    check(all(e.get("honorLabels") is True for e in sm["spec"]["endpoints"]),
-          "ServiceMonitor honors the daemon's labels (its `job` label is the training job)")
+    check(all(not e.get("honorLabels") for e in sm["spec"]["endpoints"]),
+          "ServiceMonitor keeps Prometheus's own labels (the training job is `job_id`)")
     check(svc["metadata"]["name"] == "graphpoold", "Service is named graphpoold (job=\"graphpoold\" in the rules)")
     check(pod.get("hostPID") is True, "DaemonSet uses hostPID")
     check(pod.get("priorityClassName") == "system-node-critical", "DaemonSet is system-node-critical")
