@@ -180,3 +180,24 @@ def test_many_segments_one_fd_connection(client: graphpool.Client, job_id: str) 
         assert [seg.map()[0] for seg in segs] == list(range(20))
         assert len({seg.grant_id for seg in segs}) == 20
     assert client.usage().job(job_id) is None
+
+
+def test_node_grants_listing(client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=2) as s, s.allocate("2MiB", label="listed") as seg:
+        mine = client.grants(job_id=job_id)
+        assert [(g.grant_id, g.label, g.rank) for g in mine] == [(seg.grant_id, "listed", 2)]
+        assert any(g.grant_id == seg.grant_id for g in client.grants())
+
+
+def test_job_quota_set_by_admin(client: graphpool.Client, job_id: str) -> None:
+    limits = client.set_limits(jobs={job_id: "4MiB"})
+    assert graphpool.JobLimit(job_id=job_id, quota=4 * MiB) in limits.jobs
+    try:
+        with client.attach(job_id, rank=0) as s:
+            with pytest.raises(graphpool.CapacityExceeded) as ei:
+                s.allocate("6MiB")
+            assert ei.value.limit == "job-quota" and ei.value.limit_bytes == 4 * MiB
+            s.allocate("4MiB").release()
+    finally:
+        limits = client.set_limits(jobs={job_id: 0})
+    assert all(j.job_id != job_id for j in limits.jobs)
