@@ -42,7 +42,7 @@ from . import _shim
 from .errors import GraphpoolError
 from .units import parse_size
 
-__all__ = ["MemPool", "graph", "translate_errors"]
+__all__ = ["MemPool", "graph", "make_graphed_callables", "translate_errors"]
 
 _lock = threading.Lock()
 _allocator: Any = None
@@ -318,3 +318,8 @@ class MemPool:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+
+
+# Schedule-aware capture, the drop-in for torch.cuda.make_graphed_callables plus a pipeline
+# schedule. Imported last: it uses MemPool from this module.
+from .capture import make_graphed_callables  # noqa: E402
