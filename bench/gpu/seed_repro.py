@@ -55,7 +55,17 @@ GRAD_FLOOR = 1e-3
 #: tensor (at least GRAD_FLOOR): the noise is estimated from few runs, so a new sample of the same
 #: noise may exceed it slightly; a slot-reuse overwrite gives NaN or errors of 10-100%.
 GRAD_MARGIN = 1.5
-EXTRAS = ["graphpool-xs", "unsafe-onepool"]
+EXTRAS = ["graphpool-noarena", "graphpool-torch", "graphpool-torch-noarena", "graphpool-xs",
+          "unsafe-onepool"]
+#: graphpool variants: pools (None = --pools), capture keyword arguments
+GP_VARIANTS: dict[str, tuple[str | None, dict[str, Any]]] = {
+    "graphpool": (None, {}),
+    "graphpool-noarena": (None, {"arena": False}),
+    "graphpool-torch": ("torch", {}),
+    "graphpool-torch-noarena": ("torch", {"arena": False}),
+    "graphpool-xs": ("torch", {"expandable_segments": True}),
+    "unsafe-onepool": (None, {"_unsafe_single_pool": True}),
+}
 
 
 def make_schedule(name: str, m: int) -> Any:
@@ -208,26 +218,28 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
         def step() -> None:
             og.run_step(X, G)
 
-    elif variant in ("graphpool", "graphpool-xs", "unsafe-onepool"):
+    elif variant in GP_VARIANTS:
         import logging
 
         from graphpool import capture
 
         logging.basicConfig(level=logging.WARNING)
-        kw: dict[str, Any] = {}
-        if variant == "unsafe-onepool":
-            kw["_unsafe_single_pool"] = True
-        if variant == "graphpool-xs":
-            kw["expandable_segments"] = True
+        pools, kw = GP_VARIANTS[variant]
         samples = [(X[c][0].detach().requires_grad_(),) for c in range(len(chunks))]
         gs = capture.make_graphed_callables(chunks, samples, num_warmup_iters=1, schedule=sched,
-                                            pools=case.get("pools", "auto"), **kw)
+                                            pools=pools or case.get("pools", "auto"), **kw)
         out["graphs"] = gs.stats.graphs
         out["pool_kind"] = gs.stats.pool_kind
         out["num_pools"] = gs.stats.num_pools
         out["slots"] = list(sched.slots_per_chunk)
         out["predicted_gib"] = gs.stats.predicted_bytes / GiB
         out["capture_only_s"] = gs.stats.capture_seconds
+        out["arena_gib"] = sum(gs.stats.arena_bytes.values()) / GiB
+        out["plan_description"] = capture.plan_description(sched, gs.stats.profiles)
+        out["workspace_mib"] = {
+            "forward_max": max(p.forward_workspace_bytes for p in gs.stats.profiles) / 2**20,
+            "backward_max": max(p.backward_workspace_bytes for p in gs.stats.profiles) / 2**20,
+        }
 
         def fwd(c: int, mb: int, x: Any) -> Any:
             for call in gs.chunk(c, mb):
@@ -267,6 +279,8 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
         step_ms_all=[t * 1e3 for t in times],
     )
     out["outside_allocator_gib"] = out["footprint_gib"] - out["reserved_now_gib"]
+    if out.get("pool_kind") == "graphpool":
+        out.update(_daemon_ledger())
     ref_path = case["ref_path"]
     names = [n for n, _ in params]
     if variant == "eager":
@@ -294,6 +308,58 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ parent
+
+
+def _daemon_ledger() -> dict[str, Any]:
+    """What graphpoold granted this process: the shim's session counter and the daemon's own
+    ledger (ListGrants of this pid)."""
+    import torch
+
+    res: dict[str, Any] = {}
+    try:
+        from graphpool import _shim
+
+        st = _shim.stats(torch.cuda.current_device())
+        if st:
+            res["granted_gib"] = st[0] / GiB
+            res["granted_segments"] = st[1]
+    except Exception as e:  # noqa: BLE001
+        res["granted_error"] = f"{type(e).__name__}: {e}"
+    try:
+        import graphpool
+
+        grants = [g for g in graphpool.Client().grants() if g.pid == os.getpid()]
+        res["ledger_gib"] = sum(g.size for g in grants) / GiB
+        res["ledger_grants"] = len(grants)
+    except Exception as e:  # noqa: BLE001
+        res["ledger_error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
+def predict_with_cli(r: dict[str, Any], cli: str, tmp: str) -> None:
+    """``graphpool plan --schedule <description> --json``: the planner's predicted capture bytes
+    for the measured case's profile."""
+    import subprocess
+
+    desc = r.get("plan_description")
+    if not desc or not cli:
+        return
+    path = os.path.join(tmp, f"plan_{r['schedule']}_{r['m']}_{r['variant']}.json")
+    with open(path, "w") as f:
+        json.dump(desc, f)
+    try:
+        p = subprocess.run([cli, "plan", "--schedule", path, "--json"], capture_output=True,
+                           text=True, timeout=60)
+        if p.returncode != 0:
+            r["plan_error"] = (p.stderr or p.stdout)[-300:]
+            return
+        plan = json.loads(p.stdout)
+        r["plan_predicted_gib"] = plan["predicted_capture_bytes"] / GiB
+        r["plan_lower_bound_gib"] = plan.get("lower_bound", plan.get("lower_bound_bytes", 0)) / GiB
+        if r.get("footprint_gib"):
+            r["plan_vs_footprint"] = r["plan_predicted_gib"] / r["footprint_gib"] - 1.0
+    except Exception as e:  # noqa: BLE001
+        r["plan_error"] = f"{type(e).__name__}: {e}"
 
 
 def run_case(case: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -327,12 +393,17 @@ def fmt_row(r: dict[str, Any], eager: dict[str, Any] | None) -> str:
 
     if r.get("oom"):
         return (f"| {r['schedule']} | {r['m']} | {r['variant']} | OOM ({f(r.get('footprint_at_oom_gib'))} GiB "
-                f"at failure) | | | | {r.get('graphs_attempted', '')} (attempted) | {f(r.get('capture_s'))} | | |")
+                f"at failure) | | | | {r.get('graphs_attempted', '')} (attempted) | {f(r.get('capture_s'))} | | | |")
     if "error" in r:
-        return f"| {r['schedule']} | {r['m']} | {r['variant']} | error: {r['error'][:80]} | | | | | | | |"
+        return f"| {r['schedule']} | {r['m']} | {r['variant']} | error: {r['error'][:80]} | | | | | | | | |"
     ratio = None
     if eager and "peak_reserved_gib" in eager and eager["peak_reserved_gib"]:
         ratio = r["footprint_gib"] / eager["peak_reserved_gib"]
+    extra = []
+    if "granted_gib" in r:
+        extra.append(f"daemon {r['granted_gib']:.2f}")
+    if "plan_predicted_gib" in r:
+        extra.append(f"plan {r['plan_predicted_gib']:.2f} ({100 * r['plan_vs_footprint']:+.1f}%)")
     if r["variant"] == "eager":
         check = f"noise {r.get('grad_noise_max', 0) * 100:.3f}%"
     elif "grad_ok" in r:
@@ -343,12 +414,13 @@ def fmt_row(r: dict[str, Any], eager: dict[str, Any] | None) -> str:
     return (f"| {r['schedule']} | {r['m']} | {r['variant']}{'*' if r.get('pool_kind') == 'torch' else ''} "
             f"| {f(r['footprint_gib'])} | {f(ratio, '.3f')} | {f(r['peak_reserved_gib'])} "
             f"| {f(r['peak_allocated_gib'])} | {r['graphs']} | {f(r['capture_s'])} | {f(r['step_ms'], '.1f')} "
-            f"| {check} |")
+            f"| {check} | {'; '.join(extra)} |")
 
 
 HEADER = ("| schedule | M | variant | footprint GiB | / eager peak reserved | peak reserved GiB "
-          "| peak allocated GiB | graphs | capture s | step ms (median) | gradient check |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+          "| peak allocated GiB | graphs | capture s | step ms (median) | gradient check "
+          "| daemon granted GiB; planner prediction |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> int:
@@ -362,6 +434,13 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=4096, help="sequence length (4096 = the seed stage)")
     ap.add_argument("--pools", default="auto", choices=["auto", "graphpool", "torch"],
                     help="graphpool variant: daemon-backed pools, plain torch pools, or auto")
+    ap.add_argument("--graphpool-cli", default=os.environ.get("GRAPHPOOL_CLI", ""),
+                    help="the graphpool CLI: when given, `graphpool plan` predicts each "
+                         "graphpool case's footprint from its profile")
+    ap.add_argument("--order", default="variant-major",
+                    choices=["variant-major", "schedule-major"],
+                    help="schedule-major: every variant of a (schedule, M) before the next; "
+                         "variant-major: extras after all the four columns")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per variant process")
     ap.add_argument("--out", default="", help="JSON output path")
     ap.add_argument("--deadline", type=float, default=0.0,
@@ -383,8 +462,11 @@ def main() -> int:
     t_all = time.perf_counter()
     print(HEADER, flush=True)
     # the four columns for every (schedule, M) first, the opt-in extras after them
-    plan = [(s_, m, v) for s_ in args.schedules.split(",") for m in ms for v in variants]
-    plan += [(s_, m, v) for s_ in args.schedules.split(",") for m in ms for v in extras]
+    if args.order == "schedule-major":
+        plan = [(s_, m, v) for s_ in args.schedules.split(",") for m in ms for v in variants + extras]
+    else:
+        plan = [(s_, m, v) for s_ in args.schedules.split(",") for m in ms for v in variants]
+        plan += [(s_, m, v) for s_ in args.schedules.split(",") for m in ms for v in extras]
     eagers: dict[tuple[str, int], dict[str, Any]] = {}
     for sname, m, v in plan:
         ref_path = os.path.join(tmp, f"ref_{sname}_{m}.pt")
@@ -395,6 +477,7 @@ def main() -> int:
                         seq=args.seq, pools=args.pools)
             r = run_case(case, args.timeout)
         r.update(variant=v, m=m, schedule=sname)
+        predict_with_cli(r, args.graphpool_cli, tmp)
         results.append(r)
         if v == "eager":
             eagers[(sname, m)] = r
@@ -411,7 +494,7 @@ def main() -> int:
         meta["device"] = _device_name()
     meta["total_s"] = time.perf_counter() - t_all
     print(f"\n{meta['device']}, torch {meta['torch']}; total {meta['total_s']:.0f} s; "
-          f"* = graphpool variant measured with plain torch.cuda.MemPool pools split as graphpool does")
+          f"* = graphpool variant with plain torch.cuda.MemPool pools split as graphpool does")
     print("\n" + HEADER)
     by = {(r["schedule"], r["m"]): r for r in results if r["variant"] == "eager"}
     for r in results:

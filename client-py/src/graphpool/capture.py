@@ -70,6 +70,14 @@ class LayerProfile:
     output_bytes: int
     #: Bytes the forward keeps for its backward beyond its inputs and parameters.
     saved_bytes: int
+    #: Peak bytes the forward allocates above what it keeps (freed before it ends).
+    forward_workspace_bytes: int = 0
+    #: Peak bytes the backward allocates beyond its input gradients: temporaries and the
+    #: parameter gradients it returns before they are accumulated into ``param.grad``.
+    backward_workspace_bytes: int = 0
+    #: Of ``saved_bytes`` + outputs, the bytes in tensors over 1 MiB (the caching allocator's
+    #: large-block class, placed in a pool's arena), each rounded to 512 bytes.
+    large_kept_bytes: int = 0
     input_shapes: list[tuple[list[int], str, bool]] = field(default_factory=list)
     output_shapes: list[tuple[list[int], str]] = field(default_factory=list)
 
@@ -87,8 +95,12 @@ class CaptureStats:
     slots_per_chunk: tuple[int, ...] = ()
     #: Rise of the caching allocator's reserved bytes over the capture.
     reserved_bytes: int = 0
-    #: Bytes predicted from the warm-up profile (static buffers + saved tensors, all slots).
+    #: Bytes predicted from the warm-up profile (static buffers + saved tensors + workspaces,
+    #: all slots).
     predicted_bytes: int = 0
+    #: Bytes of the one segment each pool was given before capture (label -> bytes; empty when
+    #: ``arena=False``).
+    arena_bytes: dict[str, int] = field(default_factory=dict)
     #: The daemon's plan, when one was asked for and given (a ``graphpool.v1.Plan``).
     plan: Any = None
     profiles: list[LayerProfile] = field(default_factory=list)
@@ -192,7 +204,9 @@ def _daemon_pool_factory(device: int, budget: int | None, client: Any) -> Callab
         return None
 
     def make(label: str) -> Any:
-        kwargs: dict[str, Any] = {"device": device}
+        # the session budget: the capture's, or none (MemPool's default of 8 GiB would refuse
+        # captures larger than that although no budget was asked for)
+        kwargs: dict[str, Any] = {"device": device, "budget": budget or None}
         if client is not None:
             kwargs["client"] = client
         try:
@@ -261,6 +275,8 @@ def request_plan(
                     for i, (shape, dt) in enumerate(p.output_shapes)
                 ],
                 saved_bytes=p.saved_bytes,
+                forward_workspace_bytes=p.forward_workspace_bytes,
+                backward_workspace_bytes=p.backward_workspace_bytes,
             )
         )
     inp = plan_pb2.PlanInput(
@@ -274,6 +290,9 @@ def plan_description(schedule: Schedule, profiles: Sequence[LayerProfile]) -> di
 
     ``profiles`` come from :attr:`CaptureStats.profiles` (one eager warm-up step), so a job can
     be planned offline from a profile recorded once: ``json.dump(plan_description(...), f)``.
+    Per layer it carries the static input/output shapes, ``saved_bytes`` (what the forward keeps
+    for its backward, from saved-tensor hooks) and the forward/backward workspace bytes (peak
+    temporaries of each, from the allocator's peak counter around each layer).
     """
     return {
         "schedule": schedule.to_dict(),
@@ -282,6 +301,8 @@ def plan_description(schedule: Schedule, profiles: Sequence[LayerProfile]) -> di
                 "chunk": p.chunk,
                 "layer": p.layer,
                 "saved_bytes": p.saved_bytes,
+                "forward_workspace_bytes": p.forward_workspace_bytes,
+                "backward_workspace_bytes": p.backward_workspace_bytes,
                 "inputs": [
                     {"name": f"in{i}", "shape": shape, "dtype": dt, "kept_for_backward": kept}
                     for i, (shape, dt, kept) in enumerate(p.input_shapes)
@@ -428,15 +449,47 @@ class GraphedSchedule:
         return out
 
     def close(self) -> None:
-        """Destroy the graphs, then let go of the pools (a pool must outlive its graphs)."""
-        for lay in getattr(self, "_flat", ()):
+        """Destroy the graphs, then let go of the pools (a pool must outlive its graphs).
+
+        Explicit and idempotent: call it before dropping the last reference, so that nothing
+        depends on the order in which the garbage collector finds graphs and pools. Tensors
+        returned by the callables that the caller still holds keep their blocks (and, for
+        daemon-backed pools, the daemon session) until they are dropped.
+        """
+        import gc
+
+        flat = getattr(self, "_flat", ())
+        if not flat and not getattr(self, "_pools", ()):
+            return
+        try:
+            import torch
+
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+        for lay in flat:
             for graphs in (lay.fwd, lay.bwd):
                 for i, g in enumerate(graphs):
                     if g is not None:
                         g.reset()
                         graphs[i] = None
             lay.static_in = lay.static_out = lay.static_gin = lay.static_gout = []
-        self._pools = []
+        self._flat = []
+        self._layers = []
+        self._calls = []
+        gc.collect()  # autograd nodes of replays still referenced by cycles
+        pools, self._pools = self._pools, []
+        seen: set[int] = set()
+        for _, pool in pools:
+            if id(pool) in seen:
+                continue
+            seen.add(id(pool))
+            release = getattr(pool, "release", None)  # graphpool.torch.MemPool
+            if release is not None:
+                release()
+        del pools
+        gc.collect()
 
     def __del__(self) -> None:
         try:
@@ -577,6 +630,7 @@ def make_graphed_callables(
     plan: bool = True,
     progress_every_s: float = 2.0,
     expandable_segments: bool = False,
+    arena: bool = True,
     _unsafe_single_pool: bool = False,
 ) -> GraphedSchedule:
     """Capture ``callables`` (the layers of this pipeline rank) for a pipeline schedule.
@@ -603,6 +657,11 @@ def make_graphed_callables(
             allocator setting is switched on for the capture only, then restored): one growing
             mapping per pool instead of 20 MiB segments, so a pool wastes less than a segment
             page of its reserve.
+        arena: before capture, give each pool one segment sized from the warm-up profile (its
+            slot's large static and saved tensors plus the largest workspace), so that capture
+            splits tensors out of it instead of rounding each 1-10 MiB tensor into a 20 MiB
+            segment; what does not fit takes ordinary segments. Not used with
+            ``expandable_segments``, which removes the same rounding another way.
         _unsafe_single_pool: for tests and benchmarks only: put every graph in one pool, which
             breaks the lifetime split and lets slot reuse corrupt results (the failure this
             module exists to prevent). Never use it for training.
@@ -649,9 +708,13 @@ def make_graphed_callables(
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for c, ch in enumerate(layers):
-            for it in range(max(1, num_warmup_iters)):
-                profs = _warm_chunk(ch, samples[c], allow_unused_input, profile=(it == 0))
-                if it == 0:
+            # profiled on the last iteration (at least the second: the first on a new stream
+            # also allocates library workspaces that are not the layer's)
+            iters = max(2, num_warmup_iters)
+            for it in range(iters):
+                profile = it == iters - 1
+                profs = _warm_chunk(ch, samples[c], allow_unused_input, profile=profile, device=device)
+                if profile:
                     stats.profiles.extend(profs)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
@@ -704,6 +767,15 @@ def make_graphed_callables(
     bwd_pool = factory("bwd")
     pool_list.append(("bwd", bwd_pool))
     stats.num_pools = len({id(p) for _, p in pool_list})
+    if arena and not expandable_segments and not _unsafe_single_pool:
+        sizes = _arena_sizes(schedule, stats.profiles)
+        torch.cuda.synchronize()
+        for label, p in pool_list:
+            n = sizes.get(label, 0)
+            if n > 20 << 20:
+                _give_arena(p, n, stream, device)
+                stats.arena_bytes[label] = n
+        torch.cuda.synchronize()
 
     settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
         torch.cuda.memory, "_set_allocator_settings", None
@@ -772,9 +844,20 @@ def _capture_all(
     )
 
 
+_LARGE = 1 << 20  # the caching allocator's small/large block boundary
+
+
+def _round512(n: int) -> int:
+    return (n + 511) // 512 * 512
+
+
 def _warm_chunk(
-    ch: list[_Layer], sample: tuple[Any, ...], allow_unused: bool, profile: bool
+    ch: list[_Layer], sample: tuple[Any, ...], allow_unused: bool, profile: bool, device: int = 0
 ) -> list[LayerProfile]:
+    """One eager forward+backward of a chunk, layer by layer; with ``profile``, what each layer
+    keeps for its backward (saved-tensor hooks) and its peak temporaries (the allocator's peak
+    counter, reset around each forward and backward: this resets the process's peak memory
+    statistics)."""
     import torch
 
     x = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in sample)
@@ -793,41 +876,119 @@ def _warm_chunk(
                     saved[ptr] = st.nbytes()
             return t
 
+        if profile:
+            torch.cuda.synchronize(device)
+            a0 = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = _as_tuple(lay.module(*ins))
+        fws = 0
+        if profile:
+            torch.cuda.synchronize(device)
+            a1 = torch.cuda.memory_allocated(device)
+            fws = max(0, torch.cuda.max_memory_allocated(device) - a1)
+            del a0
         diff_in = [t for t in ins if t.requires_grad]
         outs = [o for o in out if o.requires_grad]
+        gouts = [torch.ones_like(o) for o in outs]
+        if profile:
+            torch.cuda.synchronize(device)
+            b0 = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        # retain_graph while profiling: saved tensors are not freed mid-backward, so the peak
+        # counts only what the backward allocates (in capture, the saved tensors live in the
+        # forward pools and their release does not make room in the backward pool)
         grads = torch.autograd.grad(
-            outs, diff_in + list(lay.params), [torch.ones_like(o) for o in outs],
-            allow_unused=allow_unused,
+            outs, diff_in + list(lay.params), gouts, allow_unused=allow_unused,
+            retain_graph=profile,
         )
-        del grads
+        bws = 0
+        if profile:
+            torch.cuda.synchronize(device)
+            din = sum(_nbytes(g) for g in grads[: len(diff_in)] if g is not None)
+            bws = max(0, torch.cuda.max_memory_allocated(device) - b0 - din)
+        del grads, gouts
         if profile:
             out_ptrs = {o.untyped_storage().data_ptr() for o in out}
+            kept = [b for p, b in saved.items() if p not in out_ptrs] + [_nbytes(o) for o in out]
             profs.append(
                 LayerProfile(
                     chunk=lay.chunk, layer=lay.index,
                     input_bytes=sum(_nbytes(t) for t in ins),
                     output_bytes=sum(_nbytes(o) for o in out),
                     saved_bytes=sum(b for p, b in saved.items() if p not in out_ptrs),
+                    forward_workspace_bytes=fws,
+                    backward_workspace_bytes=bws,
+                    large_kept_bytes=sum(_round512(b) for b in kept if b > _LARGE),
                     input_shapes=[(list(t.shape), str(t.dtype).replace("torch.", ""), True) for t in ins],
                     output_shapes=[(list(o.shape), str(o.dtype).replace("torch.", "")) for o in out],
                 )
             )
         x = tuple(o.detach().requires_grad_(o.requires_grad) for o in out)
+        del out, outs
     return profs
 
 
 def _predict(schedule: Schedule, profiles: Sequence[LayerProfile]) -> int:
-    """Bytes the capture keeps: per slot, the chunk's input, outputs and saved tensors."""
+    """Bytes the capture keeps: per slot, the chunk's input, outputs, saved tensors and the
+    largest forward workspace; plus the backward pool (the largest backward workspace and two
+    gradient buffers of a layer's output: the one read and the one written)."""
     total = 0
     for c, n in enumerate(schedule.slots_per_chunk):
         per_slot = 0
+        fws = 0
         for p in profiles:
             if p.chunk == c:
                 per_slot += p.output_bytes + p.saved_bytes + (p.input_bytes if p.layer == 0 else 0)
-        total += n * per_slot
+                fws = max(fws, p.forward_workspace_bytes)
+        total += n * (per_slot + fws)
+    total += _backward_pool_bytes(profiles)
     return total
+
+
+def _backward_pool_bytes(profiles: Sequence[LayerProfile]) -> int:
+    if not profiles:
+        return 0
+    return max(p.backward_workspace_bytes + 2 * p.output_bytes for p in profiles)
+
+
+def _arena_sizes(schedule: Schedule, profiles: Sequence[LayerProfile]) -> dict[str, int]:
+    """The one segment to give each pool before capture, from the warm-up profile: a forward
+    pool gets its slot's large tensors (static input, outputs, saved) plus the largest forward
+    workspace; the backward pool its largest workspace plus two output gradients. 2 MiB
+    multiples (the segment granularity). Tensors of 1 MiB or less go to the allocator's small
+    blocks and are not counted."""
+    g = 2 << 20
+    out: dict[str, int] = {}
+    for c, n in enumerate(schedule.slots_per_chunk):
+        kept = 0
+        fws = 0
+        for p in profiles:
+            if p.chunk == c:
+                kept += p.large_kept_bytes
+                if p.layer == 0 and p.input_bytes > _LARGE:
+                    kept += _round512(p.input_bytes)
+                fws = max(fws, p.forward_workspace_bytes)
+        size = (kept + fws) // g * g  # rounded down: a short arena costs one more segment,
+        for s in range(n):            # an oversized one stays unused
+            out[f"fwd/c{c}/s{s}"] = size
+    out["bwd"] = _backward_pool_bytes(profiles) // g * g
+    return out
+
+
+def _give_arena(pool: Any, nbytes: int, stream: Any, device: int) -> None:
+    """Makes the caching allocator take one segment of ``nbytes`` for ``pool`` (on the capture
+    stream, whose blocks capture allocations may use) and leaves it free in the pool: capture
+    then splits its large tensors out of it instead of rounding each 1-10 MiB tensor into a
+    20 MiB segment of its own."""
+    import torch
+
+    if nbytes <= 20 << 20:
+        return
+    tp = getattr(pool, "torch_pool", pool)
+    with torch.cuda.stream(stream), torch.cuda.use_mem_pool(tp, device=device):
+        t = torch.empty((nbytes,), dtype=torch.uint8, device=torch.device("cuda", device))
+        del t
 
 
 def _capture_forward(

@@ -1,19 +1,245 @@
 """GPU: schedule-aware capture replays a whole schedule with slot reuse and gets eager's gradients,
 even when every pool that holds nothing live is overwritten with NaN between schedule steps.
 
+Each case runs in a process of its own (this file is also the child's program): the test process
+never initialises CUDA, every child closes its captures explicitly (graphs before pools) and
+leaves with ``os._exit``, so no result depends on the order in which a garbage collector or the
+interpreter's shutdown destroys graphs and pools; a crash is reported with the case that caused
+it.
+
+Pool kinds: ``torch`` (``torch.cuda.MemPool``), ``torch-xs`` (the same with expandable
+segments) and ``graphpool`` (pools backed by a graphpoold: needs ``$GRAPHPOOL_SOCKET`` naming
+a running daemon with the cuda backend and ``$GRAPHPOOL_SHIM``; skipped otherwise).
+``$GRAPHPOOL_POISON_OUT`` names a JSON-lines file that gets one record per case.
+
 Skipped without torch or CUDA.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from typing import Any
 
-import pytest
+HID, HEADS, FFN, SEQ = 256, 4, 1024, 256
+FLOOR = 1e-3
+
+CASES = {
+    "1f1b-s0": ("one_f_one_b", (4, 0, 10), [3]),
+    "1f1b-last": ("one_f_one_b", (4, 3, 5), [3]),
+    "interleaved": ("interleaved", (2, 0, 6, 2), [2, 2]),
+    "explicit": ("explicit", ([1, 1, 2, -2, 1, -1, 2, 1, -2, -1, 2, -1, -2, -1, 2, -2], 4, 2), [2, 1]),
+}
+KINDS = ["torch", "torch-xs", "graphpool"]
+
+
+# ------------------------------------------------------------------------- the child's program
+
+
+def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU machine
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from graphpool.capture import make_graphed_callables
+    from graphpool.schedule import Schedule
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(HID), nn.LayerNorm(HID)
+            self.qkv, self.proj = nn.Linear(HID, 3 * HID), nn.Linear(HID, HID)
+            self.fc1, self.fc2 = nn.Linear(HID, FFN), nn.Linear(FFN, HID)
+
+        def forward(self, x: Any) -> Any:
+            b, s, h = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, HEADS, h // HEADS).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    def build(chunk_sizes: list[int], dtype: Any) -> list[list[Block]]:
+        torch.manual_seed(0)
+        return [[Block().to("cuda", dtype) for _ in range(n)] for n in chunk_sizes]
+
+    def data(sched: Any, dtype: Any) -> tuple[Any, Any]:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        shape = (2, SEQ, HID)
+        v, m = sched.virtual_chunks, sched.num_microbatches
+        X = [[torch.randn(shape, device="cuda", dtype=dtype, generator=g) for _ in range(m)] for _ in range(v)]
+        G = [[torch.randn(shape, device="cuda", dtype=dtype, generator=g) for _ in range(m)] for _ in range(v)]
+        return X, G
+
+    def params(chunks: list[list[Block]]) -> list[Any]:
+        return [p for ch in chunks for lay in ch for p in lay.parameters()]
+
+    def run(sched: Any, fwd: Any, X: Any, G: Any, between: Any = None, input_grad: bool = True) -> list[Any]:
+        live: dict[tuple[int, int], Any] = {}
+        in_grads = []
+        for st in sched.steps:
+            if between is not None:
+                between()
+            if st.kind == "F":
+                x = X[st.chunk][st.microbatch].detach().requires_grad_(input_grad)
+                live[(st.chunk, st.microbatch)] = (x, fwd(st.chunk, st.microbatch, x))
+            else:
+                x, y = live.pop((st.chunk, st.microbatch))
+                torch.autograd.backward(y, G[st.chunk][st.microbatch])
+                if input_grad:
+                    in_grads.append(x.grad)
+        return in_grads
+
+    def rel(a: Any, b: Any) -> float:
+        d = torch.linalg.vector_norm((a.float() - b.float())).item()
+        n = torch.linalg.vector_norm(b.float()).item()
+        return d / n if n else (0.0 if d == 0 else math.inf)
+
+    def capture_kw(kind: str) -> dict[str, Any]:
+        if kind == "torch":
+            return {"pools": "torch"}
+        if kind == "torch-xs":
+            return {"pools": "torch", "expandable_segments": True}
+        return {"pools": "graphpool"}
+
+    def granted() -> int | None:
+        try:
+            from graphpool import _shim
+
+            st = _shim.stats(torch.cuda.current_device())
+            return st[0] if st else 0
+        except Exception:  # noqa: BLE001 - no shim: torch pools
+            return None
+
+    def poisoned_replay(kind: str, case: str, dtype: Any) -> dict[str, Any]:
+        ctor, args, sizes = CASES[case]
+        sched = getattr(Schedule, ctor)(*args)
+        chunks = build(sizes, dtype)
+        ps = params(chunks)
+        X, G = data(sched, dtype)
+
+        def eager_fwd(c: int, m: int, x: Any) -> Any:
+            for lay in chunks[c]:
+                x = lay(x)
+            return x
+
+        ref = []
+        for _ in range(3):
+            for p in ps:
+                p.grad = None
+            ig = run(sched, eager_fwd, X, G)
+            ref.append(([p.grad.clone() for p in ps], [g.clone() for g in ig]))
+        noise = max(rel(a, b) for a, b in zip(ref[1][0] + ref[2][0], ref[0][0] + ref[0][0]))
+        thr = 1.5 * max(noise, FLOOR)  # one noise sample: a margin, as the benchmark uses
+
+        samples = [(X[c][0].detach().requires_grad_(),) for c in range(len(chunks))]
+        gs = make_graphed_callables(chunks, samples, schedule=sched, num_warmup_iters=1,
+                                    **capture_kw(kind))
+        rec: dict[str, Any] = {"graphs": gs.num_graphs, "pool_kind": gs.stats.pool_kind,
+                               "threshold": thr, "passes": []}
+        try:
+            want = 2 * sum(n * s for n, s in zip(sizes, sched.slots_per_chunk))
+            assert gs.num_graphs == want, (gs.num_graphs, want)
+            assert gs.stats.pool_kind == ("graphpool" if kind == "graphpool" else "torch")
+            rec["granted_bytes"] = granted()
+            rec["reserved_bytes"] = sum(size for _, _, size in gs.pool_segments())
+
+            def graph_fwd(c: int, m: int, x: Any) -> Any:
+                for call in gs.chunk(c, m):
+                    x = call(x)
+                return x
+
+            for it in range(2):
+                poisoned: list[int] = []
+                # set_to_none on one pass, zero on the other: both must accumulate like eager
+                for p in ps:
+                    if it == 0:
+                        p.grad = None
+                    else:
+                        p.grad.zero_()
+                ig = run(sched, graph_fwd, X, G, between=lambda: poisoned.append(gs.poison()))
+                assert sum(poisoned) > 0, "nothing was poisoned"
+                diffs = [rel(p.grad, r) for p, r in zip(ps, ref[0][0])]
+                bad = [(i, d) for i, d in enumerate(diffs) if not d <= thr]
+                # the chunk-input gradients leave the pools: still right after later poisoning
+                bad_in = [i for i, (a, b) in enumerate(zip(ig, ref[0][1])) if not rel(a, b) <= thr]
+                rec["passes"].append({"poisoned_bytes": sum(poisoned), "max_rel": max(diffs),
+                                      "bad": len(bad), "tensors": len(diffs), "bad_input_grads": len(bad_in)})
+                assert not bad, f"{len(bad)}/{len(ps)} parameter gradients off (thr {thr:.2e}): {bad[:5]}"
+                assert not bad_in, f"{len(bad_in)} chunk-input gradients off"
+        finally:
+            gs.close()
+        rec["granted_after_close_bytes"] = granted()
+        return rec
+
+    kind, case = argv[0], argv[1]
+    out = os.environ.get("GRAPHPOOL_POISON_OUT")
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16):
+        rec: dict[str, Any] = {"kind": kind, "case": case, "dtype": str(dtype).replace("torch.", "")}
+        try:
+            rec.update(poisoned_replay(kind, case, dtype))
+            rec["ok"] = True
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            import traceback
+
+            rec.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-1500:])
+            ok = False
+        torch.cuda.synchronize()
+        line = json.dumps(rec)
+        print("RESULT " + line, flush=True)
+        if out:
+            with open(out, "a") as f:
+                f.write(line + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.stdout.flush()
+    rc = _child_main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # no interpreter shutdown: nothing left to the garbage collector's order
+
+
+# ------------------------------------------------------------------------------- the tests
+
+import pytest  # noqa: E402
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("needs a CUDA device", allow_module_level=True)
+
+
+def _daemon_ready() -> bool:
+    sock = os.environ.get("GRAPHPOOL_SOCKET", "")
+    shim = os.environ.get("GRAPHPOOL_SHIM", "")
+    return bool(sock) and os.path.exists(sock) and bool(shim) and os.path.exists(shim)
+
+
+def _child(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env["PYTHONPATH"] = os.path.abspath(src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kind", KINDS)
+def test_poisoned_replay_matches_eager(kind: str, case: str) -> None:
+    if kind == "graphpool" and not _daemon_ready():
+        pytest.skip("needs $GRAPHPOOL_SOCKET (a cuda-backend graphpoold) and $GRAPHPOOL_SHIM")
+    r = _child(kind, case)
+    results = [json.loads(l[7:]) for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    detail = f"rc {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.returncode == 0, detail
+    assert len(results) == 2 and all(x["ok"] for x in results), detail
+
+
+# In-process tests below: each closes its capture in a finally block.
 
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
@@ -21,11 +247,8 @@ from torch import nn  # noqa: E402
 from graphpool.capture import make_graphed_callables  # noqa: E402
 from graphpool.schedule import Schedule  # noqa: E402
 
-HID, HEADS, FFN, SEQ = 256, 4, 1024, 256
-FLOOR = 1e-3
 
-
-class Block(nn.Module):
+class _Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(HID), nn.LayerNorm(HID)
@@ -40,159 +263,54 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
-def build(chunk_sizes: list[int], dtype: Any) -> list[list[Block]]:
+def _build(n: int) -> list[_Block]:
     torch.manual_seed(0)
-    out = []
-    for n in chunk_sizes:
-        out.append([Block().to("cuda", dtype) for _ in range(n)])
-    return out
+    return [_Block().to("cuda") for _ in range(n)]
 
 
-def data(sched: Schedule, dtype: Any) -> tuple[list[list[Any]], list[list[Any]]]:
+def _data(m: int) -> tuple[list[Any], list[Any]]:
     g = torch.Generator(device="cuda").manual_seed(1)
-    shape = (2, SEQ, HID)
-    v, m = sched.virtual_chunks, sched.num_microbatches
-    X = [[torch.randn(shape, device="cuda", dtype=dtype, generator=g) for _ in range(m)] for _ in range(v)]
-    G = [[torch.randn(shape, device="cuda", dtype=dtype, generator=g) for _ in range(m)] for _ in range(v)]
+    X = [torch.randn((2, SEQ, HID), device="cuda", generator=g) for _ in range(m)]
+    G = [torch.randn((2, SEQ, HID), device="cuda", generator=g) for _ in range(m)]
     return X, G
-
-
-def params(chunks: list[list[Block]]) -> list[Any]:
-    return [p for ch in chunks for lay in ch for p in lay.parameters()]
-
-
-def run(sched: Schedule, fwd: Any, X: Any, G: Any, between: Any = None, input_grad: bool = True) -> list[Any]:
-    live: dict[tuple[int, int], Any] = {}
-    in_grads = []
-    for st in sched.steps:
-        if between is not None:
-            between()
-        if st.kind == "F":
-            x = X[st.chunk][st.microbatch].detach().requires_grad_(input_grad)
-            live[(st.chunk, st.microbatch)] = (x, fwd(st.chunk, st.microbatch, x))
-        else:
-            x, y = live.pop((st.chunk, st.microbatch))
-            torch.autograd.backward(y, G[st.chunk][st.microbatch])
-            if input_grad:
-                in_grads.append(x.grad)
-    return in_grads
-
-
-def rel(a: Any, b: Any) -> float:
-    d = torch.linalg.vector_norm((a.float() - b.float())).item()
-    n = torch.linalg.vector_norm(b.float()).item()
-    return d / n if n else (0.0 if d == 0 else math.inf)
-
-
-CASES = {
-    "1f1b-s0": (lambda: Schedule.one_f_one_b(4, 0, 10), [3]),
-    "1f1b-last": (lambda: Schedule.one_f_one_b(4, 3, 5), [3]),
-    "interleaved": (lambda: Schedule.interleaved(2, 0, 6, 2), [2, 2]),
-    "explicit": (lambda: Schedule.explicit([1, 1, 2, -2, 1, -1, 2, 1, -2, -1, 2, -1, -2, -1, 2, -2], 4, 2), [2, 1]),
-}
-
-
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_poisoned_replay_matches_eager(case: str, dtype: Any) -> None:
-    mk, sizes = CASES[case]
-    sched = mk()
-    chunks = build(sizes, dtype)
-    ps = params(chunks)
-    X, G = data(sched, dtype)
-
-    def eager_fwd(c: int, m: int, x: Any) -> Any:
-        for lay in chunks[c]:
-            x = lay(x)
-        return x
-
-    ref = []
-    for _ in range(3):
-        for p in ps:
-            p.grad = None
-        ig = run(sched, eager_fwd, X, G)
-        ref.append(([p.grad.clone() for p in ps], [g.clone() for g in ig]))
-    noise = max(rel(a, b) for a, b in zip(ref[1][0] + ref[2][0], ref[0][0] + ref[0][0]))
-    thr = 1.5 * max(noise, FLOOR)  # one noise sample: a margin, as the benchmark uses
-
-    samples = [(X[c][0].detach().requires_grad_(),) for c in range(len(chunks))]
-    gs = make_graphed_callables(chunks, samples, schedule=sched,
-                                pools="torch", num_warmup_iters=1)
-    assert gs.num_graphs == 2 * sum(n * s for n, s in zip(sizes, sched.slots_per_chunk))
-
-    def graph_fwd(c: int, m: int, x: Any) -> Any:
-        for call in gs.chunk(c, m):
-            x = call(x)
-        return x
-
-    poisoned = []
-    for it in range(2):
-        # set_to_none on one pass, zero on the other: both must accumulate like eager
-        for p in ps:
-            if it == 0:
-                p.grad = None
-            else:
-                p.grad.zero_()
-        ig = run(sched, graph_fwd, X, G, between=lambda: poisoned.append(gs.poison()))
-        assert sum(poisoned) > 0
-        bad = [(i, rel(p.grad, r)) for i, (p, r) in enumerate(zip(ps, ref[0][0]))
-               if not rel(p.grad, r) <= thr]
-        assert not bad, f"{len(bad)}/{len(ps)} parameter gradients off (thr {thr:.2e}): {bad[:5]}"
-        # the chunk-input gradients leave the pools: still right after later poisoning
-        for a, b in zip(ig, ref[0][1]):
-            assert rel(a, b) <= thr
-    gs.close()
 
 
 def test_out_of_order_call_is_refused() -> None:
     sched = Schedule.one_f_one_b(2, 0, 4)  # 2 slots
-    chunks = build([2], torch.float32)
-    X, G = data(sched, torch.float32)
-    gs = make_graphed_callables(chunks[0], [(X[0][0].detach().requires_grad_(),)], schedule=sched,
+    layers = _build(2)
+    X, G = _data(4)
+    gs = make_graphed_callables(layers, [(X[0].detach().requires_grad_(),)], schedule=sched,
                                 pools="torch", num_warmup_iters=1)
-    ys = [gs[1, m](gs[0, m](X[0][m])) for m in range(2)]
-    with pytest.raises(RuntimeError, match="still held by microbatch 0"):
-        gs[0, 2](X[0][2])  # microbatch 2 reuses slot 0 before microbatch 0's backward
-    torch.autograd.backward(ys[0], G[0][0])
-    gs[0, 2](X[0][2])  # now it may
-    gs.close()
+    try:
+        ys = [gs[1, m](gs[0, m](X[m])) for m in range(2)]
+        with pytest.raises(RuntimeError, match="still held by microbatch 0"):
+            gs[0, 2](X[2])  # microbatch 2 reuses slot 0 before microbatch 0's backward
+        torch.autograd.backward(ys[0], G[0])
+        gs[0, 2](X[2])  # now it may
+        del ys
+    finally:
+        gs.close()
 
 
 def test_input_without_grad_still_accumulates_params() -> None:
     sched = Schedule.one_f_one_b(2, 1, 3)
-    chunks = build([2], torch.float32)
-    ps = params(chunks)
-    X, G = data(sched, torch.float32)
-
-    def eager_fwd(c: int, m: int, x: Any) -> Any:
-        for lay in chunks[c]:
-            x = lay(x)
-        return x
-
-    run(sched, eager_fwd, X, G, input_grad=False)
+    layers = _build(2)
+    ps = [p for lay in layers for p in lay.parameters()]
+    X, G = _data(3)
+    for m in range(3):
+        torch.autograd.backward(layers[1](layers[0](X[m])), G[m])
     ref = [p.grad.clone() for p in ps]
-    gs = make_graphed_callables(chunks[0], [(X[0][0],)], schedule=sched, pools="torch",
-                                num_warmup_iters=1)
-    for p in ps:
-        p.grad = None
-    run(sched, lambda c, m, x: gs[1, m](gs[0, m](x)), X, G, input_grad=False)
-    for p, r in zip(ps, ref):
-        assert rel(p.grad, r) <= 1e-2  # nondeterministic attention backward: loose
-    gs.close()
-
-
-def test_expandable_segments_pools_match_eager() -> None:
-    sched = Schedule.one_f_one_b(3, 0, 7)
-    chunks = build([2], torch.float32)
-    ps = params(chunks)
-    X, G = data(sched, torch.float32)
-    run(sched, lambda c, m, x: chunks[0][1](chunks[0][0](x)), X, G)
-    ref = [p.grad.clone() for p in ps]
-    gs = make_graphed_callables(chunks[0], [(X[0][0].detach().requires_grad_(),)], schedule=sched,
-                                pools="torch", num_warmup_iters=1, expandable_segments=True)
-    for p in ps:
-        p.grad = None
-    run(sched, lambda c, m, x: gs[1, m](gs[0, m](x)), X, G, between=gs.poison)
-    for p, r in zip(ps, ref):
-        assert rel(p.grad, r) <= 1e-2
-    gs.close()
+    gs = make_graphed_callables(layers, [(X[0],)], schedule=sched, pools="torch", num_warmup_iters=1)
+    try:
+        for p in ps:
+            p.grad = None
+        for st in sched.steps:  # last stage: F then B of each microbatch
+            if st.kind == "F":
+                y = gs[1, st.microbatch](gs[0, st.microbatch](X[st.microbatch]))
+            else:
+                torch.autograd.backward(y, G[st.microbatch])
+        for p, r in zip(ps, ref):
+            d = torch.linalg.vector_norm(p.grad - r) / torch.linalg.vector_norm(r)
+            assert d.item() <= 1e-2  # nondeterministic attention backward: loose
+    finally:
+        gs.close()
