@@ -238,11 +238,14 @@ pub struct CudaConfig {
     pub reserve_bytes: u64,
     /// Only these devices (indices or UUIDs); empty = all.
     pub devices: Vec<String>,
+    /// Most bytes per device kept created and exported ahead of requests (0 disables the
+    /// warm stock); always within the device budget's headroom.
+    pub warm_stock_bytes: u64,
 }
 
 impl Default for CudaConfig {
     fn default() -> Self {
-        CudaConfig { reserve_bytes: 4 << 30, devices: Vec::new() }
+        CudaConfig { reserve_bytes: 4 << 30, devices: Vec::new(), warm_stock_bytes: 2 << 30 }
     }
 }
 
@@ -313,6 +316,7 @@ struct FileHost {
 struct FileCuda {
     reserve: Option<SizeValue>,
     devices: Option<Vec<String>>,
+    warm_stock: Option<SizeValue>,
 }
 
 /// A size in the file: a byte count or a string with a unit.
@@ -460,6 +464,8 @@ impl Config {
         let cuda = CudaConfig {
             reserve_bytes: opt_size(&file.cuda.reserve, "cuda.reserve")?.unwrap_or(cd.reserve_bytes),
             devices: file.cuda.devices.unwrap_or_default(),
+            warm_stock_bytes: opt_size(&file.cuda.warm_stock, "cuda.warm_stock")?
+                .unwrap_or(cd.warm_stock_bytes),
         };
 
         let drain_timeout = match file.drain_timeout_seconds {

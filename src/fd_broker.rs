@@ -103,7 +103,7 @@ fn lookup(
     ledger: &Ledger,
     peer: &Peer,
     req: &FdRequest,
-) -> (FdResponse, Option<Arc<dyn crate::backend::Segment>>) {
+) -> (FdResponse, Option<crate::ledger::SharedSegment>) {
     match ledger.segment_for(req.session_id, peer, req.grant_id) {
         Ok(seg) => {
             let resp = FdResponse {

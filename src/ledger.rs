@@ -338,8 +338,11 @@ impl SessionRec {
 #[derive(Debug)]
 struct GrantRec {
     view: GrantView,
-    segment: Option<Arc<dyn Segment>>,
+    segment: Option<SharedSegment>,
 }
+
+/// A granted segment, shared with the fd broker while it sends the fd.
+pub type SharedSegment = Arc<Box<dyn Segment>>;
 
 #[derive(Debug)]
 struct State {
@@ -647,7 +650,12 @@ impl Ledger {
         let (job, rank) = (s.view.job_id.clone(), s.view.rank);
         let s = &st.sessions[&session];
         self.admit(&st, device, &job, rank, Some(s), rounded)?;
-        let segment = match self.backend.allocate(device, rounded) {
+        // What the budget leaves on the device once this grant is charged.
+        let increase = s.view.granted_bytes.saturating_add(rounded).max(s.view.reserved_bytes) - s.charge();
+        let dev_charge: u64 =
+            st.sessions.values().filter(|x| x.view.device == device).map(SessionRec::charge).sum();
+        let headroom = self.budget_of(&st, device).saturating_sub(dev_charge + increase);
+        let segment = match self.backend.allocate(device, rounded, headroom) {
             Ok(seg) => seg,
             Err(BackendError::OutOfMemory { .. }) => {
                 let holders = top_holders(st.sessions.values().filter(|s| s.view.device == device));
@@ -689,7 +697,7 @@ impl Ledger {
         s.view.granted_bytes += rounded;
         s.view.grants += 1;
         s.grant_ids.push(id);
-        st.grants.insert(id, GrantRec { view: view.clone(), segment: Some(Arc::from(segment)) });
+        st.grants.insert(id, GrantRec { view: view.clone(), segment: Some(Arc::new(segment)) });
         Ok(view)
     }
 
@@ -709,17 +717,13 @@ impl Ledger {
             s.grant_ids.retain(|id| *id != grant);
             g
         };
-        // The segment (and its backend handle) is dropped outside the lock.
+        // The segment (and its backend handle) is destroyed outside the lock.
+        self.retire(removed.segment);
         Ok(removed.view)
     }
 
     /// The segment behind a grant, if `peer` owns the grant's session.
-    pub fn segment_for(
-        &self,
-        session: u64,
-        peer: &Peer,
-        grant: u64,
-    ) -> Result<Arc<dyn Segment>, LedgerError> {
+    pub fn segment_for(&self, session: u64, peer: &Peer, grant: u64) -> Result<SharedSegment, LedgerError> {
         let mut st = self.lock();
         Self::session_of(&mut st, session, peer)?;
         let g = st.grants.get(&grant).ok_or(LedgerError::UnknownGrant(grant))?;
@@ -746,12 +750,22 @@ impl Ledger {
             }
             ((rec.view, released), segments)
         };
-        drop(segments);
+        for seg in segments {
+            self.retire(seg);
+        }
         tracing::info!(
             session, job = %view.0.job_id, rank = view.0.rank, pid = view.0.peer.pid,
             grants = view.1.grants, bytes = view.1.bytes, reason = reason.as_str(), "session ended"
         );
         Some(view)
+    }
+
+    /// Hands a released segment to the backend for destruction; if the fd broker still holds
+    /// it, it is destroyed when the broker lets go.
+    fn retire(&self, segment: Option<SharedSegment>) {
+        if let Some(Ok(seg)) = segment.map(Arc::try_unwrap) {
+            self.backend.retire(seg);
+        }
     }
 
     /// Sets the session's reservation (e.g. from a reserved plan), admitting the increase.

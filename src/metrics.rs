@@ -128,6 +128,11 @@ impl Metrics {
             per_dev(&|d| d.planned_bytes),
         );
         gauge("graphpool_grants", "Grants held.", per_dev(&|d| u64::from(d.grants)));
+        gauge(
+            "graphpool_device_warm_bytes",
+            "Bytes created and exported ahead of requests (warm stock), within the budget's headroom.",
+            per_dev(&|d| ledger.backend().idle_bytes(d.info.index)),
+        );
         let driver: Vec<(String, u64)> = devices
             .iter()
             .filter_map(|d| ledger.backend().driver_memory(d.info.index).map(|m| (dl(d), m.used_bytes)))

@@ -117,7 +117,12 @@ impl DeviceBackend for CudaBackend {
         self.capacity.get(device as usize).copied()
     }
 
-    fn allocate(&self, device: u32, size_bytes: u64) -> Result<Box<dyn Segment>, BackendError> {
+    fn allocate(
+        &self,
+        device: u32,
+        size_bytes: u64,
+        _headroom: u64,
+    ) -> Result<Box<dyn Segment>, BackendError> {
         let info = self.devices.get(device as usize).ok_or(BackendError::UnknownDevice(device))?;
         let handle = self.handles[device as usize];
         debug_assert_eq!(size_bytes % info.granularity_bytes, 0);
@@ -391,7 +396,7 @@ mod tests {
     /// (on a GPU machine), it enumerates devices and a segment can be created and exported.
     #[test]
     fn open_without_driver_is_an_error_and_with_one_allocates() {
-        let config = CudaConfig { reserve_bytes: 1 << 30, devices: Vec::new() };
+        let config = CudaConfig { reserve_bytes: 1 << 30, ..CudaConfig::default() };
         match CudaBackend::open(&config) {
             Err(BackendError::DriverUnavailable(_)) | Err(BackendError::NoDevice) => {}
             Err(e) => panic!("unexpected error: {e}"),
@@ -403,10 +408,13 @@ mod tests {
                     b.capacity_bytes(0),
                     Some((d.total_bytes - (1 << 30)) / d.granularity_bytes * d.granularity_bytes)
                 );
-                let s = b.allocate(0, d.granularity_bytes).unwrap();
+                let s = b.allocate(0, d.granularity_bytes, 0).unwrap();
                 assert_eq!(s.size_bytes(), d.granularity_bytes);
                 assert_eq!(s.handle_kind(), HANDLE_KIND);
-                assert!(matches!(b.allocate(99, d.granularity_bytes), Err(BackendError::UnknownDevice(99))));
+                assert!(matches!(
+                    b.allocate(99, d.granularity_bytes, 0),
+                    Err(BackendError::UnknownDevice(99))
+                ));
             }
         }
     }

@@ -41,7 +41,12 @@ impl DeviceBackend for HostBackend {
         &self.devices
     }
 
-    fn allocate(&self, device: u32, size_bytes: u64) -> Result<Box<dyn Segment>, BackendError> {
+    fn allocate(
+        &self,
+        device: u32,
+        size_bytes: u64,
+        _headroom: u64,
+    ) -> Result<Box<dyn Segment>, BackendError> {
         let info = self.devices.get(device as usize).ok_or(BackendError::UnknownDevice(device))?;
         debug_assert_eq!(size_bytes % info.granularity_bytes, 0);
         Ok(Box::new(MemfdSegment::create(device, size_bytes)?))
@@ -108,7 +113,7 @@ mod tests {
     fn segment_is_sealed_memfd_of_the_size() {
         let b = HostBackend::new(&HostConfig::default()).unwrap();
         assert_eq!(b.devices().len(), 2);
-        let s = b.allocate(1, 4 << 20).unwrap();
+        let s = b.allocate(1, 4 << 20, 0).unwrap();
         let fd = s.fd().as_raw_fd();
         // SAFETY: fstat on a valid fd into a zeroed struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -118,6 +123,6 @@ mod tests {
         assert_ne!(unsafe { libc::ftruncate(fd, 8 << 20) }, 0);
         let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
         assert_ne!(seals & libc::F_SEAL_GROW, 0);
-        assert!(matches!(b.allocate(9, 2 << 20), Err(BackendError::UnknownDevice(9))));
+        assert!(matches!(b.allocate(9, 2 << 20, 0), Err(BackendError::UnknownDevice(9))));
     }
 }

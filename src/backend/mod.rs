@@ -9,6 +9,7 @@
 pub mod cuda;
 pub mod host;
 pub mod nvml;
+pub mod stock;
 
 use std::fmt;
 use std::os::fd::BorrowedFd;
@@ -83,7 +84,18 @@ pub trait DeviceBackend: Send + Sync + fmt::Debug {
     /// The devices, in index order.
     fn devices(&self) -> &[DeviceInfo];
     /// Creates a segment of `size_bytes` (already a multiple of the granularity) on `device`.
-    fn allocate(&self, device: u32, size_bytes: u64) -> Result<Box<dyn Segment>, BackendError>;
+    /// `headroom` is what graphpool's budget on the device still allows after this grant: a
+    /// backend that keeps memory of its own (a warm stock) keeps at most that much.
+    fn allocate(&self, device: u32, size_bytes: u64, headroom: u64)
+    -> Result<Box<dyn Segment>, BackendError>;
+    /// Destroys a released segment, possibly off the caller's path.
+    fn retire(&self, segment: Box<dyn Segment>) {
+        drop(segment);
+    }
+    /// Bytes the backend holds on `device` that are not granted (a warm stock).
+    fn idle_bytes(&self, _device: u32) -> u64 {
+        0
+    }
     /// Live memory figures from the driver (NVML), where available.
     fn driver_memory(&self, device: u32) -> Option<DriverMemory>;
     /// What graphpool may grant on `device`: its total memory minus the configured reserve
@@ -144,20 +156,28 @@ pub enum BackendError {
 pub fn open(config: &Config) -> Result<Arc<dyn DeviceBackend>, BackendError> {
     match config.backend {
         BackendChoice::Host => Ok(Arc::new(host::HostBackend::new(&config.host)?)),
-        BackendChoice::Cuda => Ok(Arc::new(cuda::CudaBackend::open(&config.cuda)?)),
+        BackendChoice::Cuda => Ok(stocked(cuda::CudaBackend::open(&config.cuda)?, config)),
         BackendChoice::Auto => match cuda::CudaBackend::open(&config.cuda) {
             Ok(b) => {
                 tracing::info!(
                     devices = b.devices().len(),
                     "backend auto: CUDA driver and GPU found, using the cuda backend"
                 );
-                Ok(Arc::new(b))
+                Ok(stocked(b, config))
             }
             Err(e) => {
                 tracing::info!(reason = %e, "backend auto: no usable CUDA GPU, using the host (memfd) backend");
                 Ok(Arc::new(host::HostBackend::new(&config.host)?))
             }
         },
+    }
+}
+
+fn stocked(b: cuda::CudaBackend, config: &Config) -> Arc<dyn DeviceBackend> {
+    let b: Arc<dyn DeviceBackend> = Arc::new(b);
+    match config.cuda.warm_stock_bytes {
+        0 => b,
+        max => Arc::new(stock::Stocked::new(b, max)),
     }
 }
 
