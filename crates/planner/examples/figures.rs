@@ -34,30 +34,39 @@ fn main() {
             cases.push((format!("random n={n} seed={seed}"), workload::random(n, seed)));
         }
     }
+    for n in [1_000, 10_000, 100_000] {
+        for seed in 1..=3 {
+            cases.push((format!("uniform n={n} seed={seed}"), workload::random_uniform(n, seed)));
+        }
+    }
     for n in [100, 1_000, 10_000] {
         for seed in 1..=3 {
             cases.push((format!("packed n={n} seed={seed}"), workload::packed(n, seed)));
         }
     }
     println!(
-        "{:<36} {:>8} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8}  strategy",
-        "workload", "buffers", "floor", "greedy", "ratio", "time", "win", "steps"
+        "{:<36} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8}  strategy",
+        "workload", "buffers", "floor", "greedy", "ratio", "vs-live", "time", "win", "steps"
     );
     for (name, buffers) in cases {
         if !name.contains(&filter) {
             continue;
         }
-        let opts = PlaceOptions { time_budget: Duration::from_secs(1), ..PlaceOptions::default() };
+        let mut opts = PlaceOptions { time_budget: Duration::from_secs(1), ..PlaceOptions::default() };
+        if std::env::var("GP_UNCAPPED").is_ok() {
+            opts.scaled_budget_per_item = None;
+        }
         let p = place(&buffers, &opts).expect("valid workload");
         verify(&buffers, &p.offsets).expect("valid placement");
         let r = |x: u64| x as f64 / p.lower_bound.max(1) as f64;
         println!(
-            "{:<36} {:>8} {:>9.4} {:>9.4} {:>9.4} {:>8.1}ms {:>6} {:>8}  {}",
+            "{:<36} {:>8} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.1}ms {:>6} {:>8}  {}",
             name,
             buffers.len(),
             r(p.floor_footprint),
             r(p.greedy_footprint),
             p.ratio(),
+            p.footprint as f64 / p.live_bound.max(1) as f64,
             p.elapsed.as_secs_f64() * 1e3,
             p.windows,
             p.improvement_steps,

@@ -154,8 +154,12 @@ pub struct Placement {
     pub offsets: Vec<u64>,
     /// Bytes of the arena: the highest `offset + size`.
     pub footprint: u64,
-    /// Most bytes live at any time; no placement can use less.
+    /// No placement can use less: the larger of [`Placement::live_bound`] and, with alias
+    /// groups, the weight of a clique of pairwise conflicting groups (see the module docs).
     pub lower_bound: u64,
+    /// Most bytes live at any time (each buffer at its own size; members of one group that
+    /// are live together count once).
+    pub live_bound: u64,
     /// What produced the placement (a strategy name, `mixed(...)` when windows chose
     /// different strategies, `+improved` when the improvement stage lowered it, `exact`).
     pub strategy: String,
@@ -247,6 +251,11 @@ struct Problem {
     /// Item of each buffer; `u32::MAX` for buffers that are never live or have size 0.
     item_of: Vec<u32>,
     ranks: u32,
+    /// Smallest member of each item (its weight in the alias bound).
+    wmin: Vec<u64>,
+    /// Most bytes live at any time counting every buffer at its own size (members of one
+    /// group that are live together count once, as the largest of them).
+    live_bound: u64,
 }
 
 impl Problem {
@@ -256,6 +265,7 @@ impl Problem {
         let mut size: Vec<u64> = Vec::new();
         let mut item_of = vec![u32::MAX; buffers.len()];
         let mut times = Vec::with_capacity(buffers.len() * 2);
+        let mut members: Vec<(u32, u64, u64, u64)> = Vec::with_capacity(buffers.len());
         for (index, b) in buffers.iter().enumerate() {
             if b.end < b.start {
                 return Err(PlaceError::Reversed { index, start: b.start, end: b.end });
@@ -277,6 +287,7 @@ impl Problem {
             };
             item_of[index] = item;
             item_ivs[item as usize].push((b.start, b.end));
+            members.push((item, b.start, b.end, b.size));
             size[item as usize] = size[item as usize].max(b.size);
             times.push(b.start);
             times.push(b.end);
@@ -305,6 +316,8 @@ impl Problem {
             peak: Vec::new(),
             item_of,
             ranks: times.len() as u32,
+            wmin: Vec::new(),
+            live_bound: 0,
         };
         p.ivp.push(0);
         for mut ivs in item_ivs {
@@ -326,6 +339,53 @@ impl Problem {
             p.ivp.push(p.ivs.len() as u32);
         }
         p.peak = p.peaks();
+        // The bound counts every buffer at its own size: per item, the largest member live
+        // at each moment (members of one item overlap in memory, so they count once).
+        p.wmin = vec![u64::MAX; n];
+        members.sort_unstable();
+        let mut diff = vec![0i128; p.ranks as usize + 1];
+        let mut k = 0;
+        while k < members.len() {
+            let item = members[k].0;
+            let mut j = k;
+            while j < members.len() && members[j].0 == item {
+                p.wmin[item as usize] = p.wmin[item as usize].min(members[j].3);
+                j += 1;
+            }
+            if j - k == 1 {
+                let (_, s, e, size) = members[k];
+                diff[rank(s) as usize] += size as i128;
+                diff[rank(e) as usize] -= size as i128;
+            } else {
+                // Sweep the members' events keeping the multiset of live sizes.
+                let mut ev: Vec<(u64, bool, u64)> =
+                    members[k..j].iter().flat_map(|&(_, s, e, z)| [(s, true, z), (e, false, z)]).collect();
+                ev.sort_unstable();
+                let mut sizes: BTreeMap<u64, u32> = BTreeMap::new();
+                let mut cur = 0u64;
+                for (t, is_start, z) in ev {
+                    if is_start {
+                        *sizes.entry(z).or_insert(0) += 1;
+                    } else if let Some(c) = sizes.get_mut(&z) {
+                        *c -= 1;
+                        if *c == 0 {
+                            sizes.remove(&z);
+                        }
+                    }
+                    let now = sizes.last_key_value().map_or(0, |(&z, _)| z);
+                    if now != cur {
+                        diff[rank(t) as usize] += now as i128 - cur as i128;
+                        cur = now;
+                    }
+                }
+            }
+            k = j;
+        }
+        let mut live = 0i128;
+        for d in &diff {
+            live += d;
+            p.live_bound = p.live_bound.max(live as u64);
+        }
         Ok(p)
     }
 
@@ -388,9 +448,71 @@ impl Problem {
         &self.ivs[self.ivp[i] as usize..self.ivp[i + 1] as usize]
     }
 
-    /// The most bytes live at any rank.
+    /// The most bytes live at any rank (see [`Problem::live_bound`]).
     fn lower_bound(&self) -> u64 {
-        self.peak.iter().copied().max().unwrap_or(0)
+        self.live_bound
+    }
+
+    /// Whether items `a` and `b` are live at a common rank.
+    fn conflict(&self, a: usize, b: usize) -> bool {
+        let (x, y) = (self.ivs(a), self.ivs(b));
+        let (mut i, mut j) = (0, 0);
+        while i < x.len() && j < y.len() {
+            if x[i].0 < y[j].1 && y[j].0 < x[i].1 {
+                return true;
+            }
+            if x[i].1 <= y[j].1 {
+                i += 1;
+            } else {
+                j += 1;
+            }
+        }
+        false
+    }
+
+    /// A lower bound that sees alias groups: the weight of a clique of items that are
+    /// pairwise live at a common time (a different time for every pair is allowed).
+    ///
+    /// **Validity.** Let items `A` and `B` conflict: some member `a` of `A` and `b` of `B`
+    /// are live at a common time, so the byte ranges `[o_A, o_A + |a|)` and
+    /// `[o_B, o_B + |b|)` are disjoint in every valid placement (members of a group share
+    /// the group's offset `o`). With `w_X` ≤ the size of every member of `X`, the ranges
+    /// `[o_X, o_X + w_X)` of a clique (items pairwise in conflict) are then pairwise
+    /// disjoint and all lie in `[0, footprint)`, so `Σ w_X ≤ footprint` for every valid
+    /// placement. Any clique gives a valid bound, so this one is grown greedily from the
+    /// items live at the busiest moments and stops at `deadline` with what it has.
+    ///
+    /// Without multi-interval items a clique of intervals has a common point (Helly), so
+    /// this is never above the live bound and is skipped.
+    fn alias_bound(&self, deadline: Instant) -> u64 {
+        let n = self.len();
+        if self.ivs.len() == n {
+            return 0;
+        }
+        // Greedy clique: items in order of weight × lifetime (long, large groups first),
+        // each taken when it conflicts with every item taken so far. The item that blocked
+        // the previous candidate is tried first (it usually blocks the next one too).
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_unstable_by_key(|&i| std::cmp::Reverse(self.wmin[i] as u128 * self.life[i] as u128));
+        let mut clique: Vec<usize> = Vec::new();
+        let mut weight = 0u64;
+        let mut blocker = 0usize;
+        for (k, &x) in order.iter().enumerate() {
+            if k % 64 == 0 && Instant::now() > deadline {
+                break;
+            }
+            if blocker < clique.len() && !self.conflict(x, clique[blocker]) {
+                continue;
+            }
+            match clique.iter().position(|&y| !self.conflict(x, y)) {
+                Some(b) => blocker = b,
+                None => {
+                    clique.push(x);
+                    weight += self.wmin[x];
+                }
+            }
+        }
+        weight
     }
 
     /// Average interval length in ranks.
@@ -421,27 +543,58 @@ struct Entry {
     item: u32,
 }
 
-/// Placed intervals, bucketed by compressed clock rank; each bucket sorted by offset.
+/// Placed intervals, bucketed by compressed clock rank at several resolutions; each bucket
+/// sorted by offset. An interval goes to the finest level whose buckets are at least as
+/// wide as it is (so it lands in one or two buckets), which keeps short queries from
+/// scanning long-lived entries bucket by bucket and long ones from being copied into many.
 #[derive(Debug, Clone)]
 struct Index {
+    levels: Vec<Level>,
+}
+
+#[derive(Debug, Clone)]
+struct Level {
     shift: u32,
+    entries: usize,
     buckets: Vec<Vec<Entry>>,
 }
 
+/// Bucket width of the finest level: 2^BASE_SHIFT ranks; each level is 4 times wider.
+const BASE_SHIFT: u32 = 3;
+
 impl Index {
     fn new(p: &Problem) -> Index {
-        let width = (p.mean_span().max(8)).next_power_of_two();
-        let shift = width.trailing_zeros();
-        let n = ((p.ranks as usize) >> shift) + 1;
-        Index { shift, buckets: vec![Vec::new(); n] }
+        let mut levels = Vec::new();
+        let mut shift = BASE_SHIFT;
+        loop {
+            let n = ((p.ranks as usize) >> shift) + 1;
+            levels.push(Level { shift, entries: 0, buckets: vec![Vec::new(); n] });
+            if n == 1 {
+                break;
+            }
+            shift += 2;
+        }
+        Index { levels }
+    }
+
+    fn level_of(&self, s: u32, e: u32) -> usize {
+        let len = e - s;
+        let mut k = 0;
+        while k + 1 < self.levels.len() && len > (1u32 << self.levels[k].shift) {
+            k += 1;
+        }
+        k
     }
 
     fn insert(&mut self, p: &Problem, item: usize, off: u64) {
         let top = off + p.size[item];
         for &(s, e) in p.ivs(item) {
             let en = Entry { off, top, s, e, item: item as u32 };
-            for b in (s >> self.shift)..=((e - 1) >> self.shift) {
-                let bucket = &mut self.buckets[b as usize];
+            let k = self.level_of(s, e);
+            let level = &mut self.levels[k];
+            level.entries += 1;
+            for b in (s >> level.shift)..=((e - 1) >> level.shift) {
+                let bucket = &mut level.buckets[b as usize];
                 let pos = bucket.partition_point(|x| x.off <= off);
                 bucket.insert(pos, en);
             }
@@ -450,8 +603,11 @@ impl Index {
 
     fn remove(&mut self, p: &Problem, item: usize, off: u64) {
         for &(s, e) in p.ivs(item) {
-            for b in (s >> self.shift)..=((e - 1) >> self.shift) {
-                let bucket = &mut self.buckets[b as usize];
+            let k = self.level_of(s, e);
+            let level = &mut self.levels[k];
+            level.entries -= 1;
+            for b in (s >> level.shift)..=((e - 1) >> level.shift) {
+                let bucket = &mut level.buckets[b as usize];
                 let mut pos = bucket.partition_point(|x| x.off < off);
                 while bucket[pos].item != item as u32 || bucket[pos].s != s {
                     pos += 1;
@@ -461,23 +617,36 @@ impl Index {
         }
     }
 
-    /// Appends `(offset, top)` of every placed interval overlapping `[s, e)` to `out`;
-    /// clears `sorted` when `out` is no longer sorted by offset.
-    fn query(&self, s: u32, e: u32, out: &mut Vec<(u64, u64)>, sorted: &mut bool) {
-        let b0 = s >> self.shift;
-        let b1 = (e - 1) >> self.shift;
-        for b in b0..=b1 {
-            for en in &self.buckets[b as usize] {
-                if en.s < e && en.e > s && (en.s >> self.shift).max(b0) == b {
-                    if let Some(last) = out.last()
-                        && last.0 > en.off
-                    {
-                        *sorted = false;
+    /// Calls `f` once for every placed interval overlapping `[s, e)`, bucket by bucket
+    /// (each bucket's entries by offset).
+    fn for_each(&self, s: u32, e: u32, mut f: impl FnMut(&Entry)) {
+        for level in &self.levels {
+            if level.entries == 0 {
+                continue;
+            }
+            let b0 = s >> level.shift;
+            let b1 = (e - 1) >> level.shift;
+            for b in b0..=b1 {
+                for en in &level.buckets[b as usize] {
+                    if en.s < e && en.e > s && (en.s >> level.shift).max(b0) == b {
+                        f(en);
                     }
-                    out.push((en.off, en.top));
                 }
             }
         }
+    }
+
+    /// Appends `(offset, top)` of every placed interval overlapping `[s, e)` to `out`;
+    /// clears `sorted` when `out` is no longer sorted by offset.
+    fn query(&self, s: u32, e: u32, out: &mut Vec<(u64, u64)>, sorted: &mut bool) {
+        self.for_each(s, e, |en| {
+            if let Some(last) = out.last()
+                && last.0 > en.off
+            {
+                *sorted = false;
+            }
+            out.push((en.off, en.top));
+        });
     }
 
     /// Lowest offset at which `item` fits under `fit`.
@@ -793,6 +962,7 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
     let mut epoch = 0u32;
     let mut window: Vec<u32> = Vec::new();
     let mut new_off = vec![0u64; n];
+    let mut scratch = Vec::new();
     while high > lb && Instant::now() < deadline {
         // A buffer at the top.
         let c = loop {
@@ -810,38 +980,39 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
             break;
         }
         stats.steps += 1;
-        // A window of the clock around it.
+        // A window of the clock around it (a random stretch of its lifetime when that is long).
         let mult = [0u64, 1, 2, 4, 8][rng.below(5) as usize];
-        let (hs, he) = p.hull[c];
+        let (mut hs, mut he) = p.hull[c];
+        let max_len = (span * 16).max(64) as u32;
+        if he - hs > max_len {
+            hs += rng.below((he - hs - max_len) as u64 + 1) as u32;
+            he = hs + max_len;
+        }
         let t0 = (hs as u64).saturating_sub(rng.below(span * mult + 1)) as u32;
         let t1 = ((he as u64) + rng.below(span * mult + 1)).min(p.ranks as u64) as u32;
         epoch += 1;
         window.clear();
-        for b in (t0 >> index.shift)..=((t1 - 1) >> index.shift) {
-            for en in &index.buckets[b as usize] {
-                let i = en.item as usize;
-                if stamp[i] != epoch {
-                    stamp[i] = epoch;
-                    let (s, e) = p.hull[i];
-                    if s >= t0 && e <= t1 {
-                        window.push(en.item);
-                    }
+        window.push(c as u32);
+        stamp[c] = epoch;
+        index.for_each(t0, t1, |en| {
+            let i = en.item as usize;
+            if stamp[i] != epoch {
+                stamp[i] = epoch;
+                let (s, e) = p.hull[i];
+                if s >= t0 && e <= t1 {
+                    window.push(en.item);
                 }
+            }
+        });
+        let mut before = (0u64, 0u32);
+        for &i in &window {
+            let t = off[i as usize] + p.size[i as usize];
+            if t > before.0 {
+                before = (t, 1);
+            } else if t == before.0 {
+                before.1 += 1;
             }
         }
-        let objective = |w: &[u32], o: &dyn Fn(usize) -> u64| {
-            let mut m = (0u64, 0u32);
-            for &i in w {
-                let t = o(i as usize) + p.size[i as usize];
-                if t > m.0 {
-                    m = (t, 1);
-                } else if t == m.0 {
-                    m.1 += 1;
-                }
-            }
-            m
-        };
-        let before = objective(&window, &|i| off[i]);
         for &i in &window {
             index.remove(p, i as usize, off[i as usize]);
         }
@@ -853,8 +1024,26 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
             let pos = window.iter().position(|&i| i as usize == c).unwrap_or(0);
             window[..=pos].rotate_right(1);
         }
-        greedy(p, &window, strat.fit, &mut index, &mut new_off);
-        let after = objective(&window, &|i| new_off[i]);
+        // Re-place in order; give up as soon as the window's top (highest byte, then how
+        // many items reach it) is worse than before.
+        let mut after = (0u64, 0u32);
+        let mut placed = 0;
+        for &i in &window {
+            let i = i as usize;
+            let o = index.find(p, i, strat.fit, &mut scratch);
+            new_off[i] = o;
+            index.insert(p, i, o);
+            placed += 1;
+            let t = o + p.size[i];
+            if t > after.0 {
+                after = (t, 1);
+            } else if t == after.0 {
+                after.1 += 1;
+            }
+            if after > before {
+                break;
+            }
+        }
         if after <= before {
             for &i in &window {
                 let i = i as usize;
@@ -865,7 +1054,7 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
                 }
             }
         } else {
-            for &i in &window {
+            for &i in &window[..placed] {
                 index.remove(p, i as usize, new_off[i as usize]);
             }
             // `off` still holds the old offsets.
@@ -881,6 +1070,147 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
 
 // ------------------------------------------------------------------------------------------
 // The driver.
+
+/// Bottom-up skyline packing (for problems whose items each have one interval): the
+/// skyline is the highest placed byte at every rank; the lowest stretch of it (a valley
+/// bounded by higher stretches) is filled with the unplaced item that starts earliest in
+/// it and, among those, lasts longest while ending inside it (ties: larger first). When no
+/// item fits, the valley is raised to its lower neighbour (that area is wasted). Tight
+/// instances are built bottom-up this way; the portfolio keeps it only when it wins.
+/// Returns offsets and footprint, or `None` when an item has several intervals.
+fn skyline(p: &Problem, deadline: Instant) -> Option<(Vec<u64>, u64)> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let n = p.len();
+    if p.ivs.len() != n || n == 0 {
+        return None;
+    }
+    let r = p.ranks as usize;
+    // Unplaced items by start rank, each list sorted by (end, size).
+    let mut by_start: Vec<Vec<u32>> = vec![Vec::new(); r + 1];
+    for i in 0..n {
+        by_start[p.ivs[i].0 as usize].push(i as u32);
+    }
+    let mut starts: BTreeSet<u32> = BTreeSet::new();
+    for (s, list) in by_start.iter_mut().enumerate() {
+        if !list.is_empty() {
+            list.sort_unstable_by_key(|&i| (p.ivs[i as usize].1, p.size[i as usize]));
+            starts.insert(s as u32);
+        }
+    }
+    // Skyline segments: start -> (end, height); heap of (height, start) with lazy deletion.
+    let mut seg: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+    seg.insert(0, (p.ranks, 0));
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
+    heap.push(Reverse((0, 0)));
+    let mut off = vec![0u64; n];
+    let mut high = 0u64;
+    let mut left = n;
+    let mut steps = 0u32;
+    while left > 0 {
+        let Some(Reverse((h, a))) = heap.pop() else { break };
+        match seg.get(&a) {
+            Some(&(_, sh)) if sh == h => {}
+            _ => continue,
+        }
+        steps = steps.wrapping_add(1);
+        if steps % 4096 == 0 && Instant::now() > deadline {
+            return None;
+        }
+        let b = seg[&a].0;
+        // The candidate: earliest start in [a, b), longest ending by b.
+        let mut pick: Option<(u32, usize)> = None;
+        for (scanned, &st) in starts.range(a..b).enumerate() {
+            let list = &by_start[st as usize];
+            let k = list.partition_point(|&i| p.ivs[i as usize].1 <= b);
+            if k > 0 {
+                pick = Some((st, k - 1));
+                break;
+            }
+            if scanned >= 64 {
+                break;
+            }
+        }
+        match pick {
+            Some((st, k)) => {
+                let i = by_start[st as usize].remove(k) as usize;
+                if by_start[st as usize].is_empty() {
+                    starts.remove(&st);
+                }
+                left -= 1;
+                let (s, e) = p.ivs[i];
+                off[i] = h;
+                let top = h + p.size[i];
+                high = high.max(top);
+                // Split [a, b) into [a, s), [s, e) at top, [e, b).
+                seg.remove(&a);
+                if a < s {
+                    seg.insert(a, (s, h));
+                    heap.push(Reverse((h, a)));
+                }
+                seg.insert(s, (e, top));
+                heap.push(Reverse((top, s)));
+                if e < b {
+                    seg.insert(e, (b, h));
+                    heap.push(Reverse((h, e)));
+                }
+                // Merge the new segment with equal neighbours.
+                let mut ms = s;
+                let mut me = e;
+                if let Some((&ps, &(_, ph))) = seg.range(..s).next_back()
+                    && ph == top
+                {
+                    seg.remove(&ps);
+                    ms = ps;
+                }
+                if let Some(&(ne, nh)) = seg.get(&e)
+                    && nh == top
+                {
+                    seg.remove(&e);
+                    me = ne;
+                }
+                if ms != s {
+                    seg.remove(&s);
+                }
+                seg.insert(ms, (me, top));
+                heap.push(Reverse((top, ms)));
+            }
+            None => {
+                // Raise the valley to its lower neighbour and merge.
+                let left_n = seg.range(..a).next_back().map(|(&ps, &(_, ph))| (ps, ph));
+                let right_n = seg.get(&b).map(|&(ne, nh)| (ne, nh));
+                let target = match (left_n, right_n) {
+                    (Some((_, lh)), Some((_, rh))) => lh.min(rh),
+                    (Some((_, lh)), None) => lh,
+                    (None, Some((_, rh))) => rh,
+                    (None, None) => {
+                        // Nothing fits anywhere: cannot happen while items are left, since
+                        // every item fits in the whole clock.
+                        return None;
+                    }
+                };
+                seg.remove(&a);
+                let mut ms = a;
+                let mut me = b;
+                if let Some((ps, ph)) = left_n
+                    && ph == target
+                {
+                    seg.remove(&ps);
+                    ms = ps;
+                }
+                if let Some((ne, nh)) = right_n
+                    && nh == target
+                {
+                    seg.remove(&b);
+                    me = ne;
+                }
+                seg.insert(ms, (me, target));
+                heap.push(Reverse((target, ms)));
+            }
+        }
+    }
+    Some((off, high))
+}
 
 /// One portfolio run: offsets of every item and the highest top per window.
 struct Run {
@@ -916,13 +1246,20 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let n = p.len();
     let mut budget = opts.time_budget;
     if let Some(per) = opts.scaled_budget_per_item {
-        budget = budget.min(per * n as u32 + Duration::from_millis(5));
+        budget = budget.min(per * p.ivs.len() as u32 + Duration::from_millis(5));
     }
     let deadline = began + budget;
-    // The portfolio gets 60% of the budget; the improvement stage the rest.
-    let portfolio_deadline = began + budget.mul_f64(0.6);
-    let lb = p.lower_bound();
+    // The portfolio gets a share of the budget; the improvement stage the rest.
+    let share: f64 = std::env::var("GP_SHARE").ok().and_then(|v| v.parse().ok()).unwrap_or(0.35);
+    let portfolio_deadline = began + budget.mul_f64(share);
+    // The alias bound may take a tenth of the budget.
+    let lb = p.lower_bound().max(p.alias_bound(began + budget.mul_f64(0.1)));
+    if std::env::var("GP_TRACE").is_ok() {
+        eprintln!("  alias bound {:?} items {} ivs {} lb {} live {}", began.elapsed(), n, p.ivs.len(), lb, p.lower_bound());
+    }
+    if std::env::var("GP_TRACE").is_ok() { eprintln!("  build {:?}", began.elapsed()); }
     let (floor_off, floor_high) = online_best_fit(&p);
+    if std::env::var("GP_TRACE").is_ok() { eprintln!("  floor {:?}", began.elapsed()); }
     let mut best_off = floor_off;
     let mut best_high = floor_high;
     let mut strategy = "online-best-fit".to_string();
@@ -954,6 +1291,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                         }
                         let t = Instant::now();
                         let run = run_strategy(&p, &d, Strategy::PORTFOLIO[k]);
+                        if std::env::var("GP_TRACE").is_ok() {
+                            eprintln!("  strategy {} {:?} high {}", k, t.elapsed(), run.window_high.iter().max().unwrap_or(&0));
+                        }
                         estimate_ns.fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                         runs.lock().expect("portfolio worker panicked").push(run);
                     }
@@ -990,6 +1330,19 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 if names.len() == 1 { names[0].to_string() } else { format!("mixed({})", names.join(",")) };
         }
     }
+    if best_high > lb && n > EXACT_MAX_ITEMS {
+        let t = Instant::now();
+        if let Some((off, high)) = skyline(&p, deadline) {
+            if std::env::var("GP_TRACE").is_ok() {
+                eprintln!("  skyline {:?} high {}", t.elapsed(), high);
+            }
+            if high < best_high {
+                best_high = high;
+                best_off = off;
+                strategy = "skyline".to_string();
+            }
+        }
+    }
     let greedy_high = best_high;
     let mut improvement_steps = 0;
     if best_high > lb && n <= EXACT_MAX_ITEMS {
@@ -1011,6 +1364,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         offsets,
         footprint: best_high,
         lower_bound: lb,
+        live_bound: p.lower_bound(),
         strategy,
         elapsed: began.elapsed(),
         floor_footprint: floor_high,

@@ -203,8 +203,12 @@ pub struct Plan {
     pub buffers: Vec<PlannedBuffer>,
     /// Bytes of the arena.
     pub footprint: u64,
-    /// Most bytes live at any step.
+    /// No placement can use fewer bytes: the most bytes live at any step, or more where
+    /// alias groups force it (see [`crate::dsa::Placement::lower_bound`]).
     pub lower_bound: u64,
+    /// The most bytes live at any step.
+    #[serde(default)]
+    pub live_bound: u64,
     /// Sum of all buffer sizes minus the footprint: what reuse saved against giving every
     /// buffer memory of its own.
     pub saved_by_aliasing: u64,
@@ -295,6 +299,7 @@ pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, P
             .collect(),
         footprint: placement.footprint,
         lower_bound: placement.lower_bound,
+        live_bound: placement.live_bound,
         saved_by_aliasing: total.saturating_sub(placement.footprint),
         elapsed: placement.elapsed,
         strategy: placement.strategy,
@@ -520,6 +525,7 @@ pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result
         buffers,
         footprint: placement.footprint,
         lower_bound: placement.lower_bound,
+        live_bound: placement.live_bound,
         saved_by_aliasing: total.saturating_sub(placement.footprint),
         elapsed: placement.elapsed,
         strategy: placement.strategy,

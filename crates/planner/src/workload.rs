@@ -19,6 +19,21 @@ pub fn random(n: usize, seed: u64) -> Vec<Buffer> {
         .collect()
 }
 
+/// `n` random buffers of the common benchmark form: starts uniform over `[0, n)`, lifetimes
+/// uniform in `1..=256` steps (about 128 buffers live at a time), sizes log-uniform in
+/// 4 KiB..=4 MiB rounded up to 512 bytes.
+pub fn random_uniform(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed ^ 0x5eed_0001);
+    (0..n)
+        .map(|_| {
+            let start = rng.below(n.max(1) as u64);
+            let life = rng.range(1, 256);
+            let size = rng.log_uniform(4 << 10, 4 << 20).div_ceil(512) * 512;
+            Buffer { start, end: start + life, size, group: None }
+        })
+        .collect()
+}
+
 /// `n` buffers that tile a `horizon` × `height` rectangle exactly (guillotine cuts of the
 /// rectangle at random places, in time or in memory), shuffled. Every step has exactly
 /// `height` bytes live, so the optimum footprint is `height` = the lower bound; greedy
