@@ -95,6 +95,67 @@ def driver_calls(cu: ctypes.CDLL, iterations: int = 50) -> dict:
     return res
 
 
+def start_daemon(binary: str, d: str, name: str, warm_stock: str, log) -> tuple:
+    """Starts graphpoold (cuda backend) with `warm_stock` and metrics on a free port."""
+    import socket as _s
+
+    with _s.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sock = os.path.join(d, f"{name}.sock")
+    cfg = os.path.join(d, f"{name}.toml")
+    with open(cfg, "w") as f:
+        f.write(
+            f'socket = "{sock}"\nfd_socket = "{sock}.fd"\nbackend = "cuda"\n'
+            f'metrics_listen = "127.0.0.1:{port}"\n[cuda]\nwarm_stock = "{warm_stock}"\n'
+        )
+    daemon = subprocess.Popen([binary, "--config", cfg], stdout=log, stderr=log)
+    c = graphpool.Client(sock, timeout=2.0)
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(sock) and c.health()):
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"graphpoold did not start (rc {daemon.poll()})")
+        time.sleep(0.05)
+    return daemon, sock, port
+
+
+def metric(port: int, name: str) -> float:
+    """Sum of a metric's samples from the daemon's /metrics."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name + "{"))
+
+
+def latency(sizes: list[int], iterations: int) -> dict:
+    """Grant (RPC + fd + import + map) and free (unmap + release) through the shim."""
+    lat = {}
+    for size in sizes:
+        al, fr, ph = [], [], []
+        for i in range(iterations + 5):
+            t0 = time.perf_counter_ns()
+            q = _shim.alloc(size, 0)
+            t1 = time.perf_counter_ns()
+            phase = _shim.last_timing()
+            _shim.free(q, size, 0)
+            t2 = time.perf_counter_ns()
+            if i >= 5:
+                al.append((t1 - t0) / 1e3)
+                fr.append((t2 - t1) / 1e3)
+                ph.append(phase)
+        lat[f"{size // MIB}MiB"] = {
+            "iterations": iterations,
+            "grant_p50_us": pct(al, 0.5),
+            "grant_p99_us": pct(al, 0.99),
+            "free_p50_us": pct(fr, 0.5),
+            "free_p99_us": pct(fr, 0.99),
+            "rpc_p50_us": pct([x["rpc"] for x in ph], 0.5),
+            "fd_p50_us": pct([x["fd"] for x in ph], 0.5),
+            "import_map_p50_us": pct([x["map"] for x in ph], 0.5),
+        }
+    return lat
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--graphpoold", required=True)
@@ -109,20 +170,10 @@ def main() -> int:
     free_before = free_bytes()
 
     d = tempfile.mkdtemp(prefix="gp-bench-")
-    sock = os.path.join(d, "g.sock")
     log = open(a.log or os.path.join(d, "graphpoold.log"), "ab")
-    daemon = subprocess.Popen(
-        [a.graphpoold, "--backend", "cuda", "--socket", sock, "--metrics-listen", "off"],
-        stdout=log,
-        stderr=log,
-    )
+    daemon, sock, metrics_port = start_daemon(a.graphpoold, d, "cold", "0", log)
     try:
         c = graphpool.Client(sock, timeout=2.0)
-        deadline = time.monotonic() + 30
-        while not (os.path.exists(sock) and c.health()):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"graphpoold did not start (rc {daemon.poll()})")
-            time.sleep(0.05)
         st = c.status()
         out["daemon_status"] = {
             "backend": st.backend,
@@ -177,36 +228,35 @@ def main() -> int:
         free_after = free_bytes()
         out["free_returns_bytes"] = free_after - free_held
 
-        # 4. latency: RPC + fd + import + map, and free (unmap + release).
-        lat = {}
-        for size in (64 * MIB, 1 << 30):
-            al, fr, ph = [], [], []
-            for i in range(a.iterations + 5):
-                t0 = time.perf_counter_ns()
-                q = _shim.alloc(size, 0)
-                t1 = time.perf_counter_ns()
-                phase = _shim.last_timing()
-                _shim.free(q, size, 0)
-                t2 = time.perf_counter_ns()
-                if i >= 5:
-                    al.append((t1 - t0) / 1e3)
-                    fr.append((t2 - t1) / 1e3)
-                    ph.append(phase)
-            lat[f"{size // MIB}MiB"] = {
-                "iterations": a.iterations,
-                "grant_p50_us": pct(al, 0.5),
-                "grant_p99_us": pct(al, 0.99),
-                "free_p50_us": pct(fr, 0.5),
-                "free_p99_us": pct(fr, 0.99),
-                "rpc_p50_us": pct([x["rpc"] for x in ph], 0.5),
-                "fd_p50_us": pct([x["fd"] for x in ph], 0.5),
-                "import_map_p50_us": pct([x["map"] for x in ph], 0.5),
-            }
-        out["grant_latency"] = lat
+        # 4. latency with no warm stock: every grant creates and exports, every free releases.
+        out["grant_latency_cold"] = latency([64 * MIB, 1 << 30], a.iterations)
         out["driver_calls"] = driver_calls(cu)
         _shim.release_device(0)
         time.sleep(0.5)
         out["daemon_after_device_bytes"] = free_before - free_bytes()
+        daemon.terminate()
+        daemon.wait(timeout=10)
+
+        # 5. the default configuration: a warm stock of exported segments.
+        daemon, sock, port = start_daemon(a.graphpoold, d, "warm", "2GiB", log)
+        _shim.configure(
+            socket=sock, job_id="bench-cuda", rank=0, local_rank=0, device=0, daemon_device=None,
+            budget_bytes=0, reserve_budget=False,
+        )
+        out["grant_latency"] = latency([64 * MIB, 1 << 30], a.iterations)
+        # Exact accounting with a stock: the device's free memory drops by granted + warm.
+        base = free_bytes() + int(metric(port, "graphpool_device_warm_bytes"))
+        q = _shim.alloc(1 << 30, 0)
+        time.sleep(0.5)
+        warm = int(metric(port, "graphpool_device_warm_bytes"))
+        granted = int(metric(port, "graphpool_device_granted_bytes"))
+        out["warm_accounting"] = {
+            "granted_bytes": granted,
+            "warm_bytes": warm,
+            "device_drop_bytes": base - free_bytes(),
+        }
+        _shim.free(q, 1 << 30, 0)
+        _shim.release_device(0)
     finally:
         daemon.terminate()
         try:

@@ -68,9 +68,14 @@ def load(n):
     return json.load(open(p)) if os.path.exists(p) else {}
 cb, sl, gt = load("cuda_backend.json"), load("shim_latency.json"), load("gpu_tests.json")
 rows = []
-for k, v in cb.get("grant_latency", {}).items():
-    rows.append((f"grant e2e {k} p50/p99 (us)", f"{v['grant_p50_us']:.0f} / {v['grant_p99_us']:.0f}"
-                 f"  [rpc {v['rpc_p50_us']:.0f}, fd {v['fd_p50_us']:.0f}, import+map {v['import_map_p50_us']:.0f}]"))
+for label, key in (("warm stock", "grant_latency"), ("no stock", "grant_latency_cold")):
+    for k, v in cb.get(key, {}).items():
+        rows.append((f"grant e2e {k} ({label}) p50/p99 (us)", f"{v['grant_p50_us']:.0f} / {v['grant_p99_us']:.0f}"
+                     f"  [rpc {v['rpc_p50_us']:.0f}, fd {v['fd_p50_us']:.0f}, import+map {v['import_map_p50_us']:.0f};"
+                     f" free {v['free_p50_us']:.0f}]"))
+wa = cb.get("warm_accounting")
+if wa:
+    rows.append(("warm stock: drop = granted + warm (MiB)", f"{wa['device_drop_bytes'] / 2**20:.1f} = {wa['granted_bytes'] / 2**20:.1f} + {wa['warm_bytes'] / 2**20:.1f}"))
 if cb:
     rows.append(("daemon device memory, idle (MiB)", f"{cb.get('daemon_idle_device_bytes', 0) / 2**20:.1f}"))
     rows.append(("drop with 1 GiB granted (MiB)", f"{cb.get('drop_with_1GiB_granted_bytes', 0) / 2**20:.1f}"))
