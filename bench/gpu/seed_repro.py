@@ -55,15 +55,15 @@ GRAD_FLOOR = 1e-3
 #: tensor (at least GRAD_FLOOR): the noise is estimated from few runs, so a new sample of the same
 #: noise may exceed it slightly; a slot-reuse overwrite gives NaN or errors of 10-100%.
 GRAD_MARGIN = 1.5
-EXTRAS = ["graphpool-noarena", "graphpool-torch", "graphpool-torch-noarena", "graphpool-xs",
-          "unsafe-onepool"]
+EXTRAS = ["graphpool-noarena", "graphpool-torch", "graphpool-torch-arena",
+          "graphpool-torch-noarena", "unsafe-onepool"]
 #: graphpool variants: pools (None = --pools), capture keyword arguments
 GP_VARIANTS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "graphpool": (None, {}),
     "graphpool-noarena": (None, {"arena": False}),
-    "graphpool-torch": ("torch", {}),
-    "graphpool-torch-noarena": ("torch", {"arena": False}),
-    "graphpool-xs": ("torch", {"expandable_segments": True}),
+    "graphpool-torch": ("torch", {}),  # torch pools: expandable segments by default
+    "graphpool-torch-arena": ("torch", {"expandable_segments": False}),
+    "graphpool-torch-noarena": ("torch", {"expandable_segments": False, "arena": False}),
     "unsafe-onepool": (None, {"_unsafe_single_pool": True}),
 }
 

@@ -629,7 +629,7 @@ def make_graphed_callables(
     client: Any = None,
     plan: bool = True,
     progress_every_s: float = 2.0,
-    expandable_segments: bool = False,
+    expandable_segments: bool | None = None,
     arena: bool = True,
     _unsafe_single_pool: bool = False,
 ) -> GraphedSchedule:
@@ -654,9 +654,12 @@ def make_graphed_callables(
         plan: ask the daemon for a plan before capture (when a client is given).
         progress_every_s: log capture progress at most this often.
         expandable_segments: create the pools' segments as torch's expandable segments (the
-            allocator setting is switched on for the capture only, then restored): one growing
-            mapping per pool instead of 20 MiB segments, so a pool wastes less than a segment
-            page of its reserve.
+            allocator setting is switched on for the capture only, then switched off): one
+            growing mapping per pool instead of 20 MiB segments, so a pool wastes less than a
+            segment page of its reserve. ``None`` (default): on for plain ``torch.cuda.MemPool``
+            pools (the GPU poison test passes with it on 1F1B, interleaved and explicit
+            schedules), off for daemon-backed pools, to which torch does not apply it (their
+            segments come from the pluggable allocator; ``arena`` removes the rounding there).
         arena: before capture, give each pool one segment sized from the warm-up profile (its
             slot's large static and saved tensors plus the largest workspace), so that capture
             splits tensors out of it instead of rounding each 1-10 MiB tensor into a 20 MiB
@@ -718,6 +721,11 @@ def make_graphed_callables(
                     stats.profiles.extend(profs)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    # the profile's saved-tensor hooks return the tensor itself, so an output saved by its own
+    # node is a reference cycle: collect it before giving the warm-up's memory back
+    import gc
+
+    gc.collect()
     torch.cuda.empty_cache()
     stats.warmup_seconds = time.perf_counter() - t0
 
@@ -751,6 +759,11 @@ def make_graphed_callables(
             return torch.cuda.MemPool()
     else:
         stats.pool_kind = "graphpool"
+    if expandable_segments is None:
+        expandable_segments = stats.pool_kind == "torch"
+    elif expandable_segments and stats.pool_kind == "graphpool":
+        log.warning("expandable_segments does not apply to daemon-backed pools; ignored")
+        expandable_segments = False
     if _unsafe_single_pool:
         log.warning("_unsafe_single_pool: every graph in one pool; results may be wrong")
         shared = factory("all")

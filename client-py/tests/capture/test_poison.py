@@ -7,8 +7,8 @@ leaves with ``os._exit``, so no result depends on the order in which a garbage c
 interpreter's shutdown destroys graphs and pools; a crash is reported with the case that caused
 it.
 
-Pool kinds: ``torch`` (``torch.cuda.MemPool``), ``torch-xs`` (the same with expandable
-segments) and ``graphpool`` (pools backed by a graphpoold: needs ``$GRAPHPOOL_SOCKET`` naming
+Pool kinds: ``torch`` (``torch.cuda.MemPool`` with default segments and an arena per pool),
+``torch-xs`` (the same with expandable segments, the default for torch pools) and ``graphpool`` (pools backed by a graphpoold: needs ``$GRAPHPOOL_SOCKET`` naming
 a running daemon with the cuda backend and ``$GRAPHPOOL_SHIM``; skipped otherwise).
 ``$GRAPHPOOL_POISON_OUT`` names a JSON-lines file that gets one record per case.
 
@@ -99,7 +99,7 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
 
     def capture_kw(kind: str) -> dict[str, Any]:
         if kind == "torch":
-            return {"pools": "torch"}
+            return {"pools": "torch", "expandable_segments": False}
         if kind == "torch-xs":
             return {"pools": "torch", "expandable_segments": True}
         return {"pools": "graphpool"}
