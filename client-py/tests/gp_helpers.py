@@ -110,3 +110,66 @@ def run_python(code: str, *args: str, timeout: float = 30.0) -> subprocess.Compl
         timeout=timeout,
         env={**os.environ, "PYTHONPATH": str(CLIENT / "src")},
     )
+
+
+class RestartableDaemon:
+    """A host-backend graphpoold that a test can SIGKILL and start again on the same socket
+    (for the daemon-restart tests)."""
+
+    def __init__(self, binary: Path, *, capacity: str = "1GiB") -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="graphpool-restart-"))
+        self.socket = str(self.dir / "g.sock")
+        self.args = [
+            str(binary),
+            "--backend",
+            "host",
+            "--socket",
+            self.socket,
+            "--metrics-listen",
+            "off",
+            "--host-capacity",
+            capacity,
+        ]
+        self.starts = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def log(self) -> str:
+        return "".join(
+            p.read_text(errors="replace") for p in sorted(self.dir.glob("graphpoold-*.log"))
+        )
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Spawns the daemon and waits until it answers ``GetStatus``."""
+        self.starts += 1
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHPOOL_")}
+        with open(self.dir / f"graphpoold-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        client = graphpool.Client(self.socket, timeout=2.0)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"graphpoold exited with {self.proc.returncode}:\n{self.log()}")
+                if os.path.exists(self.socket) and client.health():
+                    return
+                time.sleep(0.02)
+        finally:
+            client.close()
+        raise RuntimeError(f"graphpoold did not become ready in {timeout} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILLs the daemon (its socket files stay behind, as after a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -12,6 +12,7 @@ import atexit
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ __all__ = [
     "Limits",
     "RankLimit",
     "RankUsage",
+    "Reattached",
+    "ReconnectPolicy",
     "Session",
     "SessionInfo",
     "Status",
@@ -334,6 +337,58 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class ReconnectPolicy:
+    """How a :class:`Session` re-attaches after its daemon went away (see README, "Daemon
+    restarts").
+
+    Attributes:
+        initial_backoff: seconds before the second attempt (the first is immediate).
+        max_backoff: cap of the exponential backoff between attempts, seconds.
+        multiplier: growth of the backoff per failed attempt.
+        deadline: seconds after the stream ended at which the session gives up and ends
+            (``"ended"`` event); calls then raise ``FailedPrecondition``.
+    """
+
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+    deadline: float = 600.0
+
+    def delays(self) -> Iterator[float]:
+        """The waits between attempts: 0, then ``initial_backoff`` growing by ``multiplier``
+        up to ``max_backoff``."""
+        yield 0.0
+        d = max(self.initial_backoff, 0.0)
+        while True:
+            yield min(d, self.max_backoff)
+            d = min(d * max(self.multiplier, 1.0), self.max_backoff)
+
+
+@dataclass(frozen=True)
+class Reattached:
+    """The value of a session's ``"reattached"`` event.
+
+    Attributes:
+        session_id: the new session id (grants keep their ids).
+        previous_session_id: the id before the daemon went away.
+        daemon_instance: the new daemon's instance.
+        adopted: grant ids the new daemon adopted (every grant the session still held).
+        unadopted: declared grant ids the daemon did not adopt (no longer accounted; their
+            local mappings stay valid).
+        outage_seconds: from the end of the old stream to the new ``attached`` event.
+        attempts: attach attempts it took.
+    """
+
+    session_id: int
+    previous_session_id: int
+    daemon_instance: str
+    adopted: tuple[int, ...]
+    unadopted: tuple[int, ...]
+    outage_seconds: float
+    attempts: int
+
+
+@dataclass(frozen=True)
 class DetachResult:
     """What ending a session released."""
 
@@ -430,7 +485,8 @@ class Client:
                         # default first backoff is 1 s, which a child after fork always pays).
                         ("grpc.initial_reconnect_backoff_ms", 20),
                         ("grpc.min_reconnect_backoff_ms", 20),
-                        ("grpc.max_reconnect_backoff_ms", 1000),
+                        # Also bounds how long a session waits to see a restarted daemon.
+                        ("grpc.max_reconnect_backoff_ms", 250),
                     ],
                 )
                 self._stub = pb_grpc.GraphpoolStub(ch)  # type: ignore[no-untyped-call]
@@ -477,6 +533,7 @@ class Client:
         *,
         resume: Iterable[GrantInfo] = (),
         client_name: str = CLIENT_NAME,
+        reconnect: ReconnectPolicy | None = ReconnectPolicy(),
     ) -> Session:
         """Opens a session for (``job_id``, ``rank``) on ``device`` and returns it.
 
@@ -490,6 +547,9 @@ class Client:
             reserve_budget: admit the whole budget now, so later allocations up to it cannot be
                 refused for lack of capacity.
             resume: grants this process still maps from an earlier daemon instance.
+            reconnect: how the session re-attaches on its own after the daemon went away
+                (default: keep trying for 10 minutes, backoff capped at 2 s); ``None``: the
+                session ends with the stream. See README "Daemon restarts".
 
         Raises:
             CapacityExceeded: ``reserve_budget`` and the budget does not fit.
@@ -504,6 +564,7 @@ class Client:
                 budget_bytes = parse_size(budget)
             except (ValueError, TypeError) as e:
                 raise InvalidArgument(str(e), field="budget_bytes") from None
+        resume = list(resume)
         req = pb.AttachRequest(
             job_id=job_id,
             rank=rank,
@@ -551,6 +612,8 @@ class Client:
             reserved=a.reserved_bytes,
             budget=budget_bytes,
             adopted=tuple(GrantInfo._from(g) for g in a.adopted),
+            request=req,
+            reconnect=reconnect,
         )
         holder.append(session)
         ready.set()
@@ -668,6 +731,28 @@ class Client:
 
 _SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()
 
+# Status codes after which a session's stream ending means "the daemon went away" (killed,
+# restarting, or draining): the session re-attaches. Any other code ends it for good.
+_RECONNECT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
+# Attach failures that retrying cannot fix.
+_FATAL_ATTACH_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
 
 def _read_events(
     call: Any,
@@ -676,7 +761,8 @@ def _read_events(
     ready: threading.Event,
     socket_path: str,
 ) -> None:
-    """Reads a session's event stream (runs in the session's thread)."""
+    """The session's thread: reads the first event of the stream for :meth:`Client.attach`,
+    then the rest of the stream, re-attaching after a daemon restart (see :meth:`Session._serve`)."""
     it: Iterator[pb.SessionEvent] = iter(call)
     try:
         ev = next(it)
@@ -695,22 +781,8 @@ def _read_events(
         return
     first.put(ev)
     ready.wait()
-    session = holder[0] if holder else None
-    reason = "the daemon ended the session stream"
-    try:
-        for ev in it:
-            if session is not None:
-                session._on_event(ev)
-    except grpc.RpcError as e:
-        code = e.code() if isinstance(e, grpc.Call) else None
-        if code == grpc.StatusCode.CANCELLED:
-            reason = "closed"
-        else:
-            reason = str(error_from_rpc(e, socket_path))
-    except Exception as e:  # pragma: no cover - defensive
-        reason = f"session thread failed: {e!r}"
-    if session is not None:
-        session._on_stream_end(reason)
+    if holder:
+        holder[0]._serve(it)
 
 
 class Session:
@@ -720,15 +792,26 @@ class Session:
     reads it). :meth:`close` (or leaving the ``with`` block) ends it and releases every grant;
     so does the exit of the process, within a second.
 
+    **Daemon restarts.** When the stream ends because the daemon went away (killed, crashed,
+    or shut down after ``draining``), the session's thread re-attaches on its own with the
+    same job, rank, device and budget, declaring every grant the session still holds
+    (``AttachRequest.resume``); the new daemon adopts them, so its usage equals what it was.
+    Mappings stay valid throughout; segments keep their grant ids and release normally; only
+    ``session_id`` and ``daemon_instance`` change. Calls made meanwhile wait for the
+    re-attach (up to the client's timeout) and then raise ``DaemonUnavailable``. Grants whose
+    fd was never fetched cannot be fetched after a restart (the new daemon has no fd for an
+    adopted grant). See :class:`ReconnectPolicy` and README "Daemon restarts".
+
     Attributes:
-        session_id: the daemon's id of the session.
+        session_id: the daemon's id of the session (changes when it re-attaches).
         job_id, rank, local_rank: as given to :meth:`Client.attach`.
         device: the device the session allocates on.
         daemon_instance: changes when the daemon restarts.
         fd_socket: path of the socket on which grant fds are fetched.
         reserved: bytes reserved for the session (its budget, with ``reserve_budget``).
         budget: the session's budget in bytes (0: none).
-        adopted: grants adopted from ``resume``.
+        adopted: grants adopted from ``resume`` (at attach, or at the last re-attach).
+        reattaches: how many times the session re-attached.
     """
 
     def __init__(
@@ -747,6 +830,8 @@ class Session:
         reserved: int,
         budget: int,
         adopted: tuple[GrantInfo, ...],
+        request: pb.AttachRequest | None = None,
+        reconnect: ReconnectPolicy | None = None,
     ) -> None:
         self.client = client
         self.session_id = session_id
@@ -759,6 +844,7 @@ class Session:
         self.reserved = reserved
         self.budget = budget
         self.adopted = adopted
+        self.reattaches = 0
         self._call_obj = call
         self._thread = thread
         self._pid = os.getpid()
@@ -770,10 +856,34 @@ class Session:
         self._draining: float | None = None
         self._limits: Limits | None = None
         self._listeners: list[Callable[[str, object], None]] = []
+        # Re-attach state. `_state` guards everything below and `session_id`/`_call_obj`;
+        # `_attached` is set while the session is open in a daemon.
+        self._request = request
+        self._policy = reconnect
+        self._state = threading.Lock()
+        self._attached = threading.Event()
+        self._attached.set()
+        self._stop = threading.Event()
+        self._generation = 0
+        self._reconnecting_since: float | None = None
+        self._last_attempt_error = ""
+        # Every grant the session holds and has not released: what it declares on re-attach.
+        self._held: dict[int, GrantInfo] = {g.grant_id: g for g in adopted}
+        # Grants the last re-attach declared but the daemon did not adopt.
+        self._unadopted: set[int] = set()
+        # Grants whose release failed with the daemon unreachable: retried later.
+        self._pending_release: set[int] = set()
         _SESSIONS.add(self)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else (f"ended: {self._end_reason}" if self._end_reason else "open")
+        if self._closed:
+            state = "closed"
+        elif self._end_reason:
+            state = f"ended: {self._end_reason}"
+        elif self._reconnecting_since is not None:
+            state = "reconnecting"
+        else:
+            state = "open"
         return (
             f"Session(session_id={self.session_id}, job_id={self.job_id!r}, rank={self.rank}, "
             f"device={self.device.uuid!r}, {state})"
@@ -783,8 +893,19 @@ class Session:
 
     @property
     def alive(self) -> bool:
-        """True while the session is open in the daemon as far as this process knows."""
-        return not self._closed and self._end_reason is None and self._pid == os.getpid()
+        """True while the session is open in the daemon as far as this process knows (False
+        while it re-attaches after a daemon restart)."""
+        return (
+            not self._closed
+            and self._end_reason is None
+            and self._pid == os.getpid()
+            and self._reconnecting_since is None
+        )
+
+    @property
+    def reconnecting(self) -> bool:
+        """True while the daemon is gone and the session tries to re-attach."""
+        return self._reconnecting_since is not None and not self._closed and self._end_reason is None
 
     @property
     def draining(self) -> float | None:
@@ -796,9 +917,18 @@ class Session:
         """The limits the daemon last announced for this session, or ``None``."""
         return self._limits
 
+    @property
+    def held(self) -> tuple[GrantInfo, ...]:
+        """The grants this session holds as this process tracks them (what it declares when it
+        re-attaches)."""
+        with self._state:
+            return tuple(self._held.values())
+
     def add_listener(self, fn: Callable[[str, object], None]) -> None:
         """Calls ``fn(kind, value)`` from the session's thread on ``"draining"`` (seconds),
-        ``"limits_changed"`` (:class:`Limits`) and ``"ended"`` (reason) events."""
+        ``"limits_changed"`` (:class:`Limits`), ``"disconnected"`` (reason: the daemon went
+        away, re-attaching starts), ``"reattached"`` (:class:`Reattached`) and ``"ended"``
+        (reason) events."""
         self._listeners.append(fn)
 
     def _emit(self, kind: str, value: object) -> None:
@@ -820,13 +950,192 @@ class Session:
     def _on_stream_end(self, reason: str) -> None:
         if self._end_reason is None:
             self._end_reason = reason
+        self._attached.set()  # wake waiters: they see the end
         self._emit("ended", reason)
+
+    # -- the session's thread ----------------------------------------------------------------
+
+    def _serve(self, it: Iterator[pb.SessionEvent]) -> None:
+        """Reads the stream; when it ends because the daemon went away, re-attaches and reads
+        the new stream, until the session is closed, ends, or re-attaching gives up."""
+        while True:
+            reason, code = self._read_until_end(it)
+            if self._closed or self._pid != os.getpid():
+                self._on_stream_end("closed")
+                return
+            went_away = code is None or code in _RECONNECT_CODES or self._draining is not None
+            if self._policy is None or self._request is None or not went_away:
+                self._on_stream_end(reason)
+                return
+            nxt = self._reattach(reason)
+            if nxt is None:
+                return
+            it = nxt
+
+    def _read_until_end(self, it: Iterator[pb.SessionEvent]) -> tuple[str, grpc.StatusCode | None]:
+        socket_path = self.client.socket_path
+        try:
+            for ev in it:
+                self._on_event(ev)
+        except grpc.RpcError as e:
+            code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+            return str(error_from_rpc(e, socket_path)), code
+        except Exception as e:  # pragma: no cover - defensive
+            return f"session thread failed: {e!r}", grpc.StatusCode.UNKNOWN
+        return "the daemon ended the session stream", None
+
+    def _reattach(self, reason: str) -> Iterator[pb.SessionEvent] | None:
+        """Re-attaches with backoff; returns the new stream's iterator, or ``None`` when the
+        session ended (closed meanwhile, a fatal refusal, or the policy's deadline)."""
+        assert self._policy is not None and self._request is not None
+        policy = self._policy
+        t0 = time.monotonic()
+        with self._state:
+            self._reconnecting_since = t0
+            self._attached.clear()
+            previous = self.session_id
+        self._emit("disconnected", reason)
+        attempts = 0
+        for delay in policy.delays():
+            left = t0 + policy.deadline - time.monotonic()
+            if delay > 0:
+                if left <= 0 or self._stop.wait(min(delay, left)):
+                    break
+            if self._closed:
+                break
+            if time.monotonic() - t0 > policy.deadline:
+                break
+            attempts += 1
+            with self._state:
+                declared = dict(self._held)
+            req = pb.AttachRequest()
+            req.CopyFrom(self._request)
+            del req.resume[:]
+            if self.device.uuid:
+                req.device = self.device.uuid  # the stable name, whatever index it has now
+            req.resume.extend(
+                pb.HeldGrant(grant_id=g.grant_id, device_uuid=g.device_uuid, size_bytes=g.size, label=g.label)
+                for g in declared.values()
+            )
+            try:
+                call, it, attached = self._attach_once(req)
+            except GraphpoolError as e:
+                self._last_attempt_error = str(e)
+                if e.code in _FATAL_ATTACH_CODES:
+                    self._on_stream_end(f"re-attaching after a daemon restart was refused: {e}")
+                    self._abandon_local_grants()
+                    return None
+                continue
+            self._install(call, attached, declared, previous, t0, attempts)
+            return it
+        if not self._closed:
+            self._on_stream_end(
+                f"the daemon did not come back within {policy.deadline:g} s ({reason}; "
+                f"last attempt: {self._last_attempt_error or 'none'})"
+            )
+            self._abandon_local_grants()
+        else:
+            self._on_stream_end("closed")
+        return None
+
+    def _attach_once(self, req: pb.AttachRequest) -> tuple[Any, Iterator[pb.SessionEvent], pb.Attached]:
+        """One Attach; waits for the ``attached`` event up to the client's timeout."""
+        socket_path = self.client.socket_path
+        stub, _ = self.client._stubs()
+        call = stub.Attach(req)
+        timer = threading.Timer(self.client.timeout, call.cancel)
+        timer.daemon = True
+        timer.start()
+        it: Iterator[pb.SessionEvent] = iter(call)
+        try:
+            ev = next(it)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, socket_path) from None
+        except StopIteration:
+            raise DaemonUnavailable(socket_path, "the daemon closed the session stream before attaching") from None
+        finally:
+            timer.cancel()
+        if ev.WhichOneof("event") != "attached":
+            call.cancel()
+            raise DaemonUnavailable(socket_path, f"the first session event was {ev.WhichOneof('event')!r}")
+        if self._closed:
+            call.cancel()
+            raise DaemonUnavailable(socket_path, "the session was closed while re-attaching")
+        return call, it, ev.attached
+
+    def _install(
+        self,
+        call: Any,
+        a: pb.Attached,
+        declared: dict[int, GrantInfo],
+        previous: int,
+        t0: float,
+        attempts: int,
+    ) -> None:
+        """Swaps the new session in and checks what the daemon adopted."""
+        adopted = tuple(GrantInfo._from(g) for g in a.adopted)
+        ok = {g.grant_id for g in adopted if g.grant_id in declared and g.size == declared[g.grant_id].size}
+        unadopted = tuple(sorted(set(declared) - ok))
+        old_fds = self._fds
+        with self._state:
+            self._call_obj = call
+            self.session_id = a.session_id
+            self.daemon_instance = a.daemon_instance
+            self.fd_socket = a.fd_socket
+            self.reserved = a.reserved_bytes
+            self.device = DeviceInfo._from(a.device)
+            self.adopted = adopted
+            self._fds = FdChannel(a.fd_socket, timeout=self.client.timeout)
+            self._draining = None
+            for gid in unadopted:
+                if self._held.pop(gid, None) is not None:
+                    self._unadopted.add(gid)
+            # Released while the attach was in flight: declared, so adopted; release now.
+            late = [gid for gid in ok if gid not in self._held]
+            self._pending_release = set(late)
+            self._generation += 1
+            self._reconnecting_since = None
+            self.reattaches += 1
+        old_fds.close()
+        self._attached.set()
+        self._flush_pending()
+        info = Reattached(
+            session_id=a.session_id,
+            previous_session_id=previous,
+            daemon_instance=a.daemon_instance,
+            adopted=tuple(sorted(ok)),
+            unadopted=unadopted,
+            outage_seconds=time.monotonic() - t0,
+            attempts=attempts,
+        )
+        self._emit("reattached", info)
+
+    def _abandon_local_grants(self) -> None:
+        with self._state:
+            self._held.clear()
+            self._pending_release.clear()
+
+    def _flush_pending(self) -> None:
+        """Retries releases that failed while the daemon was unreachable."""
+        with self._state:
+            todo, self._pending_release = self._pending_release, set()
+            sid = self.session_id
+        for gid in todo:
+            try:
+                self.client.release_segment(sid, gid)
+            except DaemonUnavailable:
+                with self._state:
+                    if self.session_id == sid and self._reconnecting_since is None:
+                        self._pending_release.add(gid)
+            except GraphpoolError:
+                pass  # released already
 
     def _abandon_in_child(self) -> None:
         # The thread and the stream stayed in the parent; forget them here without closing.
         if self._pid != os.getpid():
             _ABANDONED.append(self._call_obj)
             self._lock = threading.Lock()
+            self._state = threading.Lock()
 
     def _check(self) -> None:
         if self._pid != os.getpid():
@@ -842,6 +1151,55 @@ class Session:
                 f"session {self.session_id} ended ({self._end_reason}); attach a new one"
             )
 
+    def _unavailable(self) -> DaemonUnavailable:
+        since = self._reconnecting_since
+        outage = f" for {time.monotonic() - since:.1f} s" if since is not None else ""
+        last = f"; last attempt: {self._last_attempt_error}" if self._last_attempt_error else ""
+        return DaemonUnavailable(
+            self.client.socket_path,
+            f"the daemon went away{outage} and session {self.session_id} of {self.job_id}/{self.rank} "
+            f"is re-attaching (it keeps trying for {self._policy.deadline if self._policy else 0:g} s; "
+            f"mapped segments stay valid){last}",
+        )
+
+    def _wait_attached(self, deadline: float) -> tuple[int, int]:
+        """Waits until the session is open in a daemon; returns (session id, generation)."""
+        self._check()
+        while True:
+            if self._attached.wait(max(0.0, deadline - time.monotonic())):
+                self._check()
+                with self._state:
+                    if self._reconnecting_since is None:
+                        return self.session_id, self._generation
+            if time.monotonic() >= deadline:
+                self._check()
+                raise self._unavailable()
+
+    def _with_session(self, op: Callable[[int], Any]) -> Any:
+        """Runs ``op(session_id)``; when it fails because the daemon went away (or the call
+        reached a new daemon before this session re-attached), waits for the re-attach and
+        runs it again with the new id, within the client's timeout."""
+        deadline = time.monotonic() + self.client.timeout
+        while True:
+            sid, gen = self._wait_attached(deadline)
+            try:
+                return op(sid)
+            except GraphpoolError as e:
+                if self._policy is None:
+                    raise
+                if isinstance(e, DaemonUnavailable) and gen == self._generation:
+                    # The stream's end may not have been seen yet: give the thread a moment.
+                    t = time.monotonic() + min(1.0, max(0.0, deadline - time.monotonic()))
+                    while gen == self._generation and self._reconnecting_since is None:
+                        if time.monotonic() >= t or self._end_reason is not None or self._closed:
+                            break
+                        time.sleep(0.01)
+                moved = gen != self._generation or self._reconnecting_since is not None
+                if not moved or time.monotonic() >= deadline:
+                    if moved or isinstance(e, DaemonUnavailable):
+                        raise self._unavailable() from e
+                    raise
+
     # -- segments --------------------------------------------------------------------------
 
     def allocate(self, size: int | str, label: str = "") -> Segment:
@@ -852,25 +1210,63 @@ class Session:
             CapacityExceeded: it does not fit under a budget, quota or the device's capacity.
             InvalidArgument: ``size`` or ``label`` is malformed (``.field`` says which).
             FailedPrecondition: the session is closed or belongs to another process.
+            DaemonUnavailable: the daemon is gone and the session did not re-attach within
+                the client's timeout.
         """
         self._check()
-        grant = self.client.allocate_segment(self.session_id, size, label)
-        try:
-            fd, resp = self._fds.fetch(self.session_id, grant.grant_id)
-        except BaseException:
+        if self._pending_release:
+            self._flush_pending()
+
+        def grant_and_fetch(sid: int) -> tuple[GrantInfo, int, pb.FdResponse]:
+            grant = self.client.allocate_segment(sid, size, label)
             try:
-                self.client.release_segment(self.session_id, grant.grant_id)
-            except GraphpoolError:
-                pass
-            raise
+                fd, resp = self._fds.fetch(sid, grant.grant_id)
+            except BaseException:
+                try:
+                    self.client.release_segment(sid, grant.grant_id)
+                except GraphpoolError:
+                    pass
+                raise
+            return grant, fd, resp
+
+        grant, fd, resp = self._with_session(grant_and_fetch)
         seg = Segment(grant, fd, resp.handle_kind or grant.handle_kind, self._release_segment)
+        with self._state:
+            self._held[grant.grant_id] = grant
         self._segments[grant.grant_id] = seg
         return seg
 
+    def _release_grant(self, grant_id: int) -> int:
+        """Releases a grant in the daemon, across a daemon restart; returns the bytes."""
+        with self._state:
+            info = self._held.pop(grant_id, None)
+            unadopted = grant_id in self._unadopted
+            self._unadopted.discard(grant_id)
+            away = self._reconnecting_since is not None
+            sid, gen = self.session_id, self._generation
+        if unadopted:
+            return 0  # the daemon does not account for it
+        if info is not None and away:
+            # Not declared on re-attach (or released right after it, see _install).
+            return info.size
+        try:
+            return self.client.release_segment(sid, grant_id)
+        except GraphpoolError as e:
+            if info is None or self._policy is None:
+                raise
+            if isinstance(e, DaemonUnavailable) and gen == self._generation:
+                with self._state:
+                    self._pending_release.add(grant_id)
+                return info.size
+            if gen != self._generation or self._reconnecting_since is not None:
+                return info.size  # the new daemon never gets it declared, or _install releases it
+            raise
+
     def _release_segment(self, grant_id: int) -> None:
         self._segments.pop(grant_id, None)
-        if self.alive:
-            self.client.release_segment(self.session_id, grant_id)
+        if self._closed or self._end_reason is not None or self._pid != os.getpid():
+            return
+        self._release_grant(grant_id)
 
     def release(self, grant_id: int) -> int:
         """Releases a grant of this session by id and returns the bytes released. A live
@@ -884,54 +1280,70 @@ class Session:
         seg = self._segments.pop(grant_id, None)
         if seg is not None:
             seg._forget()
-        return self.client.release_segment(self.session_id, grant_id)
+        return self._release_grant(grant_id)
 
     def fetch_fd(self, grant_id: int) -> int:
-        """Fetches (another) fd of one of this session's grants; the caller owns it."""
+        """Fetches (another) fd of one of this session's grants; the caller owns it. A grant
+        adopted after a daemon restart has no fd in the new daemon (``NotFound``/
+        ``FailedPrecondition``): keep the fd or mapping you fetched before."""
         self._check()
-        fd, _ = self._fds.fetch(self.session_id, grant_id)
+        fd: int = self._with_session(lambda sid: self._fds.fetch(sid, grant_id)[0])
         return fd
 
     def grants(self) -> list[GrantInfo]:
         """The grants this session holds, as the daemon lists them."""
         self._check()
-        resp: pb.ListGrantsResponse = self.client._call(
-            "ListGrants", pb.ListGrantsRequest(session_id=self.session_id)
-        )
-        return [GrantInfo._from(g) for g in resp.grants]
+
+        def list_grants(sid: int) -> list[GrantInfo]:
+            resp: pb.ListGrantsResponse = self.client._call("ListGrants", pb.ListGrantsRequest(session_id=sid))
+            return [GrantInfo._from(g) for g in resp.grants]
+
+        out: list[GrantInfo] = self._with_session(list_grants)
+        return out
 
     def plan_capture(self, plan_input: Any, reserve: bool = False) -> pb.PlanCaptureResponse:
         """Plans the static buffers of a schedule (a ``graphpool.v1.PlanInput`` message) for
-        this session; with ``reserve``, the plan's bytes are reserved in the ledger."""
+        this session; with ``reserve``, the plan's bytes are reserved in the ledger. (A plan's
+        reservation is not carried over a daemon restart: plan again after ``"reattached"``.)"""
         self._check()
-        return self.client.plan_capture(self.session_id, plan_input, reserve)
+        resp: pb.PlanCaptureResponse = self._with_session(
+            lambda sid: self.client.plan_capture(sid, plan_input, reserve)
+        )
+        return resp
 
     # -- ending ------------------------------------------------------------------------------
 
     def close(self) -> DetachResult:
         """Ends the session: the daemon releases every grant; local segments are unmapped and
         their fds closed. Idempotent (a second call returns zeros). In a child process after
-        ``fork`` this only forgets the session locally: it belongs to the parent."""
+        ``fork`` this only forgets the session locally: it belongs to the parent. While the
+        session re-attaches after a daemon restart, this stops it (nothing is declared)."""
         with self._lock:
             if self._closed:
                 return DetachResult(0, 0)
             self._closed = True
+        self._stop.set()
         for seg in list(self._segments.values()):
             seg._forget()
         self._segments.clear()
         if self._pid != os.getpid():
             return DetachResult(0, 0)
         result = DetachResult(0, 0)
-        if self._end_reason is None:
+        if self._end_reason is None and self._reconnecting_since is None:
             try:
                 result = self.client.detach(self.session_id)
             except (GraphpoolError, ValueError):
                 pass  # the stream closing below ends the session as well
+        with self._state:
+            call = self._call_obj
+            self._held.clear()
+            self._pending_release.clear()
         try:
-            self._call_obj.cancel()
+            call.cancel()
         except Exception:
             pass
         self._fds.close()
+        self._attached.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
         _SESSIONS.discard(self)
