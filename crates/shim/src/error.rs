@@ -36,8 +36,21 @@ pub enum ShimError {
         /// The structured detail from the `graphpool-error-bin` trailer, if any.
         detail: Option<Box<ErrorDetail>>,
     },
-    /// The session's stream ended (daemon restart, drain, or Detach).
+    /// The session's stream ended for good (Detach, a refused re-attach, or the daemon did
+    /// not come back within the reconnect deadline).
     SessionEnded(String),
+    /// The daemon went away and the session is re-attaching (see `session`, "Daemon
+    /// restarts").
+    Restarting {
+        /// The CUDA device of the session.
+        device: i32,
+        /// How long the daemon has been away, ms.
+        for_ms: u64,
+        /// How long the session keeps trying, s.
+        deadline_s: u64,
+        /// Why the last attempt failed (or why the stream ended).
+        last_error: String,
+    },
     /// Fetching the fd on the fd socket failed.
     Fd(String),
     /// A CUDA driver call failed.
@@ -87,8 +100,10 @@ impl ShimError {
             ShimError::Invalid(_) => "invalid-argument",
             ShimError::Connect(_) => "unavailable",
             ShimError::Daemon { code: tonic::Code::ResourceExhausted, .. } => "capacity",
+            ShimError::Daemon { code: tonic::Code::Unavailable, .. } => "unavailable",
             ShimError::Daemon { .. } => "daemon",
             ShimError::SessionEnded(_) => "session-ended",
+            ShimError::Restarting { .. } => "unavailable",
             ShimError::Fd(_) => "fd",
             ShimError::Cuda { .. } => "cuda",
             ShimError::Os { .. } => "os",
@@ -100,6 +115,11 @@ impl ShimError {
     /// `limit_bytes`, `device_uuid` and `holders`; for a field error `field`.
     pub fn to_json(&self) -> Value {
         let mut v = json!({ "kind": self.kind(), "message": self.to_string() });
+        if let ShimError::Restarting { device, for_ms, .. } = self {
+            v["restarting"] = json!(true);
+            v["device"] = json!(device);
+            v["outage_ms"] = json!(for_ms);
+        }
         if let ShimError::Daemon { call, code, detail, .. } = self {
             v["call"] = json!(call);
             v["code"] = json!(code_name(*code));
@@ -151,6 +171,13 @@ impl fmt::Display for ShimError {
                 write!(f, "graphpoold refused {call} ({}): {message}", code_name(*code))
             }
             ShimError::SessionEnded(m) => write!(f, "graphpool shim: the daemon session ended: {m}"),
+            ShimError::Restarting { device, for_ms, deadline_s, last_error } => write!(
+                f,
+                "graphpool shim: graphpoold is restarting: the session of device {device} lost the \
+                 daemon {:.1} s ago and is re-attaching (for up to {deadline_s} s); mapped segments \
+                 stay valid, new segments are refused until then (last: {last_error})",
+                *for_ms as f64 / 1000.0
+            ),
             ShimError::Fd(m) => write!(f, "graphpool shim: fetching the segment's fd failed: {m}"),
             ShimError::Cuda { call, message } => write!(f, "graphpool shim: {call} failed: {message}"),
             ShimError::Os { call, source } => write!(f, "graphpool shim: {call} failed: {source}"),

@@ -25,6 +25,11 @@
 //! including the daemon's structured capacity refusal, so `graphpool.torch` raises
 //! `graphpool.CapacityExceeded` instead.
 //!
+//! **Daemon restarts.** When graphpoold dies or restarts, each session's task re-attaches on
+//! its own with backoff, declaring the segments still mapped, so the new daemon's ledger
+//! equals the old one's; allocations meanwhile fail with an `unavailable` last-error that says
+//! the daemon is restarting, and frees are local (not declared). Details: [`session`].
+//!
 //! **fork.** Sessions, the runtime and mappings belong to the process that configured them.
 //! In a forked child every call refuses with a `forked` error until the child configures the
 //! shim again; the parent's state is left untouched (never dropped) in the child.
@@ -228,7 +233,7 @@ pub unsafe extern "C" fn graphpool_shim_configure(
                 return Err(ShimError::Invalid(format!(
                     "device {device} already has a daemon session (id {}) with segments mapped; \
                      release the pool that uses them first",
-                    old.session_id
+                    old.session_id()
                 )));
             }
             shim.rt.handle().clone()
@@ -311,10 +316,10 @@ pub unsafe extern "C" fn graphpool_shim_session_info(
         // SAFETY: the caller passes NULL or valid pointers, and `uuid_len` bytes at `uuid`.
         unsafe {
             if !session_id.is_null() {
-                *session_id = s.session_id;
+                *session_id = s.session_id();
             }
             if !reserved_bytes.is_null() {
-                *reserved_bytes = s.reserved_bytes;
+                *reserved_bytes = s.reserved_bytes();
             }
             if !uuid.is_null() && uuid_len > 0 {
                 let b = s.device_uuid.as_bytes();
@@ -324,6 +329,34 @@ pub unsafe extern "C" fn graphpool_shim_session_info(
             }
         }
         Ok(0)
+    })
+}
+
+/// Where `device`'s session stands with the daemon: returns 0 attached, 1 re-attaching after
+/// the daemon went away, 2 ended, -1 no session. `reattaches` (if not NULL) receives how many
+/// times it re-attached, `recovery_ns` how long the last re-attach took (from the end of the
+/// old stream to the new `attached` event).
+///
+/// # Safety
+/// `reattaches` and `recovery_ns` are NULL or valid pointers to `uint64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn graphpool_shim_session_state(
+    device: c_int,
+    reattaches: *mut u64,
+    recovery_ns: *mut u64,
+) -> c_int {
+    guarded(-1, || {
+        let (state, n, ns) = session(device)?.link_state();
+        // SAFETY: the caller passes NULL or valid pointers.
+        unsafe {
+            if !reattaches.is_null() {
+                *reattaches = n;
+            }
+            if !recovery_ns.is_null() {
+                *recovery_ns = ns;
+            }
+        }
+        Ok(state as c_int)
     })
 }
 

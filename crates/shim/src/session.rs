@@ -1,18 +1,55 @@
 //! One daemon session per device: the Attach stream (read by a task of the shim's runtime),
 //! segment requests, fd fetches, mappings, and their release.
+//!
+//! # Daemon restarts
+//!
+//! graphpoold may be killed or restarted while this process has segments mapped. The memory
+//! stays valid (a memfd or CUDA VMM mapping outlives the exporter), and the session's task
+//! recovers the accounting on its own:
+//!
+//! 1. When the Attach stream ends and the shim did not end it itself (`Detach`), the daemon
+//!    went away: crashed, killed, or shut down after `Draining` (a drain also means the daemon
+//!    is about to restart). The session becomes *reconnecting*.
+//! 2. The task reconnects with exponential backoff (first attempt at once, then 50 ms doubling
+//!    up to `GRAPHPOOL_RECONNECT_MAX_BACKOFF` seconds, default 2) for at most
+//!    `GRAPHPOOL_RECONNECT_DEADLINE` seconds (default 600), each attempt on a fresh connection.
+//! 3. It re-attaches with the same job, rank, local rank, budget and reservation, on the device
+//!    by UUID, declaring in `AttachRequest.resume` every segment it still has mapped (its own
+//!    table of live allocations: grant id, size, label). The new daemon adopts them: its usage
+//!    equals what the old daemon had. The adopted set is checked; a declared grant the daemon
+//!    did not adopt stays mapped but is no longer accounted (its free skips the daemon).
+//! 4. The new session id and fd socket are swapped in; the next request uses them.
+//!
+//! While reconnecting, `graphpool_alloc` fails at once with a last-error of kind
+//! `unavailable` and `"restarting": true` (torch raises its out-of-memory error, which
+//! `graphpool.torch` turns into `graphpool.DaemonUnavailable`). A free while reconnecting
+//! unmaps locally and drops the segment from the table, so it is simply **not declared** on
+//! re-attach: the memory is already gone, and the new daemon never hears of the grant. This is
+//! simpler and more exact than queueing `ReleaseSegment` calls for a daemon that does not know
+//! the grant yet (there is no window in which the new daemon over-counts). A free that races
+//! with an Attach already in flight (the segment was declared, then freed) is released on the
+//! new session right after it attaches. Allocations hold a gate that the re-attach takes
+//! exclusively while it snapshots the table, so a segment granted by the dying daemon is either
+//! in the table when it is declared or its request failed.
+//!
+//! When the deadline passes, or the daemon refuses the re-attach for good (invalid argument,
+//! permission denied), the session ends: allocations fail with `session-ended`; mapped
+//! segments stay valid and their frees are local.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use graphpool_proto::v1::graphpool_client::GraphpoolClient;
 use graphpool_proto::v1::{
-    AllocateSegmentRequest, AttachRequest, DetachRequest, ReleaseSegmentRequest, session_event,
+    AllocateSegmentRequest, AttachRequest, Attached, DetachRequest, HeldGrant, ReleaseSegmentRequest,
+    SessionEvent, session_event,
 };
 use hyper_util::rt::TokioIo;
 use tokio::runtime::Handle;
+use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::error::ShimError;
@@ -43,6 +80,52 @@ pub struct AttachParams {
     pub reserve_budget: bool,
 }
 
+/// How a session re-attaches after the daemon went away.
+#[derive(Debug, Clone, Copy)]
+pub struct ReconnectPolicy {
+    /// Wait before the second attempt (the first is immediate).
+    pub initial_backoff: Duration,
+    /// Cap of the exponential backoff.
+    pub max_backoff: Duration,
+    /// Give up (the session ends) this long after the stream ended.
+    pub deadline: Duration,
+    /// How long one attempt may wait for the `attached` event.
+    pub attempt_timeout: Duration,
+}
+
+impl Default for ReconnectPolicy {
+    fn default() -> Self {
+        ReconnectPolicy {
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            deadline: Duration::from_secs(600),
+            attempt_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ReconnectPolicy {
+    /// The default, with `GRAPHPOOL_RECONNECT_DEADLINE` and `GRAPHPOOL_RECONNECT_MAX_BACKOFF`
+    /// (seconds, decimals allowed) applied when set.
+    pub fn from_env() -> Self {
+        let secs = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .map(Duration::from_secs_f64)
+        };
+        let mut p = ReconnectPolicy::default();
+        if let Some(d) = secs("GRAPHPOOL_RECONNECT_DEADLINE") {
+            p.deadline = d;
+        }
+        if let Some(d) = secs("GRAPHPOOL_RECONNECT_MAX_BACKOFF") {
+            p.max_backoff = d;
+        }
+        p
+    }
+}
+
 /// Phases of the last segment request, nanoseconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Timing {
@@ -56,10 +139,59 @@ pub struct Timing {
     pub total_ns: u64,
 }
 
+/// Where a session stands with the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Open in a daemon.
+    Attached = 0,
+    /// The daemon went away; re-attaching.
+    Reconnecting = 1,
+    /// Ended (detached, refused, or the reconnect deadline passed).
+    Ended = 2,
+}
+
+#[derive(Debug)]
+enum State {
+    Attached,
+    Reconnecting { since: Instant, last_error: String },
+    Ended(String),
+}
+
 #[derive(Debug)]
 struct Live {
     grant_id: u64,
+    size: u64,
+    label: String,
     mapping: Mapping,
+}
+
+/// The daemon connection the session uses now (replaced on re-attach).
+#[derive(Debug, Clone)]
+struct Link {
+    client: GraphpoolClient<Channel>,
+    session_id: u64,
+    fd_socket: PathBuf,
+    daemon_instance: String,
+    reserved_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    params: AttachParams,
+    device_uuid: String,
+    policy: ReconnectPolicy,
+    link: Mutex<Link>,
+    state: Mutex<State>,
+    fd_conn: Mutex<Option<FdConn>>,
+    live: Mutex<HashMap<usize, Live>>,
+    /// Declared grants the last re-attach did not get adopted: freed locally only.
+    unadopted: Mutex<HashSet<u64>>,
+    /// Held shared by allocations, exclusively by the re-attach while it snapshots `live`.
+    gate: tokio::sync::RwLock<()>,
+    granted: AtomicU64,
+    detached: AtomicBool,
+    reattaches: AtomicU64,
+    last_recovery_ns: AtomicU64,
 }
 
 /// A session with the daemon for one device.
@@ -67,21 +199,12 @@ struct Live {
 pub struct Session {
     /// CUDA device index in this process.
     pub device: i32,
-    /// The daemon's session id.
-    pub session_id: u64,
     /// UUID of the device, as the daemon reported it.
     pub device_uuid: String,
-    /// Bytes the daemon reserved for the session at attach.
-    pub reserved_bytes: u64,
     /// The budget asked for.
     pub budget_bytes: u64,
-    client: GraphpoolClient<Channel>,
+    inner: Arc<Inner>,
     rt: Handle,
-    fd_socket: PathBuf,
-    fd_conn: Mutex<Option<FdConn>>,
-    ended: Arc<Mutex<Option<String>>>,
-    live: Mutex<HashMap<usize, Live>>,
-    granted: AtomicU64,
     stream_task: tokio::task::JoinHandle<()>,
 }
 
@@ -103,103 +226,169 @@ pub async fn connect(socket: &Path) -> Result<GraphpoolClient<Channel>, ShimErro
     Ok(GraphpoolClient::new(channel).max_decoding_message_size(64 << 20))
 }
 
+/// Connects, opens the Attach stream and waits for `attached`.
+async fn attach_once(
+    p: &AttachParams,
+    device: &str,
+    resume: Vec<HeldGrant>,
+) -> Result<(GraphpoolClient<Channel>, Attached, Streaming<SessionEvent>), ShimError> {
+    let mut client = connect(&p.socket).await?;
+    let req = AttachRequest {
+        job_id: p.job_id.clone(),
+        rank: p.rank,
+        local_rank: p.local_rank,
+        device: device.to_string(),
+        resume,
+        client: format!("graphpool-shim/{}", env!("CARGO_PKG_VERSION")),
+        budget_bytes: p.budget_bytes,
+        reserve_budget: p.reserve_budget,
+    };
+    let mut stream = client.attach(req).await.map_err(|s| ShimError::from_status("Attach", &s))?.into_inner();
+    let first = stream.message().await.map_err(|s| ShimError::from_status("Attach", &s))?;
+    match first.and_then(|e| e.event) {
+        Some(session_event::Event::Attached(a)) => Ok((client, a, stream)),
+        other => Err(ShimError::SessionEnded(format!(
+            "the Attach stream's first event was {other:?}, not `attached`"
+        ))),
+    }
+}
+
 impl Session {
     /// Attaches: connects, opens the Attach stream, waits for `attached`, and leaves a task
-    /// reading the stream for as long as the session lives.
+    /// reading the stream (and re-attaching after a daemon restart) for as long as the
+    /// session lives.
     pub fn attach(rt: &Handle, p: &AttachParams) -> Result<Session, ShimError> {
-        let (client, attached, stream_task, ended) = rt.block_on(async {
-            let mut client = connect(&p.socket).await?;
-            let req = AttachRequest {
-                job_id: p.job_id.clone(),
-                rank: p.rank,
-                local_rank: p.local_rank,
-                device: p.daemon_device.clone(),
-                resume: Vec::new(),
-                client: format!("graphpool-shim/{}", env!("CARGO_PKG_VERSION")),
-                budget_bytes: p.budget_bytes,
-                reserve_budget: p.reserve_budget,
-            };
-            let mut stream =
-                client.attach(req).await.map_err(|s| ShimError::from_status("Attach", &s))?.into_inner();
-            let first = stream.message().await.map_err(|s| ShimError::from_status("Attach", &s))?;
-            let attached = match first.and_then(|e| e.event) {
-                Some(session_event::Event::Attached(a)) => a,
-                other => {
-                    return Err(ShimError::SessionEnded(format!(
-                        "the Attach stream's first event was {other:?}, not `attached`"
-                    )));
-                }
-            };
-            let ended = Arc::new(Mutex::new(None));
-            let ended_task = ended.clone();
-            let task = tokio::spawn(async move {
-                let why = loop {
-                    match stream.message().await {
-                        Ok(Some(ev)) => {
-                            if let Some(session_event::Event::Draining(d)) = ev.event {
-                                *lock(&ended_task) = Some(format!(
-                                    "the daemon is draining (ends in {:.1} s)",
-                                    d.drain_seconds
-                                ));
-                            }
-                        }
-                        Ok(None) => break "the daemon closed the session stream".to_string(),
-                        Err(s) => break format!("session stream error: {} {}", s.code(), s.message()),
-                    }
-                };
-                *lock(&ended_task) = Some(why);
-            });
-            Ok::<_, ShimError>((client, attached, task, ended))
-        })?;
+        Self::attach_with(rt, p, ReconnectPolicy::from_env())
+    }
+
+    /// [`Session::attach`] with an explicit reconnect policy.
+    pub fn attach_with(rt: &Handle, p: &AttachParams, policy: ReconnectPolicy) -> Result<Session, ShimError> {
+        let (client, attached, stream) = rt.block_on(attach_once(p, &p.daemon_device, Vec::new()))?;
         let device_uuid = attached.device.as_ref().map(|d| d.uuid.clone()).unwrap_or_default();
+        let inner = Arc::new(Inner {
+            params: p.clone(),
+            device_uuid: device_uuid.clone(),
+            policy,
+            link: Mutex::new(Link {
+                client,
+                session_id: attached.session_id,
+                fd_socket: PathBuf::from(attached.fd_socket),
+                daemon_instance: attached.daemon_instance,
+                reserved_bytes: attached.reserved_bytes,
+            }),
+            state: Mutex::new(State::Attached),
+            fd_conn: Mutex::new(None),
+            live: Mutex::new(HashMap::new()),
+            unadopted: Mutex::new(HashSet::new()),
+            gate: tokio::sync::RwLock::new(()),
+            granted: AtomicU64::new(0),
+            detached: AtomicBool::new(false),
+            reattaches: AtomicU64::new(0),
+            last_recovery_ns: AtomicU64::new(0),
+        });
+        let stream_task = rt.spawn(serve(inner.clone(), stream));
         Ok(Session {
             device: p.device,
-            session_id: attached.session_id,
             device_uuid,
-            reserved_bytes: attached.reserved_bytes,
             budget_bytes: p.budget_bytes,
-            client,
+            inner,
             rt: rt.clone(),
-            fd_socket: PathBuf::from(attached.fd_socket),
-            fd_conn: Mutex::new(None),
-            ended,
-            live: Mutex::new(HashMap::new()),
-            granted: AtomicU64::new(0),
             stream_task,
         })
     }
 
+    /// The daemon's id of the session now (changes on re-attach).
+    pub fn session_id(&self) -> u64 {
+        lock(&self.inner.link).session_id
+    }
+
+    /// Bytes the daemon reserved for the session at the last (re-)attach.
+    pub fn reserved_bytes(&self) -> u64 {
+        lock(&self.inner.link).reserved_bytes
+    }
+
+    /// The daemon instance the session is attached to.
+    pub fn daemon_instance(&self) -> String {
+        lock(&self.inner.link).daemon_instance.clone()
+    }
+
+    /// Where the session stands, how many times it re-attached, and how long the last
+    /// re-attach took (from the end of the old stream to `attached`, nanoseconds).
+    pub fn link_state(&self) -> (LinkState, u64, u64) {
+        let s = match &*lock(&self.inner.state) {
+            State::Attached => LinkState::Attached,
+            State::Reconnecting { .. } => LinkState::Reconnecting,
+            State::Ended(_) => LinkState::Ended,
+        };
+        (
+            s,
+            self.inner.reattaches.load(Ordering::Relaxed),
+            self.inner.last_recovery_ns.load(Ordering::Relaxed),
+        )
+    }
+
     /// Bytes granted and mapped now, and the number of segments.
     pub fn stats(&self) -> (u64, u64) {
-        (self.granted.load(Ordering::Relaxed), lock(&self.live).len() as u64)
+        (self.inner.granted.load(Ordering::Relaxed), lock(&self.inner.live).len() as u64)
     }
 
     /// Whether the session has live segments.
     pub fn has_segments(&self) -> bool {
-        !lock(&self.live).is_empty()
+        !lock(&self.inner.live).is_empty()
+    }
+
+    /// Fails unless the session is attached now.
+    fn check_attached(&self) -> Result<(), ShimError> {
+        match &*lock(&self.inner.state) {
+            State::Attached => Ok(()),
+            State::Reconnecting { since, last_error } => Err(ShimError::Restarting {
+                device: self.device,
+                for_ms: since.elapsed().as_millis() as u64,
+                deadline_s: self.inner.policy.deadline.as_secs(),
+                last_error: last_error.clone(),
+            }),
+            State::Ended(why) => Err(ShimError::SessionEnded(why.clone())),
+        }
     }
 
     /// Asks the daemon for a segment of at least `size` bytes, fetches and maps it.
     pub fn allocate(&self, size: u64) -> Result<(usize, Timing), ShimError> {
-        if let Some(why) = lock(&self.ended).clone() {
-            return Err(ShimError::SessionEnded(why));
-        }
+        self.check_attached()?;
+        // Shared with other allocations; the re-attach takes it exclusively to snapshot.
+        let _gate = self.inner.gate.blocking_read();
+        self.check_attached()?;
+        let link = lock(&self.inner.link).clone();
         let t0 = Instant::now();
-        let mut client = self.client.clone();
+        let mut client = link.client.clone();
         let req =
-            AllocateSegmentRequest { session_id: self.session_id, size_bytes: size, label: LABEL.into() };
-        let grant = self
-            .rt
-            .block_on(client.allocate_segment(req))
-            .map_err(|s| ShimError::from_status("AllocateSegment", &s))?
-            .into_inner();
+            AllocateSegmentRequest { session_id: link.session_id, size_bytes: size, label: LABEL.into() };
+        let grant = match self.rt.block_on(client.allocate_segment(req)) {
+            Ok(g) => g.into_inner(),
+            Err(s) => {
+                let e = ShimError::from_status("AllocateSegment", &s);
+                // The daemon went away under the call: say so as the restart it is.
+                return Err(match s.code() {
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
+                        self.check_attached().err().unwrap_or(e)
+                    }
+                    _ => e,
+                });
+            }
+        };
         let t1 = Instant::now();
         let fetched = {
-            let mut conn = lock(&self.fd_conn);
+            let mut conn = lock(&self.inner.fd_conn);
             if conn.is_none() {
-                *conn = Some(FdConn::connect(&self.fd_socket)?);
+                match FdConn::connect(&link.fd_socket) {
+                    Ok(c) => *conn = Some(c),
+                    Err(e) => {
+                        drop(conn);
+                        self.release_grant(&link, grant.grant_id);
+                        return Err(e);
+                    }
+                }
             }
-            let r = conn.as_mut().map(|c| c.fetch(self.session_id, grant.grant_id));
+            let r = conn.as_mut().map(|c| c.fetch(link.session_id, grant.grant_id));
             match r {
                 Some(Ok(x)) => Ok(x),
                 Some(Err(e)) => {
@@ -215,7 +404,7 @@ impl Session {
         let (fd, resp) = match fetched {
             Ok(x) => x,
             Err(e) => {
-                self.release_grant(grant.grant_id);
+                self.release_grant(&link, grant.grant_id);
                 return Err(e);
             }
         };
@@ -225,65 +414,86 @@ impl Session {
         let mapping = match Mapping::map(kind, fd, grant.size_bytes, self.device) {
             Ok(m) => m,
             Err(e) => {
-                self.release_grant(grant.grant_id);
+                self.release_grant(&link, grant.grant_id);
                 return Err(e);
             }
         };
         let t3 = Instant::now();
         let ptr = mapping.ptr();
-        self.granted.fetch_add(grant.size_bytes, Ordering::Relaxed);
-        lock(&self.live).insert(ptr, Live { grant_id: grant.grant_id, mapping });
+        self.inner.granted.fetch_add(grant.size_bytes, Ordering::Relaxed);
+        lock(&self.inner.live).insert(
+            ptr,
+            Live { grant_id: grant.grant_id, size: grant.size_bytes, label: grant.label, mapping },
+        );
         let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
         Ok((ptr, Timing { rpc_ns: ns(t0, t1), fd_ns: ns(t1, t2), map_ns: ns(t2, t3), total_ns: ns(t0, t3) }))
     }
 
     /// Whether `ptr` is a segment of this session.
     pub fn owns(&self, ptr: usize) -> bool {
-        lock(&self.live).contains_key(&ptr)
+        lock(&self.inner.live).contains_key(&ptr)
     }
 
-    /// Unmaps the segment at `ptr` and releases its grant.
+    /// Unmaps the segment at `ptr` and releases its grant. While the daemon is away the
+    /// release is local only: the segment left the table, so it is not declared on re-attach.
     pub fn free(&self, ptr: usize) -> Result<(), ShimError> {
-        let live = lock(&self.live).remove(&ptr).ok_or_else(|| {
+        let live = lock(&self.inner.live).remove(&ptr).ok_or_else(|| {
             ShimError::Invalid(format!("free of {ptr:#x}, which is not a graphpool segment"))
         })?;
-        let size = live.mapping.size() as u64;
         let unmapped = live.mapping.unmap();
-        self.granted.fetch_sub(size, Ordering::Relaxed);
-        let released = self.release(live.grant_id);
+        self.inner.granted.fetch_sub(live.size, Ordering::Relaxed);
+        if lock(&self.inner.unadopted).remove(&live.grant_id) {
+            return unmapped;
+        }
+        if !matches!(&*lock(&self.inner.state), State::Attached) {
+            // Reconnecting: not declared (or released right after the re-attach). Ended: the
+            // daemon released everything of the session.
+            return unmapped;
+        }
+        let link = lock(&self.inner.link).clone();
+        let released = self.release(&link, live.grant_id);
+        let released = match released {
+            // The daemon died under the call: the grant is not in the table, so it will not
+            // be declared to the next daemon.
+            Err(ShimError::Daemon { code: tonic::Code::Unavailable | tonic::Code::Unknown, .. })
+                if !matches!(&*lock(&self.inner.state), State::Attached) =>
+            {
+                Ok(())
+            }
+            r => r,
+        };
         unmapped.and(released)
     }
 
-    fn release(&self, grant_id: u64) -> Result<(), ShimError> {
-        if lock(&self.ended).is_some() {
-            // The daemon already released everything of the session.
-            return Ok(());
-        }
-        let mut client = self.client.clone();
+    fn release(&self, link: &Link, grant_id: u64) -> Result<(), ShimError> {
+        let mut client = link.client.clone();
         self.rt
-            .block_on(client.release_segment(ReleaseSegmentRequest { session_id: self.session_id, grant_id }))
+            .block_on(client.release_segment(ReleaseSegmentRequest { session_id: link.session_id, grant_id }))
             .map(|_| ())
             .map_err(|s| ShimError::from_status("ReleaseSegment", &s))
     }
 
-    fn release_grant(&self, grant_id: u64) {
-        let _ = self.release(grant_id);
+    fn release_grant(&self, link: &Link, grant_id: u64) {
+        let _ = self.release(link, grant_id);
     }
 
     /// Ends the session (Detach). Segments still mapped stay mapped in this process (the
     /// memory stays valid) but the daemon no longer accounts for them.
     pub fn detach(&self) -> Result<(), ShimError> {
-        let mut client = self.client.clone();
-        let r = if lock(&self.ended).is_none() {
+        self.inner.detached.store(true, Ordering::SeqCst);
+        let attached = matches!(&*lock(&self.inner.state), State::Attached);
+        let r = if attached {
+            let link = lock(&self.inner.link).clone();
+            let mut client = link.client.clone();
             self.rt
-                .block_on(client.detach(DetachRequest { session_id: self.session_id }))
+                .block_on(client.detach(DetachRequest { session_id: link.session_id }))
                 .map(|_| ())
                 .map_err(|s| ShimError::from_status("Detach", &s))
         } else {
             Ok(())
         };
         self.stream_task.abort();
-        *lock(&self.ended) = Some("detached".to_string());
+        *lock(&self.inner.state) = State::Ended("detached".to_string());
         r
     }
 }
@@ -291,6 +501,194 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         // Closing the Attach stream ends the session on the daemon's side.
+        self.inner.detached.store(true, Ordering::SeqCst);
         self.stream_task.abort();
+    }
+}
+
+/// Whether a stream that ended this way means the daemon went away (re-attach) rather than
+/// a deliberate end of the session.
+fn went_away(end: &Result<(), tonic::Status>, draining: bool) -> bool {
+    draining
+        || match end {
+            Ok(()) => true,
+            Err(s) => matches!(
+                s.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::Cancelled
+                    | tonic::Code::Aborted
+                    | tonic::Code::DeadlineExceeded
+            ),
+        }
+}
+
+/// The session's task: reads the stream; after the daemon went away, re-attaches and reads
+/// the new stream.
+async fn serve(inner: Arc<Inner>, mut stream: Streaming<SessionEvent>) {
+    loop {
+        let mut draining = false;
+        let end = loop {
+            match stream.message().await {
+                Ok(Some(ev)) => {
+                    if let Some(session_event::Event::Draining(_)) = ev.event {
+                        draining = true;
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(s) => break Err(s),
+            }
+        };
+        let why = match &end {
+            Ok(()) => "the daemon closed the session stream".to_string(),
+            Err(s) => format!("session stream error: {} {}", s.code(), s.message()),
+        };
+        if inner.detached.load(Ordering::SeqCst) {
+            *lock(&inner.state) = State::Ended("detached".to_string());
+            return;
+        }
+        if !went_away(&end, draining) {
+            *lock(&inner.state) = State::Ended(why);
+            return;
+        }
+        match reattach(&inner, why).await {
+            Some(s) => stream = s,
+            None => return,
+        }
+    }
+}
+
+fn is_fatal(e: &ShimError) -> bool {
+    matches!(
+        e,
+        ShimError::Daemon {
+            code: tonic::Code::InvalidArgument
+                | tonic::Code::PermissionDenied
+                | tonic::Code::Unauthenticated
+                | tonic::Code::Unimplemented,
+            ..
+        }
+    )
+}
+
+/// Re-attaches with backoff, declaring the live segments; `None` when the session ended.
+async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEvent>> {
+    let t0 = Instant::now();
+    *lock(&inner.state) = State::Reconnecting { since: t0, last_error: why.clone() };
+    let policy = inner.policy;
+    let mut delay = Duration::ZERO;
+    let mut next_delay = policy.initial_backoff;
+    loop {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if inner.detached.load(Ordering::SeqCst) {
+            *lock(&inner.state) = State::Ended("detached".to_string());
+            return None;
+        }
+        if t0.elapsed() > policy.deadline {
+            let last = match &*lock(&inner.state) {
+                State::Reconnecting { last_error, .. } => last_error.clone(),
+                _ => String::new(),
+            };
+            *lock(&inner.state) = State::Ended(format!(
+                "the daemon did not come back within {} s ({why}; last attempt: {last})",
+                policy.deadline.as_secs_f64()
+            ));
+            return None;
+        }
+        delay = next_delay.min(policy.max_backoff);
+        next_delay = (next_delay * 2).min(policy.max_backoff);
+
+        // The snapshot: no allocation is between its grant and its entry in the table.
+        let declared: HashMap<u64, (u64, String)> = {
+            let _gate = inner.gate.write().await;
+            lock(&inner.live).values().map(|l| (l.grant_id, (l.size, l.label.clone()))).collect()
+        };
+        let resume = declared
+            .iter()
+            .map(|(&grant_id, (size, label))| HeldGrant {
+                grant_id,
+                device_uuid: inner.device_uuid.clone(),
+                size_bytes: *size,
+                label: label.clone(),
+            })
+            .collect();
+        let device =
+            if inner.device_uuid.is_empty() { &inner.params.daemon_device } else { &inner.device_uuid };
+        let attempt =
+            tokio::time::timeout(policy.attempt_timeout, attach_once(&inner.params, device, resume)).await;
+        let (client, attached, stream) = match attempt {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => {
+                if is_fatal(&e) {
+                    *lock(&inner.state) =
+                        State::Ended(format!("re-attaching after a daemon restart was refused: {e}"));
+                    return None;
+                }
+                if let State::Reconnecting { last_error, .. } = &mut *lock(&inner.state) {
+                    *last_error = e.to_string();
+                }
+                continue;
+            }
+            Err(_) => {
+                if let State::Reconnecting { last_error, .. } = &mut *lock(&inner.state) {
+                    *last_error = format!("no `attached` within {:?}", policy.attempt_timeout);
+                }
+                continue;
+            }
+        };
+        if inner.detached.load(Ordering::SeqCst) {
+            *lock(&inner.state) = State::Ended("detached".to_string());
+            return None; // dropping the stream ends the new session
+        }
+        // Check what the daemon adopted.
+        let adopted: HashSet<u64> = attached
+            .adopted
+            .iter()
+            .filter(|g| declared.get(&g.grant_id).is_some_and(|(size, _)| *size == g.size_bytes))
+            .map(|g| g.grant_id)
+            .collect();
+        let unadopted: Vec<u64> = declared.keys().copied().filter(|id| !adopted.contains(id)).collect();
+        if !unadopted.is_empty() {
+            eprintln!(
+                "graphpool shim: the restarted daemon did not adopt grants {unadopted:?}; they stay \
+                 mapped but are no longer accounted"
+            );
+        }
+        let link = Link {
+            client,
+            session_id: attached.session_id,
+            fd_socket: PathBuf::from(attached.fd_socket),
+            daemon_instance: attached.daemon_instance,
+            reserved_bytes: attached.reserved_bytes,
+        };
+        *lock(&inner.link) = link.clone();
+        *lock(&inner.fd_conn) = None;
+        {
+            let live = lock(&inner.live);
+            let mut u = lock(&inner.unadopted);
+            for id in &unadopted {
+                if live.values().any(|l| l.grant_id == *id) {
+                    u.insert(*id);
+                }
+            }
+        }
+        *lock(&inner.state) = State::Attached;
+        // Freed after the snapshot, before the state changed: declared and adopted, so
+        // release them now (a free after the change released them itself; NOT_FOUND then).
+        let late: Vec<u64> = {
+            let live = lock(&inner.live);
+            let ids: HashSet<u64> = live.values().map(|l| l.grant_id).collect();
+            adopted.iter().copied().filter(|id| !ids.contains(id)).collect()
+        };
+        for grant_id in late {
+            let mut c = link.client.clone();
+            let _ = c.release_segment(ReleaseSegmentRequest { session_id: link.session_id, grant_id }).await;
+        }
+        inner.reattaches.fetch_add(1, Ordering::Relaxed);
+        inner.last_recovery_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        return Some(stream);
     }
 }

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 /// A daemon process, killed on drop.
 pub struct Daemon {
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    devices: u32,
+    capacity: String,
+    starts: u32,
     pub socket: PathBuf,
 }
 
@@ -44,28 +47,52 @@ impl Daemon {
     pub fn start(devices: u32, capacity: &str) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("g.sock");
-        let log = std::fs::File::create(dir.path().join("graphpoold.log")).expect("log file");
-        let child = Command::new(graphpoold())
-            .args(["--backend", "host", "--metrics-listen", "off", "--host-devices"])
-            .arg(devices.to_string())
-            .arg("--host-capacity")
-            .arg(capacity)
-            .arg("--socket")
-            .arg(&socket)
-            .env_remove("GRAPHPOOL_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting graphpoold");
-        let d = Daemon { child, _dir: dir, socket };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while UnixStream::connect(&d.socket).is_err() {
-            assert!(Instant::now() < deadline, "graphpoold did not listen on {}", d.socket.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = spawn(dir.path(), &socket, devices, capacity, 1);
+        let d = Daemon { child, dir, devices, capacity: capacity.to_string(), starts: 1, socket };
+        d.wait_listening();
         d
     }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&self.socket).is_err() {
+            assert!(Instant::now() < deadline, "graphpoold did not listen on {}", self.socket.display());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGKILLs the daemon; its socket files stay behind, as after a crash.
+    #[allow(dead_code)]
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the daemon again on the same sockets and waits until it listens.
+    #[allow(dead_code)]
+    pub fn restart(&mut self) {
+        self.kill();
+        self.starts += 1;
+        self.child = spawn(self.dir.path(), &self.socket, self.devices, &self.capacity, self.starts);
+        self.wait_listening();
+    }
+}
+
+fn spawn(dir: &Path, socket: &Path, devices: u32, capacity: &str, n: u32) -> Child {
+    let log = std::fs::File::create(dir.join(format!("graphpoold-{n}.log"))).expect("log file");
+    Command::new(graphpoold())
+        .args(["--backend", "host", "--metrics-listen", "off", "--host-devices"])
+        .arg(devices.to_string())
+        .arg("--host-capacity")
+        .arg(capacity)
+        .arg("--socket")
+        .arg(socket)
+        .env_remove("GRAPHPOOL_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting graphpoold")
 }
 
 impl Drop for Daemon {
