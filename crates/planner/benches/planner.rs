@@ -30,6 +30,8 @@ fn bench(c: &mut Criterion) {
         ("random_1k".into(), workload::random(1_000, 1)),
         ("random_10k".into(), workload::random(10_000, 1)),
         ("random_100k".into(), workload::random(100_000, 1)),
+        ("uniform_10k".into(), workload::random_uniform(10_000, 1)),
+        ("uniform_100k".into(), workload::random_uniform(100_000, 1)),
         ("packed_10k".into(), workload::packed(10_000, 1)),
     ];
     let mut group = c.benchmark_group("place");

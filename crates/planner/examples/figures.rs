@@ -1,6 +1,12 @@
 //! Prints footprint / lower bound and planning time for generated workloads.
 //!
 //! `cargo run --release -p graphpool-planner --example figures [-- FILTER]`
+//!
+//! Columns: `floor`, `greedy` and `ratio` are the online best-fit floor, the best
+//! construction and the final footprint over the lower bound (which includes the alias
+//! bound); `vs-live` is the final footprint over the plain live bound (most bytes live at
+//! once). Rows named `budget=1s` run with the whole 1 s budget instead of the default cap
+//! of 8 µs per buffer + 5 ms.
 
 use std::time::Duration;
 
@@ -44,6 +50,11 @@ fn main() {
             cases.push((format!("packed n={n} seed={seed}"), workload::packed(n, seed)));
         }
     }
+    for n in [1_000, 10_000] {
+        for seed in 1..=3 {
+            cases.push((format!("packed n={n} seed={seed} budget=1s"), workload::packed(n, seed)));
+        }
+    }
     println!(
         "{:<36} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8}  strategy",
         "workload", "buffers", "floor", "greedy", "ratio", "vs-live", "time", "win", "steps"
@@ -53,7 +64,8 @@ fn main() {
             continue;
         }
         let mut opts = PlaceOptions { time_budget: Duration::from_secs(1), ..PlaceOptions::default() };
-        if std::env::var("GP_UNCAPPED").is_ok() {
+        if name.contains("budget=1s") {
+            // The adversarial target is "within 1 s": the whole second, not the default cap.
             opts.scaled_budget_per_item = None;
         }
         let p = place(&buffers, &opts).expect("valid workload");

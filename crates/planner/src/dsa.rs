@@ -9,21 +9,35 @@
 //!    clock, `O(n log n)`), reported with every placement;
 //! 2. an **online best-fit floor**: buffers in start order, freed extents coalesced, the
 //!    smallest free extent that fits taken (`O(n log n)`) — what a caching allocator would do;
-//! 3. a **portfolio of greedy orders** (size, lifetime, size × lifetime, start) ×
-//!    (best-fit, lowest offset), run on all cores and time-boxed, keeping the best per window;
+//! 3. **skyline** constructions (bottom-up: fill the lowest valley of the skyline with an
+//!    item that starts at its left edge; three pick rules), then a **portfolio of greedy
+//!    orders** (breadth, size, lifetime, size × lifetime, start) × (best-fit, lowest offset),
+//!    run on all cores and time-boxed, keeping the best per window;
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. a time-boxed **improvement** stage: windows of the clock around a buffer that defines
-//!    the footprint are taken out and re-placed with perturbed orders; a window is kept when
-//!    its highest byte does not rise (hill climbing with sideways moves);
+//!    the footprint (a random stretch of its lifetime when that is long) are taken out with
+//!    that buffer and re-placed with perturbed orders; a window is kept when its highest
+//!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
+//!    moves), and a re-placement stops as soon as it is worse;
 //! 6. an **exact** branch-and-bound search when there are at most [`EXACT_MAX_ITEMS`] items.
 //!
-//! Buffers sharing an alias group are placed as one item at one offset: the item is live
-//! over the union of its members' intervals and is as large as the largest member.
+//! Buffers sharing an alias group are placed as one item at one offset: the item is a set
+//! of disjoint intervals (the union of its members' intervals, gaps kept) and is as large
+//! as the largest member; conflicts are checked interval by interval.
 //!
-//! Placed buffers are kept in a time-bucketed index (buckets of the compressed clock, each
-//! sorted by offset), so finding the free gaps for a buffer costs time proportional to the
-//! buffers live near it, not to all buffers placed.
+//! **Bounds.** The live bound is the most bytes live at once (each buffer at its own size;
+//! members of a group live together count once). Alias groups can force more: a group
+//! holds its offset through its gaps, so groups that are pairwise live at *some* common
+//! time must be stacked even if no single moment has them all live. The reported lower
+//! bound is the larger of the live bound and the weight of such a clique (see
+//! `Problem::alias_bound` for the proof that it is valid).
+//!
+//! Placed intervals are kept in a multi-resolution time index (buckets of the compressed
+//! clock, 8 ranks wide at the finest level and 4 times wider per level; an interval lives
+//! at the finest level whose buckets are at least as wide as it is; each bucket sorted by
+//! offset), so finding the free gaps for a buffer costs time proportional to the buffers
+//! live near it, not to all buffers placed.
 
 #![allow(clippy::needless_range_loop)] // parallel arrays indexed by item read best as loops
 
@@ -33,6 +47,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use crate::rng::Rng;
+
+/// Interval comparisons the alias bound may spend growing its clique (about 20 ms).
+pub const ALIAS_BOUND_WORK: u64 = 40_000_000;
 
 /// Problems with at most this many items are solved exactly (branch and bound).
 pub const EXACT_MAX_ITEMS: usize = 8;
@@ -479,12 +496,13 @@ impl Problem {
     /// the group's offset `o`). With `w_X` ≤ the size of every member of `X`, the ranges
     /// `[o_X, o_X + w_X)` of a clique (items pairwise in conflict) are then pairwise
     /// disjoint and all lie in `[0, footprint)`, so `Σ w_X ≤ footprint` for every valid
-    /// placement. Any clique gives a valid bound, so this one is grown greedily from the
-    /// items live at the busiest moments and stops at `deadline` with what it has.
+    /// placement. Any clique gives a valid bound, so this one is grown greedily and stops
+    /// with what it has after [`ALIAS_BOUND_WORK`] interval comparisons (deterministic: the
+    /// bound does not depend on the machine's speed).
     ///
     /// Without multi-interval items a clique of intervals has a common point (Helly), so
     /// this is never above the live bound and is skipped.
-    fn alias_bound(&self, deadline: Instant) -> u64 {
+    fn alias_bound(&self) -> u64 {
         let n = self.len();
         if self.ivs.len() == n {
             return 0;
@@ -497,14 +515,23 @@ impl Problem {
         let mut clique: Vec<usize> = Vec::new();
         let mut weight = 0u64;
         let mut blocker = 0usize;
-        for (k, &x) in order.iter().enumerate() {
-            if k % 64 == 0 && Instant::now() > deadline {
+        let mut work = 0u64;
+        let cost =
+            |a: usize, b: usize| (self.ivp[a + 1] - self.ivp[a] + self.ivp[b + 1] - self.ivp[b]) as u64;
+        for &x in &order {
+            if work > ALIAS_BOUND_WORK {
                 break;
             }
-            if blocker < clique.len() && !self.conflict(x, clique[blocker]) {
-                continue;
+            if blocker < clique.len() {
+                work += cost(x, clique[blocker]);
+                if !self.conflict(x, clique[blocker]) {
+                    continue;
+                }
             }
-            match clique.iter().position(|&y| !self.conflict(x, y)) {
+            match clique.iter().position(|&y| {
+                work += cost(x, y);
+                !self.conflict(x, y)
+            }) {
                 Some(b) => blocker = b,
                 None => {
                     clique.push(x);
@@ -525,9 +552,16 @@ impl Problem {
     }
 }
 
-/// Most bytes live at any time: no placement of `buffers` fits in fewer bytes. Members of
-/// an alias group count once, as large as the largest member.
+/// No placement of `buffers` fits in fewer bytes: the larger of [`live_bound`] and the
+/// alias bound (a clique of pairwise conflicting alias groups; see [`Placement::lower_bound`]).
 pub fn lower_bound(buffers: &[Buffer]) -> Result<u64, PlaceError> {
+    let p = Problem::build(buffers)?;
+    Ok(p.lower_bound().max(p.alias_bound()))
+}
+
+/// Most bytes live at any time, every buffer at its own size (members of one alias group
+/// that are live together count once, as the largest of them).
+pub fn live_bound(buffers: &[Buffer]) -> Result<u64, PlaceError> {
     Ok(Problem::build(buffers)?.lower_bound())
 }
 
@@ -560,7 +594,7 @@ struct Level {
 }
 
 /// Bucket width of the finest level: 2^BASE_SHIFT ranks; each level is 4 times wider.
-const BASE_SHIFT: u32 = 3;
+const BASE_SHIFT: u32 = 5;
 
 impl Index {
     fn new(p: &Problem) -> Index {
@@ -658,7 +692,7 @@ impl Index {
         }
         if !sorted {
             // Runs sorted per bucket: the stable sort merges them.
-            scratch.sort();
+            scratch.sort_unstable_by_key(|x| x.0);
         }
         let size = p.size[item];
         let mut cur = 0u64;
@@ -1073,12 +1107,15 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
 
 /// Bottom-up skyline packing (for problems whose items each have one interval): the
 /// skyline is the highest placed byte at every rank; the lowest stretch of it (a valley
-/// bounded by higher stretches) is filled with the unplaced item that starts earliest in
-/// it and, among those, lasts longest while ending inside it (ties: larger first). When no
-/// item fits, the valley is raised to its lower neighbour (that area is wasted). Tight
-/// instances are built bottom-up this way; the portfolio keeps it only when it wins.
-/// Returns offsets and footprint, or `None` when an item has several intervals.
-fn skyline(p: &Problem, deadline: Instant) -> Option<(Vec<u64>, u64)> {
+/// bounded by higher stretches) is filled with an unplaced item that starts earliest in it
+/// and ends inside it; `rule` picks among those: 1 the largest, 3 the largest size ×
+/// lifetime, 4 one that ends where the valley ends (the largest) else the largest, other
+/// values the longest. When no item fits, the valley is raised to its lower neighbour (that
+/// area is wasted). Zero-slack instances are built bottom-up this way; it is kept only when
+/// it beats the other constructions. `O(n log n)` plus the scans of at most 64 start
+/// positions per valley. Returns offsets and footprint, or `None` when an item has several
+/// intervals or the deadline passes.
+fn skyline(p: &Problem, rule: u8, deadline: Instant) -> Option<(Vec<u64>, u64)> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let n = p.len();
@@ -1114,7 +1151,7 @@ fn skyline(p: &Problem, deadline: Instant) -> Option<(Vec<u64>, u64)> {
             _ => continue,
         }
         steps = steps.wrapping_add(1);
-        if steps % 4096 == 0 && Instant::now() > deadline {
+        if steps.is_multiple_of(4096) && Instant::now() > deadline {
             return None;
         }
         let b = seg[&a].0;
@@ -1124,7 +1161,26 @@ fn skyline(p: &Problem, deadline: Instant) -> Option<(Vec<u64>, u64)> {
             let list = &by_start[st as usize];
             let k = list.partition_point(|&i| p.ivs[i as usize].1 <= b);
             if k > 0 {
-                pick = Some((st, k - 1));
+                let choice = match rule {
+                    // The largest.
+                    1 => (0..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1),
+                    // The largest area (size × lifetime).
+                    3 => (0..k)
+                        .max_by_key(|&j| {
+                            let i = list[j] as usize;
+                            (p.size[i] as u128 * (p.ivs[i].1 - p.ivs[i].0) as u128, j)
+                        })
+                        .unwrap_or(k - 1),
+                    // One that ends where the valley ends (the largest), else the largest.
+                    4 => {
+                        let exact = list[..k].partition_point(|&i| p.ivs[i as usize].1 < b);
+                        let from = if exact < k { exact } else { 0 };
+                        (from..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1)
+                    }
+                    // The longest (ties: the largest).
+                    _ => k - 1,
+                };
+                pick = Some((st, choice));
                 break;
             }
             if scanned >= 64 {
@@ -1250,21 +1306,25 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     }
     let deadline = began + budget;
     // The portfolio gets a share of the budget; the improvement stage the rest.
-    let share: f64 = std::env::var("GP_SHARE").ok().and_then(|v| v.parse().ok()).unwrap_or(0.35);
-    let portfolio_deadline = began + budget.mul_f64(share);
-    // The alias bound may take a tenth of the budget.
-    let lb = p.lower_bound().max(p.alias_bound(began + budget.mul_f64(0.1)));
-    if std::env::var("GP_TRACE").is_ok() {
-        eprintln!("  alias bound {:?} items {} ivs {} lb {} live {}", began.elapsed(), n, p.ivs.len(), lb, p.lower_bound());
-    }
-    if std::env::var("GP_TRACE").is_ok() { eprintln!("  build {:?}", began.elapsed()); }
+    let portfolio_deadline = began + budget.mul_f64(0.35);
+    let lb = p.lower_bound().max(p.alias_bound());
     let (floor_off, floor_high) = online_best_fit(&p);
-    if std::env::var("GP_TRACE").is_ok() { eprintln!("  floor {:?}", began.elapsed()); }
     let mut best_off = floor_off;
     let mut best_high = floor_high;
     let mut strategy = "online-best-fit".to_string();
     let mut windows = 1;
     let mut strategies_run = 0;
+    if best_high > lb && n > EXACT_MAX_ITEMS {
+        for (rule, name) in [(1, "skyline/largest"), (4, "skyline/exact-end"), (3, "skyline/area")] {
+            if let Some((off, high)) = skyline(&p, rule, deadline)
+                && high < best_high
+            {
+                best_high = high;
+                best_off = off;
+                strategy = name.to_string();
+            }
+        }
+    }
     if best_high > lb && n > 0 {
         let d = decompose(&p, lb);
         windows = d.windows;
@@ -1291,9 +1351,6 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                         }
                         let t = Instant::now();
                         let run = run_strategy(&p, &d, Strategy::PORTFOLIO[k]);
-                        if std::env::var("GP_TRACE").is_ok() {
-                            eprintln!("  strategy {} {:?} high {}", k, t.elapsed(), run.window_high.iter().max().unwrap_or(&0));
-                        }
                         estimate_ns.fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                         runs.lock().expect("portfolio worker panicked").push(run);
                     }
@@ -1328,19 +1385,6 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             }
             strategy =
                 if names.len() == 1 { names[0].to_string() } else { format!("mixed({})", names.join(",")) };
-        }
-    }
-    if best_high > lb && n > EXACT_MAX_ITEMS {
-        let t = Instant::now();
-        if let Some((off, high)) = skyline(&p, deadline) {
-            if std::env::var("GP_TRACE").is_ok() {
-                eprintln!("  skyline {:?} high {}", t.elapsed(), high);
-            }
-            if high < best_high {
-                best_high = high;
-                best_off = off;
-                strategy = "skyline".to_string();
-            }
         }
     }
     let greedy_high = best_high;

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use graphpool_planner::pipeline::{schedule_buffers, transformer_layers};
-use graphpool_planner::{Buffer, PlaceOptions, Schedule, SchedulePlanInput, lower_bound, place, verify};
+use graphpool_planner::{
+    Buffer, PlaceOptions, Schedule, SchedulePlanInput, live_bound, lower_bound, place, verify,
+};
 use proptest::prelude::*;
 
 fn quick() -> PlaceOptions {
@@ -65,8 +67,143 @@ fn brute_force(b: &[Buffer]) -> u64 {
     if b.is_empty() { 0 } else { best }
 }
 
+/// Alias groups of 1–4 members at separate times (gaps between them), every member of a
+/// group the same size, and lone buffers: multi-interval items.
+fn grouped(groups: usize, lone: usize) -> impl Strategy<Value = Vec<Buffer>> {
+    let group = (prop::collection::vec((0u64..6, 1u64..5), 1..5), 1u64..32);
+    let lone_buffer = (0u64..60, 1u64..10, 1u64..32);
+    (prop::collection::vec(group, 0..groups), prop::collection::vec(lone_buffer, 0..lone)).prop_map(
+        |(gs, ls)| {
+            let mut out = Vec::new();
+            for (g, (members, size)) in gs.into_iter().enumerate() {
+                let mut t = 0;
+                for (gap, len) in members {
+                    t += gap;
+                    out.push(Buffer { start: t, end: t + len, size, group: Some(g as u32) });
+                    t += len;
+                }
+            }
+            out.extend(ls.into_iter().map(|(start, len, size)| Buffer {
+                start,
+                end: start + len,
+                size,
+                group: None,
+            }));
+            out
+        },
+    )
+}
+
+/// Optimum over items (a group is one item at one offset; its members have one size) by
+/// lowest-offset placement in every order.
+fn brute_force_items(b: &[Buffer]) -> u64 {
+    let mut items: Vec<(Vec<(u64, u64)>, u64)> = Vec::new();
+    let mut of_group = std::collections::HashMap::new();
+    for x in b.iter().filter(|x| x.size > 0 && x.end > x.start) {
+        let k = match x.group {
+            Some(g) => *of_group.entry(g).or_insert_with(|| {
+                items.push((Vec::new(), 0));
+                items.len() - 1
+            }),
+            None => {
+                items.push((Vec::new(), 0));
+                items.len() - 1
+            }
+        };
+        items[k].0.push((x.start, x.end));
+        items[k].1 = items[k].1.max(x.size);
+    }
+    let n = items.len();
+    let conflict = |a: usize, c: usize| {
+        items[a].0.iter().any(|&(s1, e1)| items[c].0.iter().any(|&(s2, e2)| s1 < e2 && s2 < e1))
+    };
+    fn rec(
+        n: usize,
+        size: &[u64],
+        conflict: &dyn Fn(usize, usize) -> bool,
+        placed: &mut Vec<(usize, u64)>,
+        used: &mut Vec<bool>,
+        best: &mut u64,
+    ) {
+        let high = placed.iter().map(|&(i, o)| o + size[i]).max().unwrap_or(0);
+        if high >= *best {
+            return;
+        }
+        if placed.len() == n {
+            *best = high;
+            return;
+        }
+        for i in 0..n {
+            if used[i] {
+                continue;
+            }
+            let mut cands: Vec<u64> = vec![0];
+            cands.extend(placed.iter().filter(|&&(j, _)| conflict(i, j)).map(|&(j, o)| o + size[j]));
+            cands.sort_unstable();
+            let o = cands
+                .into_iter()
+                .find(|&c| {
+                    placed
+                        .iter()
+                        .filter(|&&(j, _)| conflict(i, j))
+                        .all(|&(j, o)| c + size[i] <= o || c >= o + size[j])
+                })
+                .expect("the top is free");
+            used[i] = true;
+            placed.push((i, o));
+            rec(n, size, conflict, placed, used, best);
+            placed.pop();
+            used[i] = false;
+        }
+    }
+    let size: Vec<u64> = items.iter().map(|x| x.1).collect();
+    let mut best = u64::MAX;
+    rec(n, &size, &conflict, &mut Vec::new(), &mut vec![false; n], &mut best);
+    if n == 0 { 0 } else { best }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn multi_interval_groups_are_valid(b in grouped(12, 40)) {
+        let p = place(&b, &quick()).unwrap();
+        verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(p.footprint >= p.lower_bound);
+        prop_assert!(p.lower_bound >= p.live_bound);
+        for (i, x) in b.iter().enumerate() {
+            prop_assert!(p.offsets[i] + x.size <= p.footprint);
+            for (j, y) in b.iter().enumerate() {
+                if x.group.is_some() && x.group == y.group {
+                    prop_assert_eq!(p.offsets[i], p.offsets[j]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn alias_bound_is_valid_and_small_groups_are_exact(b in grouped(5, 3)) {
+        let p = place(&b, &quick()).unwrap();
+        verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let opt = brute_force_items(&b);
+        prop_assert!(p.lower_bound <= opt, "bound {} above the optimum {}", p.lower_bound, opt);
+        prop_assert_eq!(p.footprint, opt);
+    }
+
+    #[test]
+    fn interleaved_plans_reach_the_alias_bound(pp in 2u32..5, rank_frac in 0.0f64..1.0, v in 2u32..4, extra in 0u32..12) {
+        let rank = ((pp as f64 * rank_frac) as u32).min(pp - 1);
+        let m = pp + extra;
+        let input = SchedulePlanInput {
+            schedule: Schedule::Interleaved { pp_size: pp, pp_rank: rank, num_microbatches: m, virtual_chunks: v },
+            layers: transformer_layers(v, 3, 128, 1, 64),
+        };
+        let sb = schedule_buffers(&input).unwrap();
+        let p = place(&sb.buffers, &quick()).unwrap();
+        verify(&sb.buffers, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(p.ratio() <= 1.01, "ratio {} (live bound ratio {})", p.ratio(),
+            p.footprint as f64 / p.live_bound as f64);
+    }
 
     #[test]
     fn placements_are_valid(b in buffers(80, 6)) {
@@ -74,7 +211,9 @@ proptest! {
         prop_assert_eq!(p.offsets.len(), b.len());
         verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(p.footprint >= p.lower_bound);
+        prop_assert!(p.lower_bound >= p.live_bound);
         prop_assert_eq!(p.lower_bound, lower_bound(&b).unwrap());
+        prop_assert_eq!(p.live_bound, live_bound(&b).unwrap());
         for (x, &o) in b.iter().zip(&p.offsets) {
             if x.size > 0 && x.end > x.start {
                 prop_assert!(o + x.size <= p.footprint);
