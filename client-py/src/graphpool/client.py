@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import queue
+import socket
 import threading
 import time
 import weakref
@@ -754,6 +755,19 @@ _FATAL_ATTACH_CODES = frozenset(
 )
 
 
+def _listening(path: str) -> bool:
+    """Whether something accepts connections on the Unix socket ``path`` (a cheap probe)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(0.2)
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 def _read_events(
     call: Any,
     first: queue.Queue[pb.SessionEvent | BaseException],
@@ -867,6 +881,7 @@ class Session:
         self._generation = 0
         self._reconnecting_since: float | None = None
         self._last_attempt_error = ""
+        self._attempt: Any = None
         # Every grant the session holds and has not released: what it declares on re-attach.
         self._held: dict[int, GrantInfo] = {g.grant_id: g for g in adopted}
         # Grants the last re-attach declared but the daemon did not adopt.
@@ -996,10 +1011,11 @@ class Session:
             previous = self.session_id
         self._emit("disconnected", reason)
         attempts = 0
+        unreachable = False
         for delay in policy.delays():
             left = t0 + policy.deadline - time.monotonic()
             if delay > 0:
-                if left <= 0 or self._stop.wait(min(delay, left)):
+                if left <= 0 or self._pause(min(delay, left), probe=unreachable):
                     break
             if self._closed:
                 break
@@ -1021,6 +1037,7 @@ class Session:
                 call, it, attached = self._attach_once(req)
             except GraphpoolError as e:
                 self._last_attempt_error = str(e)
+                unreachable = isinstance(e, DaemonUnavailable)
                 if e.code in _FATAL_ATTACH_CODES:
                     self._on_stream_end(f"re-attaching after a daemon restart was refused: {e}")
                     self._abandon_local_grants()
@@ -1038,11 +1055,32 @@ class Session:
             self._on_stream_end("closed")
         return None
 
+    def _pause(self, seconds: float, *, probe: bool) -> bool:
+        """Sleeps ``seconds`` between attempts; returns True when the session was closed.
+        With ``probe`` (the daemon was unreachable), ends the wait early as soon as something
+        accepts connections on the socket again: a new daemon is attached to at once instead
+        of after the rest of the backoff."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            if self._stop.wait(min(left, 0.02) if probe else left):
+                return True
+            if probe and _listening(self.client.socket_path):
+                return False
+
     def _attach_once(self, req: pb.AttachRequest) -> tuple[Any, Iterator[pb.SessionEvent], pb.Attached]:
         """One Attach; waits for the ``attached`` event up to the client's timeout."""
         socket_path = self.client.socket_path
         stub, _ = self.client._stubs()
-        call = stub.Attach(req)
+        # When a daemon listens again, wait_for_ready lets a channel still backing off from the
+        # dead daemon connect instead of failing at once (the timer below bounds the wait).
+        call = stub.Attach(req, wait_for_ready=_listening(socket_path))
+        with self._state:
+            self._attempt = call  # close() cancels it
+        if self._closed:
+            call.cancel()
         timer = threading.Timer(self.client.timeout, call.cancel)
         timer.daemon = True
         timer.start()
@@ -1336,12 +1374,15 @@ class Session:
                 pass  # the stream closing below ends the session as well
         with self._state:
             call = self._call_obj
+            attempt, self._attempt = self._attempt, None
             self._held.clear()
             self._pending_release.clear()
-        try:
-            call.cancel()
-        except Exception:
-            pass
+        for c in (call, attempt):
+            try:
+                if c is not None:
+                    c.cancel()
+            except Exception:
+                pass
         self._fds.close()
         self._attached.set()
         if self._thread is not threading.current_thread():

@@ -13,6 +13,8 @@
 //! 2. The task reconnects with exponential backoff (first attempt at once, then 50 ms doubling
 //!    up to `GRAPHPOOL_RECONNECT_MAX_BACKOFF` seconds, default 2) for at most
 //!    `GRAPHPOOL_RECONNECT_DEADLINE` seconds (default 600), each attempt on a fresh connection.
+//!    While nothing listens on the socket, a cheap connect probe every 20 ms ends the wait as
+//!    soon as a new daemon listens, so recovery is not delayed by the backoff.
 //! 3. It re-attaches with the same job, rank, local rank, budget and reservation, on the device
 //!    by UUID, declaring in `AttachRequest.resume` every segment it still has mapped (its own
 //!    table of live allocations: grant id, size, label). The new daemon adopts them: its usage
@@ -579,9 +581,16 @@ async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEv
     let policy = inner.policy;
     let mut delay = Duration::ZERO;
     let mut next_delay = policy.initial_backoff;
+    let mut unreachable = false;
     loop {
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
+        // While nothing listens, end the wait as soon as a new daemon accepts connections.
+        let until = Instant::now() + delay;
+        while Instant::now() < until {
+            let step = until.saturating_duration_since(Instant::now());
+            tokio::time::sleep(if unreachable { step.min(Duration::from_millis(20)) } else { step }).await;
+            if unreachable && tokio::net::UnixStream::connect(&inner.params.socket).await.is_ok() {
+                break;
+            }
         }
         if inner.detached.load(Ordering::SeqCst) {
             *lock(&inner.state) = State::Ended("detached".to_string());
@@ -622,6 +631,7 @@ async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEv
         let (client, attached, stream) = match attempt {
             Ok(Ok(x)) => x,
             Ok(Err(e)) => {
+                unreachable = matches!(e, ShimError::Connect(_));
                 if is_fatal(&e) {
                     *lock(&inner.state) =
                         State::Ended(format!("re-attaching after a daemon restart was refused: {e}"));
@@ -633,6 +643,7 @@ async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEv
                 continue;
             }
             Err(_) => {
+                unreachable = false;
                 if let State::Reconnecting { last_error, .. } = &mut *lock(&inner.state) {
                     *last_error = format!("no `attached` within {:?}", policy.attempt_timeout);
                 }

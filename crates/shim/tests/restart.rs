@@ -118,6 +118,8 @@ fn sessions_reattach_after_the_daemon_restarts() {
     // A free during the outage is local: device 1's segment is not declared to the new daemon.
     graphpool_free(other, (2 * MIB) as usize, 1, std::ptr::null_mut());
 
+    // A longer outage than the first backoff steps: recovery must not wait for the backoff.
+    std::thread::sleep(Duration::from_millis(1500));
     let t = Instant::now();
     d.restart();
     let ready = t.elapsed();
