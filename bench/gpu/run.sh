@@ -8,7 +8,12 @@
 # `cargo build --release -p graphpool-shim`. Results go to $OUT (default /tmp/graphpool-bench-out):
 # env.txt, cuda_backend.json, shim_latency.json, gpu_tests.json, pytest.log, graphpoold.log,
 # run.log; a short table is printed last.
+#
+# STAGES (default "backend shim tests seed poison") picks what runs; SEED_ARGS adds arguments to
+# the seed reproduction (bench/gpu/seed_repro.py), e.g. SEED_ARGS="--m 8,128 --deadline 200".
 set -u
+STAGES=${STAGES:-backend shim tests seed poison}
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/graphpool-bench-out}
 BIN=${GRAPHPOOL_BIN_DIR:-$ROOT/.carry}
@@ -28,9 +33,11 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 } > "$OUT/env.txt"
 cat "$OUT/env.txt"
 
+if has backend; then
 echo "== cuda backend"
 python3 bench/gpu/cuda_backend.py --graphpoold "$BIN/graphpoold" --out "$OUT/cuda_backend.json" \
   --log "$OUT/graphpoold.log" > /dev/null || echo "cuda_backend.py failed: $?"
+fi
 
 echo "== daemon for the shim bench and the tests"
 SOCKDIR=$(mktemp -d /tmp/graphpool-gpu.XXXXXX)
@@ -40,14 +47,33 @@ DPID=$!
 for _ in $(seq 200); do [ -S "$SOCK" ] && break; sleep 0.05; done
 sleep 0.3
 
+if has shim; then
 echo "== shim latency"
 python3 bench/gpu/shim_latency.py --socket "$SOCK" --out "$OUT/shim_latency.json" || echo "shim_latency.py failed: $?"
+fi
 
+if has tests; then
 echo "== GPU tests"
 rm -f "$OUT/gpu_tests.json"
 GRAPHPOOL_GPU_SOCKET=$SOCK GRAPHPOOL_BENCH_OUT="$OUT/gpu_tests.json" timeout 300 \
   python3 -m pytest client-py/tests/gpu -v -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 echo "pytest exit $?"; tail -15 "$OUT/pytest.log"
+fi
+
+if has seed; then
+echo "== seed reproduction (daemon-backed graphpool pools)"
+GRAPHPOOL_SOCKET=$SOCK timeout 600 python3 bench/gpu/seed_repro.py --pools graphpool --steps 2 --timeout 60 \
+  --graphpool-cli "$BIN/graphpool" --order schedule-major --out "$OUT/seed.json" ${SEED_ARGS:-} \
+  > "$OUT/seed.log" 2>&1
+echo "seed_repro exit $?"; tail -40 "$OUT/seed.log"
+fi
+
+if has poison; then
+echo "== poison test (replay in schedule order cannot overwrite live data)"
+GRAPHPOOL_SOCKET=$SOCK timeout 300 python3 -m pytest client-py/tests/capture -v -p no:cacheprovider \
+  ${POISON_ARGS:-} > "$OUT/poison.log" 2>&1
+echo "poison exit $?"; tail -25 "$OUT/poison.log"
+fi
 
 kill "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null
 

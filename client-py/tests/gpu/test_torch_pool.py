@@ -194,13 +194,28 @@ def test_replay_time_equal(gpu_daemon: GpuDaemon) -> None:
     assert abs(diff) <= 0.01, (m1, m2)
 
 
+RESERVE = """
+import json, sys, graphpool
+import graphpool.torch as gpt
+try:
+    gpt.MemPool(0, budget="100TiB", job_id="gpu-reserve", rank=0, reserve_budget=True, socket=sys.argv[1])
+except graphpool.CapacityExceeded as e:
+    print(json.dumps({"refused": True, "requested": e.requested, "limit": e.limit}), flush=True)
+    sys.exit(0)
+print(json.dumps({"refused": False}), flush=True)
+"""
+
+
 def test_reserve_budget_that_does_not_fit_fails_at_once(gpu_daemon: GpuDaemon) -> None:
-    gpt._shim.release_device(DEV)  # a fresh session is needed to reserve at attach
-    with pytest.raises(graphpool.CapacityExceeded) as ei:
-        gpt.MemPool(DEV, budget="100TiB", job_id="gpu-reserve", rank=0, reserve_budget=True,
-                    socket=gpu_daemon.socket)
-    assert ei.value.requested == 100 << 40
-    assert ei.value.limit
+    # A fresh process: the shim keeps one session per device per process, and earlier tests'
+    # pools may still hold theirs here.
+    p = _py(RESERVE, gpu_daemon.socket)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["refused"], r
+    assert r["requested"] == 100 << 40
+    assert r["limit"]
 
 
 def _py(code: str, *args: str) -> subprocess.Popen[str]:
