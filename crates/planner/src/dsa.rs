@@ -1115,7 +1115,13 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
 /// it beats the other constructions. `O(n log n)` plus the scans of at most 64 start
 /// positions per valley. Returns offsets and footprint, or `None` when an item has several
 /// intervals or the deadline passes.
-fn skyline(p: &Problem, rule: u8, deadline: Instant) -> Option<(Vec<u64>, u64)> {
+fn skyline(
+    p: &Problem,
+    rule: u8,
+    noise: Option<(f64, &mut Rng)>,
+    deadline: Instant,
+) -> Option<(Vec<u64>, u64)> {
+    let mut noise = noise;
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let n = p.len();
@@ -1155,6 +1161,8 @@ fn skyline(p: &Problem, rule: u8, deadline: Instant) -> Option<(Vec<u64>, u64)> 
             return None;
         }
         let b = seg[&a].0;
+        let left_h = seg.range(..a).next_back().map(|(_, &(_, lh))| lh);
+        let right_h = seg.get(&b).map(|&(_, rh)| rh);
         // The candidate: earliest start in [a, b), longest ending by b.
         let mut pick: Option<(u32, usize)> = None;
         for (scanned, &st) in starts.range(a..b).enumerate() {
@@ -1177,8 +1185,32 @@ fn skyline(p: &Problem, rule: u8, deadline: Instant) -> Option<(Vec<u64>, u64)> 
                         let from = if exact < k { exact } else { 0 };
                         (from..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1)
                     }
+                    // The best fit: ends where the valley ends, and whose top meets the
+                    // neighbour at the left (when it starts at the valley's start) or at
+                    // the right (when it ends at the valley's end); then the largest.
+                    5 => (0..k)
+                        .max_by_key(|&j| {
+                            let i = list[j] as usize;
+                            let (s0, e0) = p.ivs[i];
+                            let top = h + p.size[i];
+                            let fit = 2 * u8::from(e0 == b)
+                                + u8::from(s0 == a && Some(top) == left_h)
+                                + u8::from(e0 == b && Some(top) == right_h);
+                            (fit, p.size[i], j)
+                        })
+                        .unwrap_or(k - 1),
                     // The longest (ties: the largest).
                     _ => k - 1,
+                };
+                let choice = match noise.as_mut() {
+                    Some((q, rng)) => {
+                        if rng.unit() < *q {
+                            rng.below(k as u64) as usize
+                        } else {
+                            choice
+                        }
+                    }
+                    None => choice,
                 };
                 pick = Some((st, choice));
                 break;
@@ -1315,8 +1347,10 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let mut windows = 1;
     let mut strategies_run = 0;
     if best_high > lb && n > EXACT_MAX_ITEMS {
-        for (rule, name) in [(1, "skyline/largest"), (4, "skyline/exact-end"), (3, "skyline/area")] {
-            if let Some((off, high)) = skyline(&p, rule, deadline)
+        for (rule, name) in
+            [(5, "skyline/best-fit"), (1, "skyline/largest"), (4, "skyline/exact-end"), (3, "skyline/area")]
+        {
+            if let Some((off, high)) = skyline(&p, rule, None, deadline)
                 && high < best_high
             {
                 best_high = high;
@@ -1389,6 +1423,25 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     }
     let greedy_high = best_high;
     let mut improvement_steps = 0;
+    // Randomised skyline restarts for half of what is left (single-interval problems).
+    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n {
+        let now = Instant::now();
+        let until = now + deadline.saturating_duration_since(now) / 2;
+        let mut rng = Rng::new(opts.seed ^ 0x736b_796c);
+        let mut restarts = 0u32;
+        while Instant::now() < until && best_high > lb {
+            let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
+            let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
+            restarts += 1;
+            if let Some((off, high)) = skyline(&p, rule, Some((q, &mut rng)), until)
+                && high < best_high
+            {
+                best_high = high;
+                best_off = off;
+                strategy = format!("skyline-restarts({restarts})");
+            }
+        }
+    }
     if best_high > lb && n <= EXACT_MAX_ITEMS {
         if let Some(off) = exact(&p, lb, best_high) {
             best_high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
