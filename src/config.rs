@@ -238,14 +238,15 @@ pub struct CudaConfig {
     pub reserve_bytes: u64,
     /// Only these devices (indices or UUIDs); empty = all.
     pub devices: Vec<String>,
-    /// Most bytes per device kept created and exported ahead of requests (0 disables the
-    /// warm stock); always within the device budget's headroom.
+    /// Most bytes per device kept created and exported ahead of requests; always within the
+    /// device budget's headroom. 0 (the default) disables the warm stock: its idle segments
+    /// are device memory no rank asked for.
     pub warm_stock_bytes: u64,
 }
 
 impl Default for CudaConfig {
     fn default() -> Self {
-        CudaConfig { reserve_bytes: 4 << 30, devices: Vec::new(), warm_stock_bytes: 2 << 30 }
+        CudaConfig { reserve_bytes: 4 << 30, devices: Vec::new(), warm_stock_bytes: 0 }
     }
 }
 

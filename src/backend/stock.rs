@@ -13,8 +13,9 @@
 //! recycles memory between sessions. The stock lives inside graphpool's budget: the ledger
 //! passes the headroom left on the device with every request, and the stock is trimmed to it
 //! before anything new is created, so idle stock never takes memory the budget leaves to
-//! training processes. Its size is bounded by `cuda.warm_stock` and shown by
-//! `graphpool_device_warm_bytes`.
+//! training processes. Its size is bounded by `cuda.warm_stock` (off by default: idle stock is
+//! device memory no rank asked for, visible in a footprint measured with `cudaMemGetInfo`) and
+//! shown by `graphpool_device_warm_bytes`.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
