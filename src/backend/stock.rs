@@ -54,7 +54,7 @@ impl Idle {
         }
         // Largest first: frees the most with the fewest driver calls.
         let mut keys: Vec<(u32, u64)> = self.by_size.keys().filter(|(d, _)| *d == device).copied().collect();
-        keys.sort_by(|a, b| b.1.cmp(&a.1));
+        keys.sort_by_key(|k| std::cmp::Reverse(k.1));
         for k in keys {
             let list = self.by_size.get_mut(&k).expect("key exists");
             while idle > keep {
@@ -111,11 +111,9 @@ impl Stocked {
 
     fn send(&self, job: Job) {
         let tx = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(mpsc::SendError(job)) = tx.send(job) {
-            // The worker is gone (only at exit): do the work here.
-            if let Job::Destroy(seg) = job {
-                drop(seg);
-            }
+        // The worker is gone only at exit: then destroy here (a refill is moot).
+        if let Err(mpsc::SendError(Job::Destroy(seg))) = tx.send(job) {
+            drop(seg);
         }
     }
 }
