@@ -15,7 +15,8 @@
 //!    run on all cores and time-boxed, keeping the best per window;
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
-//! 5. a time-boxed **improvement** stage: windows of the clock around a buffer that defines
+//! 5. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
+//!    time left (single-interval problems), then windows of the clock around a buffer that defines
 //!    the footprint (a random stretch of its lifetime when that is long) are taken out with
 //!    that buffer and re-placed with perturbed orders; a window is kept when its highest
 //!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
@@ -1105,6 +1106,10 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
 // ------------------------------------------------------------------------------------------
 // The driver.
 
+/// The skyline pick rules the portfolio runs (see [`skyline`]), most useful first.
+const SKYLINE_RULES: [(u8, &str); 4] =
+    [(5, "skyline/best-fit"), (1, "skyline/largest"), (4, "skyline/exact-end"), (3, "skyline/area")];
+
 /// Bottom-up skyline packing (for problems whose items each have one interval): the
 /// skyline is the highest placed byte at every rank; the lowest stretch of it (a valley
 /// bounded by higher stretches) is filled with an unplaced item that starts earliest in it
@@ -1338,7 +1343,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     }
     let deadline = began + budget;
     // The portfolio gets a share of the budget; the improvement stage the rest.
-    let portfolio_deadline = began + budget.mul_f64(0.35);
+    let portfolio_deadline = began + budget.mul_f64(0.4);
     let lb = p.lower_bound().max(p.alias_bound());
     let (floor_off, floor_high) = online_best_fit(&p);
     let mut best_off = floor_off;
@@ -1346,19 +1351,6 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let mut strategy = "online-best-fit".to_string();
     let mut windows = 1;
     let mut strategies_run = 0;
-    if best_high > lb && n > EXACT_MAX_ITEMS {
-        for (rule, name) in
-            [(5, "skyline/best-fit"), (1, "skyline/largest"), (4, "skyline/exact-end"), (3, "skyline/area")]
-        {
-            if let Some((off, high)) = skyline(&p, rule, None, deadline)
-                && high < best_high
-            {
-                best_high = high;
-                best_off = off;
-                strategy = name.to_string();
-            }
-        }
-    }
     if best_high > lb && n > 0 {
         let d = decompose(&p, lb);
         windows = d.windows;
@@ -1368,29 +1360,63 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             opts.threads
         }
         .clamp(1, Strategy::PORTFOLIO.len());
+        // Jobs: greedy strategies (index into the portfolio) and skyline rules (index into
+        // SKYLINE_RULES; single-interval problems only), interleaved most useful first.
+        let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
+        let mut order: Vec<(bool, usize)> = vec![(false, 0)];
+        if with_skyline {
+            order.push((true, 0));
+        }
+        order.push((false, 1));
+        if with_skyline {
+            order.extend((1..SKYLINE_RULES.len()).map(|k| (true, k)));
+        }
+        order.extend((2..Strategy::PORTFOLIO.len()).map(|k| (false, k)));
+        let jobs = order.len();
         let next = AtomicUsize::new(0);
-        let estimate_ns = AtomicU64::new(0);
+        // The slowest finished job of each kind (greedy, skyline) estimates the next one.
+        let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0)];
         let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
+        let sky: Mutex<Vec<(&str, Vec<u64>, u64)>> = Mutex::new(Vec::new());
         std::thread::scope(|scope| {
-            for _ in 0..threads {
+            for _ in 0..threads.min(jobs) {
                 scope.spawn(|| {
                     loop {
                         let k = next.fetch_add(1, AtomicOrdering::Relaxed);
-                        if k >= Strategy::PORTFOLIO.len() {
+                        if k >= jobs {
                             break;
                         }
-                        let est = Duration::from_nanos(estimate_ns.load(AtomicOrdering::Relaxed));
+                        let (is_skyline, j) = order[k];
+                        let kind = usize::from(is_skyline);
+                        let est = Duration::from_nanos(estimate_ns[kind].load(AtomicOrdering::Relaxed));
                         if k > 0 && Instant::now() + est > portfolio_deadline {
-                            break;
+                            continue;
                         }
                         let t = Instant::now();
-                        let run = run_strategy(&p, &d, Strategy::PORTFOLIO[k]);
-                        estimate_ns.fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                        if is_skyline {
+                            let (rule, name) = SKYLINE_RULES[j];
+                            if let Some((off, high)) = skyline(&p, rule, None, deadline) {
+                                sky.lock().expect("portfolio worker panicked").push((name, off, high));
+                            }
+                            estimate_ns[1].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                            continue;
+                        }
+                        let run = run_strategy(&p, &d, Strategy::PORTFOLIO[j]);
+                        estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                         runs.lock().expect("portfolio worker panicked").push(run);
                     }
                 });
             }
         });
+        let mut sky = sky.into_inner().expect("portfolio worker panicked");
+        sky.sort_by_key(|x| (x.2, SKYLINE_RULES.iter().position(|r| r.1 == x.0)));
+        if let Some((name, off, high)) = sky.into_iter().next()
+            && high < best_high
+        {
+            best_high = high;
+            best_off = off;
+            strategy = name.to_string();
+        }
         let mut runs = runs.into_inner().expect("portfolio worker panicked");
         strategies_run = runs.len();
         runs.sort_by_key(|r| Strategy::PORTFOLIO.iter().position(|s| *s == r.strategy));
@@ -1423,10 +1449,10 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     }
     let greedy_high = best_high;
     let mut improvement_steps = 0;
-    // Randomised skyline restarts for half of what is left (single-interval problems).
+    // Randomised skyline restarts for a quarter of what is left (single-interval problems).
     if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n {
         let now = Instant::now();
-        let until = now + deadline.saturating_duration_since(now) / 2;
+        let until = now + deadline.saturating_duration_since(now) / 4;
         let mut rng = Rng::new(opts.seed ^ 0x736b_796c);
         let mut restarts = 0u32;
         while Instant::now() < until && best_high > lb {
