@@ -244,7 +244,6 @@ fn small_plan() -> pb::PlanInput {
             buffers: vec![b("a", 0, 2, 2 * MIB), b("b", 1, 3, 4 * MIB), b("c", 2, 4, 2 * MIB)],
         })),
         time_budget_ms: 5,
-        ..Default::default()
     }
 }
 
