@@ -79,6 +79,12 @@ impl Metrics {
         metrics::counter!("graphpool_sessions_ended_total", "reason" => reason.as_str()).increment(1);
     }
 
+    /// Folds recorded histogram samples into their buckets. Samples are buffered until this
+    /// runs (or a scrape renders them), so it must run periodically even when nobody scrapes.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
     /// The full exposition: counters and histograms, then state gauges from `ledger`.
     pub fn render(&self, ledger: &Ledger) -> String {
         let mut out = self.handle.render();

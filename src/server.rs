@@ -61,6 +61,8 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         shutdown.clone(),
     ));
 
+    tokio::spawn(housekeeping(metrics.clone(), shutdown.clone()));
+
     let instance = format!("{:016x}", rand::random::<u64>());
     let service = GraphpoolService::new(
         shared.clone(),
@@ -151,6 +153,26 @@ async fn drain(shared: &Shared, timeout: Duration) {
         shared.metrics.session_ended(EndReason::Shutdown);
     }
     shared.sessions.close_all();
+}
+
+/// Every few seconds: folds buffered histogram samples into buckets (they would otherwise
+/// accumulate without bound while nobody scrapes), and returns freed heap to the OS (glibc
+/// keeps per-thread arenas after a burst of requests, so RSS would stay at its peak).
+async fn housekeeping(metrics: Arc<Metrics>, shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                metrics.upkeep();
+                #[cfg(target_env = "gnu")]
+                // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+            }
+            _ = shutdown.wait() => return,
+        }
+    }
 }
 
 fn notify(state: &[sd_notify::NotifyState<'_>]) {

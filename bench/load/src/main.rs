@@ -56,6 +56,8 @@ fn worker(args: &[String]) {
     let mode = arg(args, "--mode").unwrap();
     let start_at: u64 = arg(args, "--start-at").unwrap().parse().unwrap();
     let seconds: f64 = arg(args, "--seconds").unwrap().parse().unwrap();
+    // Operations per second of this client; 0 = closed loop (the next right after the last).
+    let rate: f64 = arg(args, "--rate").map(|r| r.parse().unwrap()).unwrap_or(0.0);
     let out = PathBuf::from(arg(args, "--out").unwrap());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
@@ -84,7 +86,16 @@ fn worker(args: &[String]) {
         tokio::time::sleep(Duration::from_millis(wait)).await;
         let end = Instant::now() + Duration::from_secs_f64(seconds);
         let us = |t: Instant| t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+        // Open loop when paced: operations start on a fixed schedule (staggered per client), so
+        // latency is measured at a known offered load rather than at saturation.
+        let period = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
+        let mut next =
+            Instant::now() + period.map(|p| p.mul_f64(f64::from(id % 97) / 97.0)).unwrap_or_default();
         while Instant::now() < end {
+            if let Some(p) = period {
+                tokio::time::sleep_until(next.into()).await;
+                next += p;
+            }
             let op = if mode == "rr" { 0 } else { rng.below(100) };
             match op {
                 // allocate + release round trip (rr), or allocate (mixed, while < 8 held)
@@ -200,7 +211,6 @@ fn plan_request(sid: u64) -> pb::PlanCaptureRequest {
         input: Some(pb::PlanInput {
             input: Some(pb::plan_input::Input::Buffers(pb::BufferList { buffers })),
             time_budget_ms: 2,
-            ..Default::default()
         }),
         reserve: false,
     }
@@ -277,7 +287,7 @@ struct RunResult {
     table: Vec<String>,
 }
 
-fn run(d: &Daemon, dir: &Path, mode: &str, clients: u32, seconds: f64) -> RunResult {
+fn run(d: &Daemon, dir: &Path, mode: &str, clients: u32, rate: f64, seconds: f64) -> RunResult {
     let exe = std::env::current_exe().unwrap();
     let start_at = now_ms() + 1500 + u64::from(clients) * 15;
     let mut kids = Vec::new();
@@ -291,6 +301,7 @@ fn run(d: &Daemon, dir: &Path, mode: &str, clients: u32, seconds: f64) -> RunRes
             .arg("--fd-socket")
             .arg(&d.fd_socket)
             .args(["--start-at", &start_at.to_string(), "--seconds", &seconds.to_string()])
+            .args(["--rate", &rate.to_string()])
             .arg("--out")
             .arg(&out)
             .spawn()
@@ -319,37 +330,39 @@ fn run(d: &Daemon, dir: &Path, mode: &str, clients: u32, seconds: f64) -> RunRes
         for (k, n) in v["errors"].as_object().unwrap() {
             *errors.entry(k.clone()).or_default() += n.as_u64().unwrap();
         }
-        if let Some(n) = v["plan_note"].as_str().filter(|n| !n.is_empty()) {
-            if !notes.iter().any(|x: &String| x == n) {
-                notes.push(n.to_string());
-            }
+        if let Some(n) = v["plan_note"].as_str().filter(|n| !n.is_empty())
+            && !notes.iter().any(|x: &String| x == n)
+        {
+            notes.push(n.to_string());
         }
         let _ = std::fs::remove_file(out);
     }
     let mut rpcs = serde_json::Map::new();
     let mut table = Vec::new();
+    let offered = if rate > 0.0 { format!("@{rate}") } else { String::new() };
+    let label = format!("{clients}{offered}");
     for (k, mut v) in lat {
         v.sort_unstable();
         let (p50, p99, max) = (pct(&v, 0.5), pct(&v, 0.99), *v.last().unwrap_or(&0));
-        let rate = v.len() as f64 / seconds;
+        let per_s = v.len() as f64 / seconds;
         table.push(format!(
-            "{mode:<6} {clients:>3}  {k:<17} {:>9} {rate:>9.0} {p50:>8} {p99:>8} {max:>8}",
+            "{mode:<6} {label:>6}  {k:<17} {:>9} {per_s:>9.0} {p50:>8} {p99:>8} {max:>8}",
             v.len()
         ));
         rpcs.insert(
             k,
-            serde_json::json!({ "count": v.len(), "per_second": rate, "p50_us": p50, "p99_us": p99, "max_us": max }),
+            serde_json::json!({ "count": v.len(), "per_second": per_s, "p50_us": p50, "p99_us": p99, "max_us": max }),
         );
     }
     for n in &notes {
-        table.push(format!("{mode:<6} {clients:>3}  note: {n}"));
+        table.push(format!("{mode:<6} {label:>6}  note: {n}"));
     }
     if !errors.is_empty() {
-        table.push(format!("{mode:<6} {clients:>3}  errors: {errors:?}"));
+        table.push(format!("{mode:<6} {label:>6}  errors: {errors:?}"));
     }
     RunResult {
         json: serde_json::json!({
-            "mode": mode, "clients": clients, "seconds": seconds, "rpcs": rpcs,
+            "mode": mode, "clients": clients, "rate_per_client": rate, "seconds": seconds, "rpcs": rpcs,
             "errors": errors, "notes": notes, "daemon_rss_max_bytes": rss_max,
         }),
         table,
@@ -366,7 +379,7 @@ fn driver(args: &[String]) {
             t.join("release/graphpoold")
         });
     let seconds: f64 = arg(args, "--seconds").map(|s| s.parse().unwrap()).unwrap_or(5.0);
-    let runs = arg(args, "--runs").unwrap_or_else(|| "rr:1,rr:8,rr:64,mixed:64".into());
+    let runs = arg(args, "--runs").unwrap_or_else(|| "rr:1,rr:8,rr:64,rr:64@25,mixed:64,mixed:64@25".into());
     let json_out = arg(args, "--json").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("load.json"));
     let dir = tempfile::Builder::new().prefix("gpload").tempdir_in("/tmp").unwrap();
     let d = start_daemon(&bin, dir.path());
@@ -375,19 +388,23 @@ fn driver(args: &[String]) {
     let rss_idle = proc_rss(pid);
     let fds_idle = proc_fds(pid);
     // Warm up (first connections, runtime threads), then take the baseline.
-    run(&d, dir.path(), "mixed", 2, 1.0);
+    run(&d, dir.path(), "mixed", 2, 0.0, 1.0);
     std::thread::sleep(Duration::from_millis(500));
     let (rss_base, fds_base) = (proc_rss(pid), proc_fds(pid));
 
     let mut results = Vec::new();
     let mut table = vec![format!(
-        "{:<6} {:>3}  {:<17} {:>9} {:>9} {:>8} {:>8} {:>8}",
+        "{:<6} {:>6}  {:<17} {:>9} {:>9} {:>8} {:>8} {:>8}",
         "mode", "n", "rpc", "count", "per s", "p50 µs", "p99 µs", "max µs"
     )];
     let mut rss_load = 0;
     for spec in runs.split(',') {
-        let (mode, n) = spec.split_once(':').expect("runs are mode:clients");
-        let r = run(&d, dir.path(), mode, n.parse().unwrap(), seconds);
+        let (mode, n) = spec.split_once(':').expect("runs are mode:clients[@rate]");
+        let (n, rate) = match n.split_once('@') {
+            Some((n, r)) => (n, r.parse::<f64>().expect("rate is operations per second per client")),
+            None => (n, 0.0),
+        };
+        let r = run(&d, dir.path(), mode, n.parse().unwrap(), rate, seconds);
         rss_load = rss_load.max(r.json["daemon_rss_max_bytes"].as_u64().unwrap());
         table.extend(r.table);
         results.push(r.json);
@@ -412,12 +429,19 @@ fn driver(args: &[String]) {
             st.sessions.len(),
         )
     });
+    // Dropping the runtime closes the checker's own connection before the fds are counted.
+    drop(rt);
     let deadline = Instant::now() + Duration::from_secs(3);
     while proc_fds(pid) > fds_base && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (rss_after, fds_after) = (proc_rss(pid), proc_fds(pid));
     let rss_slack = 4 * MIB;
+    // The daemon hands freed heap back to the OS every 5 s: give it two rounds.
+    let deadline = Instant::now() + Duration::from_secs(11);
+    while proc_rss(pid) > rss_base + rss_slack && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (rss_after, fds_after) = (proc_rss(pid), proc_fds(pid));
     let checks = serde_json::json!({
         "ledger_empty": granted == 0 && grants == 0 && sessions == 0,
         "fds_back_at_baseline": fds_after <= fds_base,
