@@ -137,11 +137,11 @@ pub fn buffers_from_proto(list: &pb::BufferList) -> Result<Vec<NamedBuffer>, Pla
         .iter()
         .enumerate()
         .map(|(i, b)| {
-            if b.end < b.start {
+            if b.end <= b.start {
                 return Err(PlanningError::Invalid {
                     field: format!("buffers.buffers[{i}].end"),
                     message: format!(
-                        "is {} but start is {}; a buffer lives over [start, end)",
+                        "is {} but start is {}; a buffer lives over [start, end), so end must be greater",
                         b.end, b.start
                     ),
                 });
@@ -338,6 +338,15 @@ mod tests {
             l.buffers[3].end = 1;
         }
         let e = plan(&reversed, Duration::from_millis(10), 100).unwrap_err();
+        assert_eq!(e.field(), Some("buffers.buffers[3].end"));
+        // A buffer that is never live ([2, 2)) is refused too (found by the fuzzer: it used to
+        // be placed outside a zero footprint).
+        let mut empty = input.clone();
+        if let Some(pb::plan_input::Input::Buffers(l)) = &mut empty.input {
+            l.buffers[3].start = 2;
+            l.buffers[3].end = 2;
+        }
+        let e = plan(&empty, Duration::from_millis(10), 100).unwrap_err();
         assert_eq!(e.field(), Some("buffers.buffers[3].end"));
     }
 }

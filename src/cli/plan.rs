@@ -235,11 +235,11 @@ pub fn parse_buffers_csv(path: &Path, text: &str) -> Result<Vec<NamedBuffer>, Pl
             })
         };
         let (start, end) = (int(1)?, int(2)?);
-        if end < start {
+        if end <= start {
             return Err(err(
                 line,
                 "end",
-                format!("is {end}, before start {start}; buffers live over [start, end)"),
+                format!("is {end}, not after start {start}; buffers live over [start, end)"),
             ));
         }
         let size = parse_size(fields[3]).map_err(|e| err(line, "size", e.to_string()))?;
