@@ -1351,15 +1351,16 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let mut strategy = "online-best-fit".to_string();
     let mut windows = 1;
     let mut strategies_run = 0;
+    let mut sky_estimate = Duration::ZERO;
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |t| t.get())
+    } else {
+        opts.threads
+    };
     if best_high > lb && n > 0 {
         let d = decompose(&p, lb);
         windows = d.windows;
-        let threads = if opts.threads == 0 {
-            std::thread::available_parallelism().map_or(1, |t| t.get())
-        } else {
-            opts.threads
-        }
-        .clamp(1, Strategy::PORTFOLIO.len());
+        let threads = threads.clamp(1, Strategy::PORTFOLIO.len());
         // Jobs: greedy strategies (index into the portfolio) and skyline rules (index into
         // SKYLINE_RULES; single-interval problems only), interleaved most useful first.
         let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
@@ -1388,7 +1389,12 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                         }
                         let (is_skyline, j) = order[k];
                         let kind = usize::from(is_skyline);
-                        let est = Duration::from_nanos(estimate_ns[kind].load(AtomicOrdering::Relaxed));
+                        // A kind with no finished job yet is estimated by the other kind.
+                        let est =
+                            Duration::from_nanos(match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
+                                0 => estimate_ns[1 - kind].load(AtomicOrdering::Relaxed),
+                                e => e,
+                            });
                         if k > 0 && Instant::now() + est > portfolio_deadline {
                             continue;
                         }
@@ -1408,6 +1414,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 });
             }
         });
+        sky_estimate = Duration::from_nanos(estimate_ns[1].load(AtomicOrdering::Relaxed));
         let mut sky = sky.into_inner().expect("portfolio worker panicked");
         sky.sort_by_key(|x| (x.2, SKYLINE_RULES.iter().position(|r| r.1 == x.0)));
         if let Some((name, off, high)) = sky.into_iter().next()
@@ -1450,9 +1457,12 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let greedy_high = best_high;
     let mut improvement_steps = 0;
     // Randomised skyline restarts for a quarter of what is left (single-interval problems).
-    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n {
-        let now = Instant::now();
-        let until = now + deadline.saturating_duration_since(now) / 4;
+    let now = Instant::now();
+    let until = now + deadline.saturating_duration_since(now) / 4;
+    // Skipped when fewer than two restarts would fit (large inputs: the improvement stage
+    // gains more from the time).
+    let restart_fits = sky_estimate * 2 <= until.saturating_duration_since(now);
+    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && restart_fits {
         let mut rng = Rng::new(opts.seed ^ 0x736b_796c);
         let mut restarts = 0u32;
         while Instant::now() < until && best_high > lb {
@@ -1475,11 +1485,33 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             strategy = "exact".to_string();
         }
     } else if best_high > lb && opts.improve {
-        let stats = improve(&p, &mut best_off, lb, deadline, opts.seed);
-        improvement_steps = stats.steps;
-        if stats.improved {
-            best_high = (0..n).map(|i| best_off[i] + p.size[i]).max().unwrap_or(0);
-            strategy.push_str("+improved");
+        // Independent chains (one per core, different seeds) from the same start; the
+        // lowest result is kept (the search's outcome varies a lot between seeds).
+        let chains = threads.clamp(1, 8);
+        let results: Vec<(Vec<u64>, ImproveStats)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..chains)
+                .map(|k| {
+                    let mut off = best_off.clone();
+                    let p = &p;
+                    let seed = opts.seed.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                    scope.spawn(move || {
+                        let stats = improve(p, &mut off, lb, deadline, seed);
+                        (off, stats)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("improvement worker panicked")).collect()
+        });
+        for (off, stats) in results {
+            improvement_steps += stats.steps;
+            let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+            if stats.improved && high < best_high {
+                best_high = high;
+                best_off = off;
+                if !strategy.ends_with("+improved") {
+                    strategy.push_str("+improved");
+                }
+            }
         }
     }
     let offsets = p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best_off[i as usize] }).collect();
