@@ -1463,15 +1463,39 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // gains more from the time).
     let restart_fits = sky_estimate * 2 <= until.saturating_duration_since(now);
     if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && restart_fits {
-        let mut rng = Rng::new(opts.seed ^ 0x736b_796c);
-        let mut restarts = 0u32;
-        while Instant::now() < until && best_high > lb {
-            let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
-            let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
-            restarts += 1;
-            if let Some((off, high)) = skyline(&p, rule, Some((q, &mut rng)), until)
-                && high < best_high
-            {
+        // One restart loop per core (different seeds); each keeps its best.
+        let start_high = best_high;
+        let workers = threads.clamp(1, 8);
+        let results: Vec<Option<(Vec<u64>, u64, u32)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|k| {
+                    let p = &p;
+                    scope.spawn(move || {
+                        let mut rng = Rng::new(
+                            opts.seed ^ 0x736b_796c ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                        );
+                        let mut best: Option<(Vec<u64>, u64, u32)> = None;
+                        let mut high_k = start_high;
+                        let mut restarts = 0u32;
+                        while Instant::now() < until && high_k > lb {
+                            let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
+                            let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
+                            restarts += 1;
+                            if let Some((off, high)) = skyline(p, rule, Some((q, &mut rng)), until)
+                                && high < high_k
+                            {
+                                high_k = high;
+                                best = Some((off, high, restarts));
+                            }
+                        }
+                        best
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("restart worker panicked")).collect()
+        });
+        for (off, high, restarts) in results.into_iter().flatten() {
+            if high < best_high {
                 best_high = high;
                 best_off = off;
                 strategy = format!("skyline-restarts({restarts})");
