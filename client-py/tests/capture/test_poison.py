@@ -36,16 +36,11 @@ CASES = {
 KINDS = ["torch", "torch-xs", "graphpool"]
 
 
-# ------------------------------------------------------------------------- the child's program
-
-
-def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU machine
-    import torch
+def _block_class() -> Any:
+    """The transformer block both the child and the in-process tests capture (torch is imported
+    here, not at module import, so that the test process can skip without torch)."""
     import torch.nn.functional as F
     from torch import nn
-
-    from graphpool.capture import make_graphed_callables
-    from graphpool.schedule import Schedule
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -60,6 +55,20 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
             return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    return Block
+
+
+# ------------------------------------------------------------------------- the child's program
+
+
+def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU machine
+    import torch
+
+    from graphpool.capture import make_graphed_callables
+    from graphpool.schedule import Schedule
+
+    Block = _block_class()
 
     def build(chunk_sizes: list[int], dtype: Any) -> list[list[Block]]:
         torch.manual_seed(0)
@@ -241,26 +250,11 @@ def test_poisoned_replay_matches_eager(kind: str, case: str) -> None:
 
 # In-process tests below: each closes its capture in a finally block.
 
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
 from graphpool.capture import make_graphed_callables  # noqa: E402
 from graphpool.schedule import Schedule  # noqa: E402
 
 
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(HID), nn.LayerNorm(HID)
-        self.qkv, self.proj = nn.Linear(HID, 3 * HID), nn.Linear(HID, HID)
-        self.fc1, self.fc2 = nn.Linear(HID, FFN), nn.Linear(FFN, HID)
-
-    def forward(self, x: Any) -> Any:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, HEADS, h // HEADS).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+_Block = _block_class()
 
 
 def _build(n: int) -> list[_Block]:
