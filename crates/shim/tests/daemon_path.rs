@@ -3,21 +3,14 @@
 
 mod common;
 
-use std::ffi::{CStr, CString, c_void};
+use std::ffi::{CString, c_void};
 use std::time::Instant;
 
+use common::last_error;
 use graphpool_proto::v1::{GetUsageRequest, ListGrantsRequest};
 use graphpool_shim::*;
 
 const MIB: u64 = 1 << 20;
-
-fn last_error() -> serde_json::Value {
-    let p = graphpool_shim_last_error();
-    assert!(!p.is_null(), "expected an error");
-    // SAFETY: the shim returns a valid C string that lives until the next call.
-    let s = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
-    serde_json::from_str(&s).unwrap()
-}
 
 fn configure(socket: &std::path::Path, job: &str, rank: u32, device: i32, budget: u64, reserve: bool) -> i32 {
     let sock = CString::new(socket.to_str().unwrap()).unwrap();

@@ -5,21 +5,14 @@
 
 mod common;
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::time::{Duration, Instant};
 
+use common::last_error;
 use graphpool_proto::v1::{GetUsageRequest, ListGrantsRequest, Usage};
 use graphpool_shim::*;
 
 const MIB: u64 = 1 << 20;
-
-fn last_error() -> serde_json::Value {
-    let p = graphpool_shim_last_error();
-    assert!(!p.is_null(), "expected an error");
-    // SAFETY: the shim returns a valid C string that lives until the next call.
-    let s = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
-    serde_json::from_str(&s).unwrap()
-}
 
 fn configure(socket: &std::path::Path, job: &str, rank: u32, device: i32) -> i32 {
     let sock = CString::new(socket.to_str().unwrap()).unwrap();

@@ -101,3 +101,13 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// The shim's last error, parsed (it is JSON); panics if there is none.
+#[allow(dead_code)] // not every test binary uses every helper
+pub fn last_error() -> serde_json::Value {
+    let p = graphpool_shim::graphpool_shim_last_error();
+    assert!(!p.is_null(), "expected an error");
+    // SAFETY: the shim returns a valid C string that lives until the next call.
+    let s = unsafe { std::ffi::CStr::from_ptr(p) }.to_str().unwrap().to_string();
+    serde_json::from_str(&s).unwrap()
+}
