@@ -215,7 +215,7 @@ def session_info(device: int) -> tuple[int, int, str] | None:
 
 def release_device(device: int) -> bool:
     """Ends the device's session if no segment is mapped; False when some still are."""
-    return load().graphpool_shim_release_device(device) == 0
+    return bool(load().graphpool_shim_release_device(device) == 0)
 
 
 def alloc(size: int, device: int) -> int:

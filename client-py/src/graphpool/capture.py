@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from .schedule import Schedule
 
@@ -101,6 +101,17 @@ class CaptureStats:
     #: Bytes of the one segment each pool was given before capture (label -> bytes; empty when
     #: ``arena=False``).
     arena_bytes: dict[str, int] = field(default_factory=dict)
+    #: Bytes the warm-up left reserved outside the pools once its tensors were freed: the
+    #: libraries' workspaces for the capture stream (cuBLAS), which the graphs use.
+    warmup_retained_bytes: int = 0
+    #: Device memory the capture took beyond the rise of the allocator's reserve (graph objects
+    #: and their instantiation), from ``torch.cuda.mem_get_info`` around the capture.
+    graph_object_bytes: int = 0
+    #: Of ``graph_object_bytes``: what the first graph took (a one-off cost of the first
+    #: instantiation, plus one graph) and the mean of every later graph. The driver hands out
+    #: device memory in 2 MiB pages, so both are exact only in sum.
+    graph_first_bytes: int = 0
+    graph_bytes_per_graph: int = 0
     #: The daemon's plan, when one was asked for and given (a ``graphpool.v1.Plan``).
     plan: Any = None
     profiles: list[LayerProfile] = field(default_factory=list)
@@ -121,7 +132,7 @@ def _alias(t: "torch.Tensor") -> "torch.Tensor":
     base = t.untyped_storage().data_ptr()
     st = _storage_at(base, nbytes, t.device)
     out = torch.empty((0,), dtype=t.dtype, device=t.device)
-    out.set_(st, t.storage_offset(), t.shape, t.stride())  # type: ignore[call-overload]
+    cast(Any, out).set_(st, t.storage_offset(), t.shape, t.stride())
     return out
 
 
@@ -149,7 +160,7 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 
 
 def _nbytes(t: "torch.Tensor") -> int:
-    return t.numel() * t.element_size()
+    return int(t.numel() * t.element_size())
 
 
 def _split_chunks(callables: Sequence[Any], v: int) -> list[list[Any]]:
@@ -571,9 +582,9 @@ def _replay_fn() -> Any:
         return _FN
     import torch
 
-    class _Replay(torch.autograd.Function):
+    class _Replay(torch.autograd.Function):  # type: ignore[misc, unused-ignore]
         @staticmethod
-        def forward(ctx: Any, call: _GraphedCall, anchor: Any, *inputs: Any) -> Any:  # type: ignore[override]
+        def forward(ctx: Any, call: _GraphedCall, anchor: Any, *inputs: Any) -> Any:  # type: ignore[override, unused-ignore]
             lay, s = call.lay, call.slot
             for src, dst in zip(inputs, lay.static_in[s]):
                 if src.data_ptr() != dst.data_ptr():
@@ -583,7 +594,7 @@ def _replay_fn() -> Any:
             return tuple(o.detach() for o in lay.static_out[s])
 
         @staticmethod
-        def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+        def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override, unused-ignore]
             call: _GraphedCall = ctx.call
             lay, s = call.lay, call.slot
             for g, dst in zip(
@@ -728,6 +739,7 @@ def make_graphed_callables(
     gc.collect()
     torch.cuda.empty_cache()
     stats.warmup_seconds = time.perf_counter() - t0
+    stats.warmup_retained_bytes = max(0, torch.cuda.memory_reserved(device) - reserved0)
 
     # 2. plan and capacity check, before any capture
     stats.predicted_bytes = _predict(schedule, stats.profiles)
@@ -790,7 +802,7 @@ def make_graphed_callables(
                 stats.arena_bytes[label] = n
         torch.cuda.synchronize()
 
-    settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
+    settings: Any = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
         torch.cuda.memory, "_set_allocator_settings", None
     )
     if expandable_segments and settings is None:
@@ -824,6 +836,9 @@ def _capture_all(
     last_log = t0
     done = 0
     torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info(device)[0]
+    reserved_before = torch.cuda.memory_reserved(device)
+    first_outside = 0
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for step in schedule.first_use_steps():
@@ -834,6 +849,8 @@ def _capture_all(
                 for lay in ch:
                     x = _capture_forward(lay, s, x, samples[step.chunk], _pool_id(fwd_pools[step.chunk][s]), stream)
                     done += 1
+                    if done == 1:
+                        first_outside = _outside(free_before, reserved_before, device)
             else:
                 gout: tuple[Any, ...] | None = None
                 for lay in reversed(ch):
@@ -851,10 +868,22 @@ def _capture_all(
     stats.capture_seconds = time.perf_counter() - t0
     stats.graphs = done
     stats.reserved_bytes = torch.cuda.memory_reserved(device) - reserved0
+    stats.graph_object_bytes = _outside(free_before, reserved_before, device)
+    stats.graph_first_bytes = first_outside
+    if done > 1:
+        stats.graph_bytes_per_graph = max(0, stats.graph_object_bytes - first_outside) // (done - 1)
     log.info(
         "captured %d graphs in %.2f s, %.2f GiB reserved (predicted %.2f GiB)", done,
         stats.capture_seconds, stats.reserved_bytes / _GiB, stats.predicted_bytes / _GiB,
     )
+
+
+def _outside(free_before: int, reserved_before: int, device: int) -> int:
+    """Device memory taken since ``free_before`` beyond the allocator's reserve growth."""
+    import torch
+
+    took = free_before - torch.cuda.mem_get_info(device)[0]
+    return max(0, int(took - (torch.cuda.memory_reserved(device) - reserved_before)))
 
 
 _LARGE = 1 << 20  # the caching allocator's small/large block boundary

@@ -211,7 +211,8 @@ class MemPool:
     @property
     def id(self) -> tuple[int, int]:
         """The pool id, for ``torch.cuda.graph(g, pool=...)`` and ``make_graphed_callables``."""
-        return self._pool.id
+        a, b = self._pool.id
+        return int(a), int(b)
 
     @property
     def torch_pool(self) -> torch.cuda.MemPool:
