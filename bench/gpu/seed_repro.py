@@ -226,8 +226,13 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
         logging.basicConfig(level=logging.WARNING)
         pools, kw = GP_VARIANTS[variant]
         samples = [(X[c][0].detach().requires_grad_(),) for c in range(len(chunks))]
+        if case.get("pool_report"):
+            torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
         gs = capture.make_graphed_callables(chunks, samples, num_warmup_iters=1, schedule=sched,
                                             pools=pools or case.get("pools", "auto"), **kw)
+        if case.get("pool_report"):
+            out["pool_report"] = pool_report(gs)
+            torch.cuda.memory._record_memory_history(enabled=None)
         out["graphs"] = gs.stats.graphs
         out["pool_kind"] = gs.stats.pool_kind
         out["num_pools"] = gs.stats.num_pools
@@ -235,6 +240,11 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
         out["predicted_gib"] = gs.stats.predicted_bytes / GiB
         out["capture_only_s"] = gs.stats.capture_seconds
         out["arena_gib"] = sum(gs.stats.arena_bytes.values()) / GiB
+        out["arena_mib"] = {k: v / 2**20 for k, v in gs.stats.arena_bytes.items()}
+        out["warmup_retained_mib"] = gs.stats.warmup_retained_bytes / 2**20
+        out["graph_object_mib"] = gs.stats.graph_object_bytes / 2**20
+        out["graph_first_mib"] = gs.stats.graph_first_bytes / 2**20
+        out["graph_per_graph_kib"] = gs.stats.graph_bytes_per_graph / 2**10
         out["plan_description"] = capture.plan_description(sched, gs.stats.profiles)
         out["workspace_mib"] = {
             "forward_max": max(p.forward_workspace_bytes for p in gs.stats.profiles) / 2**20,
@@ -305,6 +315,46 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
                    grad_ok=not bad, grad_max_over_own_noise=per_t,
                    grad_max_over_eager_noise=diffs[worst] / max(max(ref["noise"]), GRAD_FLOOR))
     return out
+
+
+def pool_report(gs: Any) -> dict[str, Any]:
+    """Where a capture's memory went, per pool: every segment (size, bytes allocated in it) and,
+    for the segments after each pool's first (the arena), the blocks with the Python frame that
+    allocated each; plus what the capture left reserved outside its pools."""
+    import torch
+
+    snap = torch.cuda.memory._snapshot()
+    labels = {tuple(pid): label for label, pid in
+              ((lb, capture_pool_id(p)) for lb, p in gs._pools)}
+    pools: dict[str, Any] = {}
+    outside = []
+    for seg in snap["segments"]:
+        pid = tuple(seg.get("segment_pool_id") or (0, 0))
+        entry = {"size_mib": seg["total_size"] / 2**20,
+                 "allocated_mib": seg["allocated_size"] / 2**20,
+                 "stream": seg.get("stream")}
+        label = labels.get(pid)
+        if label is None:
+            outside.append(entry)
+            continue
+        segs = pools.setdefault(label, [])
+        if segs and seg["total_size"] < (1 << 30):
+            blocks = []
+            for b in seg.get("blocks", ()):
+                frames = [f for f in b.get("frames", ()) if "graphpool" in f.get("filename", "")
+                          or "seed" in f.get("filename", "") or "torch/nn" in f.get("filename", "")]
+                where = "; ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
+                                  for f in frames[:3])
+                blocks.append({"mib": b["size"] / 2**20, "state": b["state"], "where": where})
+            entry["blocks"] = blocks[:24]
+        segs.append(entry)
+    return {"pools": pools, "outside_pools": outside}
+
+
+def capture_pool_id(pool: Any) -> Any:
+    from graphpool import capture
+
+    return capture._pool_id(pool)
 
 
 # ------------------------------------------------------------------------------------ parent
@@ -443,12 +493,18 @@ def main() -> int:
                          "variant-major: extras after all the four columns")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per variant process")
     ap.add_argument("--out", default="", help="JSON output path")
+    ap.add_argument("--pool-report", default="",
+                    help="comma-separated M values: graphpool variants at these M record "
+                         "allocation history during "
+                         "capture and report every pool's segments and what its overflow "
+                         "segments hold (slower capture; for diagnosis)")
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="seconds after which remaining cases are skipped (0 = none)")
     args = ap.parse_args()
     ms = [8] if args.quick else [int(x) for x in args.m.split(",") if x]
     steps = 2 if args.quick else args.steps
     variants = [v for v in args.variants.split(",") if v]
+    report_ms = {int(x) for x in args.pool_report.split(",") if x}
     if "eager" in variants:
         variants.remove("eager")
     extras = [v for v in variants if v in EXTRAS]
@@ -474,7 +530,8 @@ def main() -> int:
             r = {"error": "skipped: --deadline reached", "skipped": True}
         else:
             case = dict(variant=v, m=m, schedule=sname, steps=steps, ref_path=ref_path,
-                        seq=args.seq, pools=args.pools)
+                        seq=args.seq, pools=args.pools,
+                        pool_report=m in report_ms and v in GP_VARIANTS)
             r = run_case(case, args.timeout)
         r.update(variant=v, m=m, schedule=sname)
         predict_with_cli(r, args.graphpool_cli, tmp)
