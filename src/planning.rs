@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use graphpool_planner::pipeline::{self, NamedBuffer, PlanError, SchedulePlanInput};
+use graphpool_planner::pipeline::{self, CaptureOverhead, NamedBuffer, PlanError, SchedulePlanInput};
 use graphpool_planner::{PlaceOptions, Schedule};
 use graphpool_proto::v1 as pb;
 
@@ -112,7 +112,10 @@ pub fn plan(
                     max: max_buffers,
                 });
             }
-            pipeline::plan_schedule_buffers(sb, &opts).map_err(|e| planner_error("schedule.", kind, e))?
+            let overhead = s.overhead.as_ref().map(overhead_from_proto).unwrap_or_default();
+            pipeline::plan_schedule_buffers(sb, &opts)
+                .map_err(|e| planner_error("schedule.", kind, e))?
+                .with_overhead(&overhead)
         }
     };
     Ok(plan_to_proto(&plan))
@@ -217,6 +220,16 @@ pub fn schedule_from_proto(
     Ok((SchedulePlanInput { schedule, layers }, name))
 }
 
+/// Converts the API's `CaptureOverhead` (every value is valid: bytes, added saturating).
+pub fn overhead_from_proto(o: &pb::CaptureOverhead) -> CaptureOverhead {
+    CaptureOverhead {
+        fixed_bytes: o.fixed_bytes,
+        per_graph_bytes: o.per_graph_bytes,
+        per_pool_bytes: o.per_pool_bytes,
+        backward_pool_extra_bytes: o.backward_pool_extra_bytes,
+    }
+}
+
 /// Converts a planner [`pipeline::Plan`] to the API's `Plan`.
 pub fn plan_to_proto(p: &pipeline::Plan) -> pb::Plan {
     pb::Plan {
@@ -242,6 +255,8 @@ pub fn plan_to_proto(p: &pipeline::Plan) -> pb::Plan {
         steps: p.steps.clone(),
         predicted_capture_bytes: p.predicted_capture_bytes,
         graphs: p.graphs,
+        pools: p.pools,
+        overhead_bytes: p.overhead_bytes,
     }
 }
 
@@ -277,6 +292,7 @@ mod tests {
                     })),
                 }),
                 layers,
+                overhead: None,
             })),
             time_budget_ms: 0,
         }

@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         k => {
             let path = if k == 1 { "fuzz.json" } else { "fuzz.toml" };
             if let Ok(s) = parse_schedule(Path::new(path), text) {
-                if let Ok(sb) = pipeline::schedule_buffers(&s) {
+                if let Ok(sb) = pipeline::schedule_buffers(&s.input) {
                     if sb.buffers.len() <= 64 {
                         let _ = pipeline::plan_schedule_buffers(sb, &opts);
                     }

@@ -28,6 +28,11 @@
 //!   outputs = [{ name = "hidden", shape = [4096, 1, 1024], dtype = "bf16" }]
 //!   ```
 //!
+//!   An optional `[overhead]` table (`fixed_bytes`, `per_graph_bytes`, `per_pool_bytes`,
+//!   `backward_pool_extra_bytes`) adds what capture costs beyond the planned buffers, as an
+//!   earlier capture of the model measured it (`GraphedSchedule.capture_overhead()` in the
+//!   Python client); without it the prediction is the static buffers alone.
+//!
 //!   JSON has the same keys (`{"schedule": {"one_f_one_b": {...}}, "layers": [...]}`).
 //!   `crates/planner/examples/schedule-1f1b.toml` is a complete example; `docs/planner.md`
 //!   explains how buffers, lifetimes and slots follow from it.
@@ -41,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use graphpool_planner::PlaceOptions;
-use graphpool_planner::pipeline::{self, NamedBuffer, Plan, PlanError, SchedulePlanInput};
+use graphpool_planner::pipeline::{self, CaptureOverhead, NamedBuffer, Plan, PlanError, SchedulePlanInput};
 use serde_json::json;
 
 use crate::units::{SizeDisplay, parse_size};
@@ -133,9 +138,10 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
         }
         (None, Some(path)) => {
             let text = read(path)?;
-            let input = parse_schedule(path, &text)?;
-            pipeline::plan_schedule(&input, &opts)
+            let desc = parse_schedule(path, &text)?;
+            pipeline::plan_schedule(&desc.input, &opts)
                 .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?
+                .with_overhead(&desc.overhead.unwrap_or_default())
         }
         _ => return Err(PlanCliError::Usage),
     };
@@ -151,18 +157,47 @@ fn read(path: &Path) -> Result<String, PlanCliError> {
     std::fs::read_to_string(path).map_err(|source| PlanCliError::Read { path: path.to_path_buf(), source })
 }
 
+/// A `--schedule` file: what to plan, and optionally the capture overhead to add.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleDescription {
+    /// The schedule and its layers.
+    pub input: SchedulePlanInput,
+    /// Capture overhead measured by an earlier capture (none: static buffers only).
+    pub overhead: Option<CaptureOverhead>,
+}
+
+/// The file's keys: those of `SchedulePlanInput` plus `overhead`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptionFile {
+    schedule: graphpool_planner::schedule::Schedule,
+    layers: Vec<pipeline::LayerSpec>,
+    #[serde(default)]
+    overhead: Option<CaptureOverhead>,
+}
+
+impl From<DescriptionFile> for ScheduleDescription {
+    fn from(f: DescriptionFile) -> Self {
+        ScheduleDescription {
+            input: SchedulePlanInput { schedule: f.schedule, layers: f.layers },
+            overhead: f.overhead,
+        }
+    }
+}
+
 /// Parses a schedule description: TOML for `.toml`, JSON for `.json`, else whichever parses.
-pub fn parse_schedule(path: &Path, text: &str) -> Result<SchedulePlanInput, PlanCliError> {
+pub fn parse_schedule(path: &Path, text: &str) -> Result<ScheduleDescription, PlanCliError> {
     let err = |message: String| PlanCliError::Schedule { path: path.to_path_buf(), message };
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("json") => serde_json::from_str(text).map_err(|e| err(e.to_string())),
-        Some("toml") => toml::from_str(text).map_err(|e| err(e.to_string())),
+    let file: DescriptionFile = match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => serde_json::from_str(text).map_err(|e| err(e.to_string()))?,
+        Some("toml") => toml::from_str(text).map_err(|e| err(e.to_string()))?,
         _ => serde_json::from_str(text).or_else(|json_err| {
             toml::from_str(text).map_err(|toml_err| {
                 err(format!("neither JSON ({json_err}) nor TOML ({toml_err}); name the file .json or .toml"))
             })
-        }),
-    }
+        })?,
+    };
+    Ok(file.into())
 }
 
 /// Parses a buffer-list CSV (see the module documentation). Errors give the line number
@@ -274,6 +309,13 @@ pub fn report(plan: &Plan) -> String {
         let shown: Vec<String> = plan.microbatch_slot.iter().take(32).map(u32::to_string).collect();
         let more = if plan.microbatch_slot.len() > 32 { " ..." } else { "" };
         row(&mut s, "slot of microbatch", format!("{}{more}", shown.join(" ")));
+        row(&mut s, "pools", plan.pools.to_string());
+        let overhead = if plan.overhead_bytes == 0 {
+            "none given (static buffers only)".to_string()
+        } else {
+            SizeDisplay(plan.overhead_bytes).to_string()
+        };
+        row(&mut s, "capture overhead", overhead);
         row(&mut s, "capture bytes", SizeDisplay(plan.predicted_capture_bytes).to_string());
     }
     s
@@ -289,8 +331,10 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "planning_seconds": plan.elapsed.as_secs_f64(),
         "saved_by_aliasing_bytes": plan.saved_by_aliasing,
         "predicted_capture_bytes": plan.predicted_capture_bytes,
+        "overhead_bytes": plan.overhead_bytes,
         "slots": plan.slots,
         "graphs": plan.graphs,
+        "pools": plan.pools,
         "microbatch_slot": plan.microbatch_slot,
         "steps": plan.steps,
         "buffers": plan.buffers.iter().map(|b| json!({
@@ -357,12 +401,26 @@ mod tests {
             outputs = [{ shape = [16, 8], dtype = "bf16" }]
         "#;
         let s = parse_schedule(Path::new("s.toml"), toml_text).unwrap();
-        let json_text = serde_json::to_string(&s).unwrap();
+        assert_eq!(s.overhead, None);
+        let json_text = serde_json::to_string(&json!({
+            "schedule": s.input.schedule, "layers": s.input.layers,
+            "overhead": {"fixed_bytes": 1000, "per_pool_bytes": 10},
+        }))
+        .unwrap();
         let j = parse_schedule(Path::new("s.json"), &json_text).unwrap();
-        assert_eq!(s, j);
-        let plan = pipeline::plan_schedule(&s, &PlaceOptions::default()).unwrap();
+        assert_eq!(s.input, j.input);
+        let overhead = j.overhead.unwrap();
+        assert_eq!((overhead.fixed_bytes, overhead.per_pool_bytes, overhead.per_graph_bytes), (1000, 10, 0));
+        let plan = pipeline::plan_schedule(&s.input, &PlaceOptions::default()).unwrap();
         assert_eq!(plan.slots, 4);
         assert!(report(&plan).lines().any(|l| l.split_whitespace().eq(["slots", "4"])));
+        // 4 forward pools + 1 backward pool
+        let with = plan.clone().with_overhead(&overhead);
+        assert_eq!(with.predicted_capture_bytes, plan.footprint + 1000 + 5 * 10);
+        assert!(report(&with).lines().any(|l| l.starts_with("capture overhead")));
+        let e =
+            parse_schedule(Path::new("s.json"), r#"{"schedule": {}, "layers": [], "extra": 1}"#).unwrap_err();
+        assert!(e.to_string().contains("s.json"), "{e}");
         let e = parse_schedule(Path::new("s.toml"), "[schedule.one_f_one_b]\npp_size = \"x\"\n").unwrap_err();
         assert!(e.to_string().contains("s.toml"), "{e}");
     }
@@ -371,8 +429,8 @@ mod tests {
     fn example_schedule_plans() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/planner/examples/schedule-1f1b.toml");
         let text = std::fs::read_to_string(&path).unwrap();
-        let input = parse_schedule(&path, &text).unwrap();
-        let plan = pipeline::plan_schedule(&input, &PlaceOptions::default()).unwrap();
+        let desc = parse_schedule(&path, &text).unwrap();
+        let plan = pipeline::plan_schedule(&desc.input, &PlaceOptions::default()).unwrap();
         assert_eq!(plan.slots, 8);
         assert!(plan.ratio() <= 1.001, "ratio {}", plan.ratio());
     }

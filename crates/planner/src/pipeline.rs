@@ -158,6 +158,41 @@ pub struct SchedulePlanInput {
     pub layers: Vec<LayerSpec>,
 }
 
+/// What capture costs beyond the planned buffers, as graphpool's capture measures it
+/// (`GraphedSchedule.capture_overhead()` of the Python client, after one training step).
+///
+/// The planner places buffers in one arena; capture realises them with the caching allocator
+/// in one memory pool per (chunk, slot) for forwards and one pool for every backward, and the
+/// CUDA runtime adds graph objects. None of it depends on the number of microbatches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureOverhead {
+    /// Bytes outside the pools whatever the schedule: the libraries' workspaces for the
+    /// capture stream and the CUDA runtime's state for graphs.
+    #[serde(default)]
+    pub fixed_bytes: u64,
+    /// Device memory per captured graph outside any pool (the graph object).
+    #[serde(default)]
+    pub per_graph_bytes: u64,
+    /// Allocator overhead per pool: segments for small (≤ 1 MiB) blocks.
+    #[serde(default)]
+    pub per_pool_bytes: u64,
+    /// What the backward pool takes beyond its planned bytes (fragmentation: a large
+    /// temporary that no longer fits the pool's first segment gets a segment of its own).
+    #[serde(default)]
+    pub backward_pool_extra_bytes: u64,
+}
+
+impl CaptureOverhead {
+    /// Overhead of a capture with `graphs` graphs in `pools` pools.
+    pub fn bytes(&self, graphs: u32, pools: u32) -> u64 {
+        self.fixed_bytes
+            .saturating_add(self.per_graph_bytes.saturating_mul(graphs as u64))
+            .saturating_add(self.per_pool_bytes.saturating_mul(pools as u64))
+            .saturating_add(self.backward_pool_extra_bytes)
+    }
+}
+
 /// A named buffer with a lifetime, for plain buffer lists.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamedBuffer {
@@ -218,14 +253,29 @@ pub struct Plan {
     pub strategy: String,
     /// Steps of the schedule as signed chunk numbers (`+c` forward, `-c` backward).
     pub steps: Vec<i32>,
-    /// Device bytes capture needs for this plan: the arena holds static inputs and outputs,
-    /// saved activations and workspaces, so this is the footprint.
+    /// Device bytes capture needs for this plan: the footprint (static inputs and outputs,
+    /// saved activations, workspaces) plus [`Plan::overhead_bytes`].
     pub predicted_capture_bytes: u64,
     /// CUDA graphs to capture (Σ over chunks of slots × layers × 2; 0 for buffer lists).
     pub graphs: u32,
+    /// Memory pools capture makes: one per (chunk, slot) and one for the backward graphs
+    /// (0 for buffer lists).
+    #[serde(default)]
+    pub pools: u32,
+    /// Capture overhead beyond the footprint, from the [`CaptureOverhead`] given with the
+    /// input (0 when none was given).
+    #[serde(default)]
+    pub overhead_bytes: u64,
 }
 
 impl Plan {
+    /// Adds a capture overhead to the prediction (replacing any added before).
+    pub fn with_overhead(mut self, overhead: &CaptureOverhead) -> Plan {
+        self.overhead_bytes = overhead.bytes(self.graphs, self.pools);
+        self.predicted_capture_bytes = self.footprint.saturating_add(self.overhead_bytes);
+        self
+    }
+
     /// `footprint / lower_bound` (1.0 when both are 0).
     pub fn ratio(&self) -> f64 {
         if self.lower_bound == 0 { 1.0 } else { self.footprint as f64 / self.lower_bound as f64 }
@@ -306,6 +356,8 @@ pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, P
         steps: Vec::new(),
         predicted_capture_bytes: placement.footprint,
         graphs: 0,
+        pools: 0,
+        overhead_bytes: 0,
     })
 }
 
@@ -348,6 +400,8 @@ pub struct ScheduleBuffers {
     pub steps: Vec<i32>,
     /// CUDA graphs to capture.
     pub graphs: u32,
+    /// Memory pools of the capture: Σ over chunks of slots, plus one for the backward graphs.
+    pub pools: u32,
 }
 
 /// Builds the buffers of a schedule: see the module documentation.
@@ -414,6 +468,7 @@ pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, Pl
     let chunk_slots = assign_chunk_slots(&steps, chunks as u32, m as u32);
     let slots = chunk_slots.iter().map(|c| c.0).max().unwrap_or(0);
     let graphs = chunk_slots.iter().zip(&layers).map(|(c, l)| c.0 * l.len() as u32 * 2).sum();
+    let pools = chunk_slots.iter().map(|c| c.0).sum::<u32>() + 1;
     let microbatch_slot: Vec<u32> = chunk_slots.iter().flat_map(|c| c.1.iter().copied()).collect();
     // Clock: base tick of every step; the forward / backward step of each (chunk, microbatch).
     let mut base = Vec::with_capacity(steps.len());
@@ -434,6 +489,7 @@ pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, Pl
         microbatch_slot,
         steps: steps.iter().map(|s| s.signed()).collect(),
         graphs,
+        pools,
     };
     let mut group_ids: HashMap<String, u32> = HashMap::new();
     for (c, chunk) in layers.iter().enumerate() {
@@ -532,6 +588,8 @@ pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result
         steps: sb.steps,
         predicted_capture_bytes: placement.footprint,
         graphs: sb.graphs,
+        pools: sb.pools,
+        overhead_bytes: 0,
     })
 }
 
@@ -562,4 +620,36 @@ pub fn transformer_layers(chunks: u32, layers: u32, seq: u64, batch: u64, hidden
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overhead_counts_graphs_and_pools_and_not_microbatches() {
+        let plan = |m: u32| {
+            let input = SchedulePlanInput {
+                schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: m },
+                layers: transformer_layers(1, 3, 1024, 1, 256),
+            };
+            plan_schedule(&input, &PlaceOptions::default()).unwrap()
+        };
+        let overhead = CaptureOverhead {
+            fixed_bytes: 1000,
+            per_graph_bytes: 10,
+            per_pool_bytes: 100,
+            backward_pool_extra_bytes: 7,
+        };
+        let small = plan(4).with_overhead(&overhead);
+        // 4 slots × 3 layers × 2 graphs; 4 forward pools + 1 backward pool
+        assert_eq!((small.graphs, small.pools), (24, 5));
+        assert_eq!(small.overhead_bytes, 1000 + 24 * 10 + 5 * 100 + 7);
+        assert_eq!(small.predicted_capture_bytes, small.footprint + small.overhead_bytes);
+        let large = plan(64).with_overhead(&overhead);
+        assert_eq!(large.overhead_bytes, small.overhead_bytes);
+        // no overhead given: the prediction is the footprint
+        let bare = plan(4);
+        assert_eq!((bare.overhead_bytes, bare.predicted_capture_bytes), (0, bare.footprint));
+    }
 }

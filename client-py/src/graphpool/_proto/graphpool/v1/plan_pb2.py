@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17graphpool/v1/plan.proto\x12\x0cgraphpool.v1\"\x8e\x01\n\tPlanInput\x12\x33\n\x08schedule\x18\x01 \x01(\x0b\x32\x1f.graphpool.v1.SchedulePlanInputH\x00\x12+\n\x07\x62uffers\x18\x02 \x01(\x0b\x32\x18.graphpool.v1.BufferListH\x00\x12\x16\n\x0etime_budget_ms\x18\x03 \x01(\rB\x07\n\x05input\"f\n\x11SchedulePlanInput\x12(\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.graphpool.v1.Schedule\x12\'\n\x06layers\x18\x02 \x03(\x0b\x32\x17.graphpool.v1.LayerSpec\"\xaa\x01\n\x08Schedule\x12-\n\x0bone_f_one_b\x18\x01 \x01(\x0b\x32\x16.graphpool.v1.OneFOneBH\x00\x12\x30\n\x0binterleaved\x18\x02 \x01(\x0b\x32\x19.graphpool.v1.InterleavedH\x00\x12\x35\n\x0e\x65xplicit_order\x18\x03 \x01(\x0b\x32\x1b.graphpool.v1.ExplicitOrderH\x00\x42\x06\n\x04kind\"F\n\x08OneFOneB\x12\x0f\n\x07pp_size\x18\x01 \x01(\r\x12\x0f\n\x07pp_rank\x18\x02 \x01(\r\x12\x18\n\x10num_microbatches\x18\x03 \x01(\r\"a\n\x0bInterleaved\x12\x0f\n\x07pp_size\x18\x01 \x01(\r\x12\x0f\n\x07pp_rank\x18\x02 \x01(\r\x12\x18\n\x10num_microbatches\x18\x03 \x01(\r\x12\x16\n\x0evirtual_chunks\x18\x04 \x01(\r\"P\n\rExplicitOrder\x12\r\n\x05order\x18\x01 \x03(\x11\x12\x18\n\x10num_microbatches\x18\x02 \x01(\r\x12\x16\n\x0evirtual_chunks\x18\x03 \x01(\r\"S\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x19\n\x11kept_for_backward\x18\x04 \x01(\x08\"\xd6\x01\n\tLayerSpec\x12\r\n\x05\x63hunk\x18\x01 \x01(\r\x12\r\n\x05layer\x18\x02 \x01(\r\x12(\n\x06inputs\x18\x03 \x03(\x0b\x32\x18.graphpool.v1.TensorSpec\x12)\n\x07outputs\x18\x04 \x03(\x0b\x32\x18.graphpool.v1.TensorSpec\x12\x13\n\x0bsaved_bytes\x18\x05 \x01(\x04\x12\x1f\n\x17\x66orward_workspace_bytes\x18\x06 \x01(\x04\x12 \n\x18\x62\x61\x63kward_workspace_bytes\x18\x07 \x01(\x04\"7\n\nBufferList\x12)\n\x07\x62uffers\x18\x01 \x03(\x0b\x32\x18.graphpool.v1.BufferSpec\"_\n\nBufferSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x61lias_group\x18\x05 \x01(\t\"\x9d\x02\n\x04Plan\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x17\n\x0fmicrobatch_slot\x18\x02 \x03(\r\x12,\n\x07\x62uffers\x18\x03 \x03(\x0b\x32\x1b.graphpool.v1.PlannedBuffer\x12\x17\n\x0f\x66ootprint_bytes\x18\x04 \x01(\x04\x12\x19\n\x11lower_bound_bytes\x18\x05 \x01(\x04\x12\x1f\n\x17saved_by_aliasing_bytes\x18\x06 \x01(\x04\x12\x18\n\x10planning_seconds\x18\x07 \x01(\x01\x12\x10\n\x08strategy\x18\x08 \x01(\t\x12\r\n\x05steps\x18\t \x03(\x11\x12\x1f\n\x17predicted_capture_bytes\x18\n \x01(\x04\x12\x0e\n\x06graphs\x18\x0b \x01(\r\"r\n\rPlannedBuffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x13\n\x0b\x61lias_group\x18\x06 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17graphpool/v1/plan.proto\x12\x0cgraphpool.v1\"\x8e\x01\n\tPlanInput\x12\x33\n\x08schedule\x18\x01 \x01(\x0b\x32\x1f.graphpool.v1.SchedulePlanInputH\x00\x12+\n\x07\x62uffers\x18\x02 \x01(\x0b\x32\x18.graphpool.v1.BufferListH\x00\x12\x16\n\x0etime_budget_ms\x18\x03 \x01(\rB\x07\n\x05input\"\x97\x01\n\x11SchedulePlanInput\x12(\n\x08schedule\x18\x01 \x01(\x0b\x32\x16.graphpool.v1.Schedule\x12\'\n\x06layers\x18\x02 \x03(\x0b\x32\x17.graphpool.v1.LayerSpec\x12/\n\x08overhead\x18\x03 \x01(\x0b\x32\x1d.graphpool.v1.CaptureOverhead\"z\n\x0f\x43\x61ptureOverhead\x12\x13\n\x0b\x66ixed_bytes\x18\x01 \x01(\x04\x12\x17\n\x0fper_graph_bytes\x18\x02 \x01(\x04\x12\x16\n\x0eper_pool_bytes\x18\x03 \x01(\x04\x12!\n\x19\x62\x61\x63kward_pool_extra_bytes\x18\x04 \x01(\x04\"\xaa\x01\n\x08Schedule\x12-\n\x0bone_f_one_b\x18\x01 \x01(\x0b\x32\x16.graphpool.v1.OneFOneBH\x00\x12\x30\n\x0binterleaved\x18\x02 \x01(\x0b\x32\x19.graphpool.v1.InterleavedH\x00\x12\x35\n\x0e\x65xplicit_order\x18\x03 \x01(\x0b\x32\x1b.graphpool.v1.ExplicitOrderH\x00\x42\x06\n\x04kind\"F\n\x08OneFOneB\x12\x0f\n\x07pp_size\x18\x01 \x01(\r\x12\x0f\n\x07pp_rank\x18\x02 \x01(\r\x12\x18\n\x10num_microbatches\x18\x03 \x01(\r\"a\n\x0bInterleaved\x12\x0f\n\x07pp_size\x18\x01 \x01(\r\x12\x0f\n\x07pp_rank\x18\x02 \x01(\r\x12\x18\n\x10num_microbatches\x18\x03 \x01(\r\x12\x16\n\x0evirtual_chunks\x18\x04 \x01(\r\"P\n\rExplicitOrder\x12\r\n\x05order\x18\x01 \x03(\x11\x12\x18\n\x10num_microbatches\x18\x02 \x01(\r\x12\x16\n\x0evirtual_chunks\x18\x03 \x01(\r\"S\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x19\n\x11kept_for_backward\x18\x04 \x01(\x08\"\xd6\x01\n\tLayerSpec\x12\r\n\x05\x63hunk\x18\x01 \x01(\r\x12\r\n\x05layer\x18\x02 \x01(\r\x12(\n\x06inputs\x18\x03 \x03(\x0b\x32\x18.graphpool.v1.TensorSpec\x12)\n\x07outputs\x18\x04 \x03(\x0b\x32\x18.graphpool.v1.TensorSpec\x12\x13\n\x0bsaved_bytes\x18\x05 \x01(\x04\x12\x1f\n\x17\x66orward_workspace_bytes\x18\x06 \x01(\x04\x12 \n\x18\x62\x61\x63kward_workspace_bytes\x18\x07 \x01(\x04\"7\n\nBufferList\x12)\n\x07\x62uffers\x18\x01 \x03(\x0b\x32\x18.graphpool.v1.BufferSpec\"_\n\nBufferSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x61lias_group\x18\x05 \x01(\t\"\xc4\x02\n\x04Plan\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x17\n\x0fmicrobatch_slot\x18\x02 \x03(\r\x12,\n\x07\x62uffers\x18\x03 \x03(\x0b\x32\x1b.graphpool.v1.PlannedBuffer\x12\x17\n\x0f\x66ootprint_bytes\x18\x04 \x01(\x04\x12\x19\n\x11lower_bound_bytes\x18\x05 \x01(\x04\x12\x1f\n\x17saved_by_aliasing_bytes\x18\x06 \x01(\x04\x12\x18\n\x10planning_seconds\x18\x07 \x01(\x01\x12\x10\n\x08strategy\x18\x08 \x01(\t\x12\r\n\x05steps\x18\t \x03(\x11\x12\x1f\n\x17predicted_capture_bytes\x18\n \x01(\x04\x12\x0e\n\x06graphs\x18\x0b \x01(\r\x12\r\n\x05pools\x18\x0c \x01(\r\x12\x16\n\x0eoverhead_bytes\x18\r \x01(\x04\"r\n\rPlannedBuffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x13\n\x0b\x61lias_group\x18\x06 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -23,26 +23,28 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   _globals['_PLANINPUT']._serialized_start=42
   _globals['_PLANINPUT']._serialized_end=184
-  _globals['_SCHEDULEPLANINPUT']._serialized_start=186
-  _globals['_SCHEDULEPLANINPUT']._serialized_end=288
-  _globals['_SCHEDULE']._serialized_start=291
-  _globals['_SCHEDULE']._serialized_end=461
-  _globals['_ONEFONEB']._serialized_start=463
-  _globals['_ONEFONEB']._serialized_end=533
-  _globals['_INTERLEAVED']._serialized_start=535
-  _globals['_INTERLEAVED']._serialized_end=632
-  _globals['_EXPLICITORDER']._serialized_start=634
-  _globals['_EXPLICITORDER']._serialized_end=714
-  _globals['_TENSORSPEC']._serialized_start=716
-  _globals['_TENSORSPEC']._serialized_end=799
-  _globals['_LAYERSPEC']._serialized_start=802
-  _globals['_LAYERSPEC']._serialized_end=1016
-  _globals['_BUFFERLIST']._serialized_start=1018
-  _globals['_BUFFERLIST']._serialized_end=1073
-  _globals['_BUFFERSPEC']._serialized_start=1075
-  _globals['_BUFFERSPEC']._serialized_end=1170
-  _globals['_PLAN']._serialized_start=1173
-  _globals['_PLAN']._serialized_end=1458
-  _globals['_PLANNEDBUFFER']._serialized_start=1460
-  _globals['_PLANNEDBUFFER']._serialized_end=1574
+  _globals['_SCHEDULEPLANINPUT']._serialized_start=187
+  _globals['_SCHEDULEPLANINPUT']._serialized_end=338
+  _globals['_CAPTUREOVERHEAD']._serialized_start=340
+  _globals['_CAPTUREOVERHEAD']._serialized_end=462
+  _globals['_SCHEDULE']._serialized_start=465
+  _globals['_SCHEDULE']._serialized_end=635
+  _globals['_ONEFONEB']._serialized_start=637
+  _globals['_ONEFONEB']._serialized_end=707
+  _globals['_INTERLEAVED']._serialized_start=709
+  _globals['_INTERLEAVED']._serialized_end=806
+  _globals['_EXPLICITORDER']._serialized_start=808
+  _globals['_EXPLICITORDER']._serialized_end=888
+  _globals['_TENSORSPEC']._serialized_start=890
+  _globals['_TENSORSPEC']._serialized_end=973
+  _globals['_LAYERSPEC']._serialized_start=976
+  _globals['_LAYERSPEC']._serialized_end=1190
+  _globals['_BUFFERLIST']._serialized_start=1192
+  _globals['_BUFFERLIST']._serialized_end=1247
+  _globals['_BUFFERSPEC']._serialized_start=1249
+  _globals['_BUFFERSPEC']._serialized_end=1344
+  _globals['_PLAN']._serialized_start=1347
+  _globals['_PLAN']._serialized_end=1671
+  _globals['_PLANNEDBUFFER']._serialized_start=1673
+  _globals['_PLANNEDBUFFER']._serialized_end=1787
 # @@protoc_insertion_point(module_scope)

@@ -16,12 +16,26 @@ class PlanInput(_message.Message):
     def __init__(self, schedule: _Optional[_Union[SchedulePlanInput, _Mapping]] = ..., buffers: _Optional[_Union[BufferList, _Mapping]] = ..., time_budget_ms: _Optional[int] = ...) -> None: ...
 
 class SchedulePlanInput(_message.Message):
-    __slots__ = ("schedule", "layers")
+    __slots__ = ("schedule", "layers", "overhead")
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_FIELD_NUMBER: _ClassVar[int]
     schedule: Schedule
     layers: _containers.RepeatedCompositeFieldContainer[LayerSpec]
-    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., layers: _Optional[_Iterable[_Union[LayerSpec, _Mapping]]] = ...) -> None: ...
+    overhead: CaptureOverhead
+    def __init__(self, schedule: _Optional[_Union[Schedule, _Mapping]] = ..., layers: _Optional[_Iterable[_Union[LayerSpec, _Mapping]]] = ..., overhead: _Optional[_Union[CaptureOverhead, _Mapping]] = ...) -> None: ...
+
+class CaptureOverhead(_message.Message):
+    __slots__ = ("fixed_bytes", "per_graph_bytes", "per_pool_bytes", "backward_pool_extra_bytes")
+    FIXED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PER_GRAPH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PER_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_POOL_EXTRA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    fixed_bytes: int
+    per_graph_bytes: int
+    per_pool_bytes: int
+    backward_pool_extra_bytes: int
+    def __init__(self, fixed_bytes: _Optional[int] = ..., per_graph_bytes: _Optional[int] = ..., per_pool_bytes: _Optional[int] = ..., backward_pool_extra_bytes: _Optional[int] = ...) -> None: ...
 
 class Schedule(_message.Message):
     __slots__ = ("one_f_one_b", "interleaved", "explicit_order")
@@ -116,7 +130,7 @@ class BufferSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., size_bytes: _Optional[int] = ..., alias_group: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("slots", "microbatch_slot", "buffers", "footprint_bytes", "lower_bound_bytes", "saved_by_aliasing_bytes", "planning_seconds", "strategy", "steps", "predicted_capture_bytes", "graphs")
+    __slots__ = ("slots", "microbatch_slot", "buffers", "footprint_bytes", "lower_bound_bytes", "saved_by_aliasing_bytes", "planning_seconds", "strategy", "steps", "predicted_capture_bytes", "graphs", "pools", "overhead_bytes")
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     MICROBATCH_SLOT_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +142,8 @@ class Plan(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_CAPTURE_BYTES_FIELD_NUMBER: _ClassVar[int]
     GRAPHS_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     slots: int
     microbatch_slot: _containers.RepeatedScalarFieldContainer[int]
     buffers: _containers.RepeatedCompositeFieldContainer[PlannedBuffer]
@@ -139,7 +155,9 @@ class Plan(_message.Message):
     steps: _containers.RepeatedScalarFieldContainer[int]
     predicted_capture_bytes: int
     graphs: int
-    def __init__(self, slots: _Optional[int] = ..., microbatch_slot: _Optional[_Iterable[int]] = ..., buffers: _Optional[_Iterable[_Union[PlannedBuffer, _Mapping]]] = ..., footprint_bytes: _Optional[int] = ..., lower_bound_bytes: _Optional[int] = ..., saved_by_aliasing_bytes: _Optional[int] = ..., planning_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., predicted_capture_bytes: _Optional[int] = ..., graphs: _Optional[int] = ...) -> None: ...
+    pools: int
+    overhead_bytes: int
+    def __init__(self, slots: _Optional[int] = ..., microbatch_slot: _Optional[_Iterable[int]] = ..., buffers: _Optional[_Iterable[_Union[PlannedBuffer, _Mapping]]] = ..., footprint_bytes: _Optional[int] = ..., lower_bound_bytes: _Optional[int] = ..., saved_by_aliasing_bytes: _Optional[int] = ..., planning_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., predicted_capture_bytes: _Optional[int] = ..., graphs: _Optional[int] = ..., pools: _Optional[int] = ..., overhead_bytes: _Optional[int] = ...) -> None: ...
 
 class PlannedBuffer(_message.Message):
     __slots__ = ("name", "start", "end", "size_bytes", "offset", "alias_group")
