@@ -245,7 +245,7 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
         out["graph_object_mib"] = gs.stats.graph_object_bytes / 2**20
         out["graph_first_mib"] = gs.stats.graph_first_bytes / 2**20
         out["graph_per_graph_kib"] = gs.stats.graph_bytes_per_graph / 2**10
-        out["plan_description"] = capture.plan_description(sched, gs.stats.profiles)
+        out["plan_description"] = capture.plan_description(sched, gs.stats.profiles)  # no overhead
         out["workspace_mib"] = {
             "forward_max": max(p.forward_workspace_bytes for p in gs.stats.profiles) / 2**20,
             "backward_max": max(p.backward_workspace_bytes for p in gs.stats.profiles) / 2**20,
@@ -289,6 +289,10 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
         step_ms_all=[t * 1e3 for t in times],
     )
     out["outside_allocator_gib"] = out["footprint_gib"] - out["reserved_now_gib"]
+    if variant in GP_VARIANTS:
+        out["capture_overhead"] = gs.capture_overhead()
+        out["warmup_outside_mib"] = gs.stats.warmup_outside_bytes / 2**20
+        out["reserved_outside_pools_mib"] = gs.stats.reserved_outside_pools / 2**20
     if out.get("pool_kind") == "graphpool":
         out.update(_daemon_ledger())
     ref_path = case["ref_path"]
@@ -386,7 +390,8 @@ def _daemon_ledger() -> dict[str, Any]:
     return res
 
 
-def predict_with_cli(r: dict[str, Any], cli: str, tmp: str) -> None:
+def predict_with_cli(r: dict[str, Any], cli: str, tmp: str,
+                     calibration: dict[str, Any] | None = None) -> None:
     """``graphpool plan --schedule <description> --json``: the planner's predicted capture bytes
     for the measured case's profile."""
     import subprocess
@@ -394,18 +399,33 @@ def predict_with_cli(r: dict[str, Any], cli: str, tmp: str) -> None:
     desc = r.get("plan_description")
     if not desc or not cli:
         return
-    path = os.path.join(tmp, f"plan_{r['schedule']}_{r['m']}_{r['variant']}.json")
-    with open(path, "w") as f:
-        json.dump(desc, f)
-    try:
+
+    def plan(d: dict[str, Any], tag: str) -> dict[str, Any] | None:
+        path = os.path.join(tmp, f"plan_{r['schedule']}_{r['m']}_{r['variant']}_{tag}.json")
+        with open(path, "w") as f:
+            json.dump(d, f)
         p = subprocess.run([cli, "plan", "--schedule", path, "--json"], capture_output=True,
                            text=True, timeout=60)
         if p.returncode != 0:
             r["plan_error"] = (p.stderr or p.stdout)[-300:]
+            return None
+        return json.loads(p.stdout)  # type: ignore[no-any-return]
+
+    try:
+        # the planned buffers alone (the profile of one eager step)
+        static = plan(desc, "static")
+        if static is None:
             return
-        plan = json.loads(p.stdout)
-        r["plan_predicted_gib"] = plan["predicted_capture_bytes"] / GiB
-        r["plan_lower_bound_gib"] = plan.get("lower_bound", plan.get("lower_bound_bytes", 0)) / GiB
+        r["plan_static_gib"] = static["predicted_capture_bytes"] / GiB
+        r["plan_lower_bound_gib"] = static.get("lower_bound_bytes", 0) / GiB
+        r["plan_predicted_gib"] = r["plan_static_gib"]
+        # plus the capture overhead measured by the calibration row (another capture)
+        if calibration and calibration.get("capture_overhead"):
+            full = plan(dict(desc, overhead=calibration["capture_overhead"]), "overhead")
+            if full is not None:
+                r["plan_predicted_gib"] = full["predicted_capture_bytes"] / GiB
+                r["plan_overhead_gib"] = full.get("overhead_bytes", 0) / GiB
+                r["plan_overhead_from"] = f"{calibration['schedule']} M={calibration['m']}"
         if r.get("footprint_gib"):
             r["plan_vs_footprint"] = r["plan_predicted_gib"] / r["footprint_gib"] - 1.0
     except Exception as e:  # noqa: BLE001
@@ -453,7 +473,8 @@ def fmt_row(r: dict[str, Any], eager: dict[str, Any] | None) -> str:
     if "granted_gib" in r:
         extra.append(f"daemon {r['granted_gib']:.2f}")
     if "plan_predicted_gib" in r:
-        extra.append(f"plan {r['plan_predicted_gib']:.2f} ({100 * r['plan_vs_footprint']:+.1f}%)")
+        extra.append(f"plan {r['plan_predicted_gib']:.2f} ({100 * r['plan_vs_footprint']:+.1f}%; "
+                     f"buffers alone {r['plan_static_gib']:.2f})")
     if r["variant"] == "eager":
         check = f"noise {r.get('grad_noise_max', 0) * 100:.3f}%"
     elif "grad_ok" in r:
@@ -524,6 +545,7 @@ def main() -> int:
         plan = [(s_, m, v) for s_ in args.schedules.split(",") for m in ms for v in variants]
         plan += [(s_, m, v) for s_ in args.schedules.split(",") for m in ms for v in extras]
     eagers: dict[tuple[str, int], dict[str, Any]] = {}
+    calibration: dict[str, Any] | None = None
     for sname, m, v in plan:
         ref_path = os.path.join(tmp, f"ref_{sname}_{m}.pt")
         if args.deadline and time.perf_counter() - t_all > args.deadline:
@@ -534,7 +556,9 @@ def main() -> int:
                         pool_report=m in report_ms and v in GP_VARIANTS)
             r = run_case(case, args.timeout)
         r.update(variant=v, m=m, schedule=sname)
-        predict_with_cli(r, args.graphpool_cli, tmp)
+        if calibration is None and v == "graphpool" and r.get("capture_overhead"):
+            calibration = r  # the first graphpool capture calibrates every prediction
+        predict_with_cli(r, args.graphpool_cli, tmp, calibration)
         results.append(r)
         if v == "eager":
             eagers[(sname, m)] = r

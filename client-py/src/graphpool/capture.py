@@ -112,6 +112,16 @@ class CaptureStats:
     #: device memory in 2 MiB pages, so both are exact only in sum.
     graph_first_bytes: int = 0
     graph_bytes_per_graph: int = 0
+    #: Device memory outside the allocator that the warm-up took (library handles of the
+    #: capture stream, kernels loaded on first use).
+    warmup_outside_bytes: int = 0
+    #: CUDA device, free device memory and allocator reserve when the capture began (the
+    #: baseline of :meth:`GraphedSchedule.capture_overhead`).
+    device: int = 0
+    free_at_start: int = 0
+    reserved_at_start: int = 0
+    #: Reserved bytes outside the capture's pools when the capture ended.
+    reserved_outside_pools: int = 0
     #: The daemon's plan, when one was asked for and given (a ``graphpool.v1.Plan``).
     plan: Any = None
     profiles: list[LayerProfile] = field(default_factory=list)
@@ -296,15 +306,27 @@ def request_plan(
     return plan_capture(inp, reserve=reserve)
 
 
-def plan_description(schedule: Schedule, profiles: Sequence[LayerProfile]) -> dict[str, Any]:
+def plan_description(
+    schedule: Schedule, profiles: Sequence[LayerProfile], overhead: dict[str, int] | None = None
+) -> dict[str, Any]:
     """The input of ``graphpool plan --schedule FILE.json`` for this capture.
 
     ``profiles`` come from :attr:`CaptureStats.profiles` (one eager warm-up step), so a job can
     be planned offline from a profile recorded once: ``json.dump(plan_description(...), f)``.
     Per layer it carries the static input/output shapes, ``saved_bytes`` (what the forward keeps
     for its backward, from saved-tensor hooks) and the forward/backward workspace bytes (peak
-    temporaries of each, from the allocator's peak counter around each layer).
+    temporaries of each, from the allocator's peak counter around each layer). ``overhead``
+    (:meth:`GraphedSchedule.capture_overhead` of a capture of the same model, under any
+    schedule) adds what capture costs beyond the planned buffers; without it the prediction
+    is the static buffers alone.
     """
+    desc = _description(schedule, profiles)
+    if overhead is not None:
+        desc["overhead"] = dict(overhead)
+    return desc
+
+
+def _description(schedule: Schedule, profiles: Sequence[LayerProfile]) -> dict[str, Any]:
     return {
         "schedule": schedule.to_dict(),
         "layers": [
@@ -432,6 +454,54 @@ class GraphedSchedule:
     @property
     def num_graphs(self) -> int:
         return self.stats.graphs
+
+    # --- memory
+
+    def pool_reserved(self) -> dict[str, int]:
+        """Bytes of device memory each of the capture's pools holds (its segments), by label
+        (``fwd/c<chunk>/s<slot>``, ``bwd``)."""
+        import torch
+
+        ids = {tuple(_pool_id(pool)): label for label, pool in self._pools}
+        out = {label: 0 for label, _ in self._pools}
+        for seg in torch.cuda.memory_snapshot():
+            pid = seg.get("segment_pool_id")
+            label = ids.get(tuple(pid)) if pid is not None else None
+            if label is not None:
+                out[label] += int(seg["total_size"])
+        return out
+
+    def capture_overhead(self) -> dict[str, int]:
+        """What this capture costs beyond the buffers ``graphpool plan`` places, measured now:
+        the ``overhead`` of :func:`plan_description`, so that ``graphpool plan`` predicts this
+        model's whole capture under any schedule and number of microbatches.
+
+        Call it after the first full step of the schedule (the CUDA runtime takes part of its
+        graph memory at the first replay) and before other libraries take device memory outside
+        the caching allocator (e.g. NCCL's first collective), which would be counted as fixed.
+
+        Returns ``fixed_bytes`` (outside the pools: the warm-up's library workspaces and the
+        runtime's graph state), ``per_graph_bytes``, ``per_pool_bytes`` (what a forward pool
+        holds beyond its arena, the median over pools) and ``backward_pool_extra_bytes`` (what
+        the backward pool holds beyond its arena and that).
+        """
+        import torch
+
+        st = self.stats
+        torch.cuda.synchronize(st.device)
+        outside = _outside(st.free_at_start, st.reserved_at_start, st.device)
+        per_graph = st.graph_bytes_per_graph
+        fixed = st.reserved_outside_pools + max(0, outside - per_graph * st.graphs)
+        held = self.pool_reserved()
+        fwd = sorted(max(0, n - st.arena_bytes.get(label, 0)) for label, n in held.items() if label != "bwd")
+        per_pool = fwd[len(fwd) // 2] if fwd else 0
+        bwd_extra = max(0, held.get("bwd", 0) - st.arena_bytes.get("bwd", 0) - per_pool)
+        return {
+            "fixed_bytes": fixed,
+            "per_graph_bytes": per_graph,
+            "per_pool_bytes": per_pool,
+            "backward_pool_extra_bytes": bwd_extra,
+        }
 
     # --- testing and diagnostics
 
@@ -713,8 +783,11 @@ def make_graphed_callables(
         [_Layer(c, i, mod, schedule.slots_per_chunk[c], i == 0, i == len(ch) - 1) for i, mod in enumerate(ch)]
         for c, ch in enumerate(chunks)
     ]
+    torch.cuda.synchronize()
+    stats.device = device
+    stats.free_at_start = torch.cuda.mem_get_info(device)[0]
+    reserved0 = stats.reserved_at_start = torch.cuda.memory_reserved(device)
     stream = torch.cuda.Stream()
-    reserved0 = torch.cuda.memory_reserved(device)
 
     # 1. warm up each chunk eagerly on the capture stream; profile what each layer keeps
     t0 = time.perf_counter()
@@ -740,6 +813,7 @@ def make_graphed_callables(
     torch.cuda.empty_cache()
     stats.warmup_seconds = time.perf_counter() - t0
     stats.warmup_retained_bytes = max(0, torch.cuda.memory_reserved(device) - reserved0)
+    stats.warmup_outside_bytes = _outside(stats.free_at_start, reserved0, device)
 
     # 2. plan and capacity check, before any capture
     stats.predicted_bytes = _predict(schedule, stats.profiles)
@@ -815,7 +889,11 @@ def make_graphed_callables(
     finally:
         if expandable_segments:
             settings("expandable_segments:False")
-    return GraphedSchedule(schedule, layers, pool_list, stats)
+    gs = GraphedSchedule(schedule, layers, pool_list, stats)
+    stats.reserved_outside_pools = max(
+        0, torch.cuda.memory_reserved(device) - reserved0 - sum(gs.pool_reserved().values())
+    )
+    return gs
 
 
 def _capture_all(
