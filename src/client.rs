@@ -1,5 +1,6 @@
-//! A Rust client of graphpoold: channels over the Unix socket, and fd fetching over the fd
-//! socket. Used by the CLI, the integration tests and the benchmarks.
+//! A Rust client of graphpoold: channels over the Unix socket, and the fd socket (fd
+//! fetching, and the fast path of allocate and release, which answers an allocation with the
+//! grant and its fd in one message). Used by the CLI, the integration tests and the benchmarks.
 
 use std::io::{self, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -8,7 +9,10 @@ use std::path::{Path, PathBuf};
 
 use graphpool_proto::v1::admin_client::AdminClient;
 use graphpool_proto::v1::graphpool_client::GraphpoolClient;
-use graphpool_proto::v1::{ErrorDetail, FdRequest, FdResponse};
+use graphpool_proto::v1::{
+    AllocateSegmentRequest, ErrorDetail, FdRequest, FdResponse, Grant, ReleaseSegmentRequest,
+    ReleaseSegmentResponse, fd_request, fd_response,
+};
 use hyper_util::rt::TokioIo;
 use prost::Message;
 use tonic::transport::{Channel, Endpoint};
@@ -27,13 +31,17 @@ pub enum ClientError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// The daemon refused an fd request.
-    #[error("fd request refused (code {code}): {message}")]
+    /// The daemon refused a request on the fd socket.
+    #[error("graphpoold refused {call} on the fd socket ({}): {message}", tonic::Code::from(*.code))]
     FdRefused {
+        /// Which call: `FetchFd`, `AllocateSegment` or `ReleaseSegment`.
+        call: &'static str,
         /// gRPC code number.
         code: i32,
         /// The daemon's message.
         message: String,
+        /// The structured detail (capacity refusal, field at fault), when the daemon sent one.
+        detail: Option<Box<ErrorDetail>>,
     },
     /// The fd socket misbehaved.
     #[error("fd socket: {0}")]
@@ -84,6 +92,16 @@ pub async fn connect(socket: &Path) -> Result<Clients, ClientError> {
     Ok(Clients { graphpool: GraphpoolClient::new(ch.clone()), admin: AdminClient::new(ch) })
 }
 
+impl ClientError {
+    /// The structured detail of a refusal on the fd socket, if the daemon sent one.
+    pub fn detail(&self) -> Option<&ErrorDetail> {
+        match self {
+            ClientError::FdRefused { detail, .. } => detail.as_deref(),
+            _ => None,
+        }
+    }
+}
+
 /// The structured detail of a failed call, if the daemon attached one.
 pub fn error_detail(status: &tonic::Status) -> Option<ErrorDetail> {
     let v = status.metadata().get_bin(graphpool_proto::ERROR_DETAIL_METADATA_KEY)?;
@@ -106,16 +124,53 @@ impl FdConnection {
 
     /// Asks for a grant's fd.
     pub fn fetch(&mut self, session_id: u64, grant_id: u64) -> Result<(OwnedFd, FdResponse), ClientError> {
-        let body = FdRequest { session_id, grant_id }.encode_to_vec();
-        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-        frame.extend_from_slice(&body);
+        let (resp, fd) = self.call("FetchFd", &FdRequest { session_id, grant_id, call: None })?;
+        let fd = fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "response carried no fd"))?;
+        Ok((fd, resp))
+    }
+
+    /// `AllocateSegment` on the fast path: the grant and its fd in one round trip. Same
+    /// checks, errors and accounting as the gRPC call.
+    pub fn allocate(&mut self, req: AllocateSegmentRequest) -> Result<(Grant, OwnedFd), ClientError> {
+        let req = FdRequest { call: Some(fd_request::Call::Allocate(req)), ..Default::default() };
+        let (resp, fd) = self.call("AllocateSegment", &req)?;
+        let Some(fd_response::Result::Grant(grant)) = resp.result else {
+            return Err(unexpected("AllocateSegment", "no grant"));
+        };
+        let fd = fd.ok_or_else(|| unexpected("AllocateSegment", "no fd"))?;
+        Ok((grant, fd))
+    }
+
+    /// `ReleaseSegment` on the fast path.
+    pub fn release(&mut self, session_id: u64, grant_id: u64) -> Result<ReleaseSegmentResponse, ClientError> {
+        let release = ReleaseSegmentRequest { session_id, grant_id };
+        let req = FdRequest { call: Some(fd_request::Call::Release(release)), ..Default::default() };
+        match self.call("ReleaseSegment", &req)?.0.result {
+            Some(fd_response::Result::Released(r)) => Ok(r),
+            _ => Err(unexpected("ReleaseSegment", "no result")),
+        }
+    }
+
+    /// One request and its response; a refusal becomes [`ClientError::FdRefused`].
+    fn call(
+        &mut self,
+        call: &'static str,
+        req: &FdRequest,
+    ) -> Result<(FdResponse, Option<OwnedFd>), ClientError> {
+        let mut frame = Vec::with_capacity(4 + req.encoded_len());
+        frame.extend_from_slice(&(req.encoded_len() as u32).to_le_bytes());
+        req.encode(&mut frame).expect("a Vec grows as needed");
         self.stream.write_all(&frame)?;
         let (resp, fd) = self.read_frame()?;
         if !resp.ok {
-            return Err(ClientError::FdRefused { code: resp.code, message: resp.message });
+            return Err(ClientError::FdRefused {
+                call,
+                code: resp.code,
+                message: resp.message,
+                detail: resp.error.map(Box::new),
+            });
         }
-        let fd = fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "response carried no fd"))?;
-        Ok((fd, resp))
+        Ok((resp, fd))
     }
 
     /// Sends raw bytes (for tests of malformed input) and reads one response.
@@ -151,6 +206,16 @@ impl FdConnection {
             }
         }
     }
+}
+
+/// A successful response that lacks what its request asks for.
+fn unexpected(call: &str, what: &str) -> ClientError {
+    ClientError::Io(io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "the daemon's answer to {call} on the fd socket carried {what}; is graphpoold older than this client?"
+        ),
+    ))
 }
 
 fn recvmsg(stream: &StdUnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {

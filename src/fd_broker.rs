@@ -1,37 +1,40 @@
-//! The fd socket: hands a grant's file descriptor to the process that owns the grant.
+//! The fd socket: hands a grant's file descriptor to the process that owns the grant, and
+//! serves the fast path of the hot calls (allocate, release).
 //!
 //! gRPC cannot carry file descriptors, so they travel on a second Unix socket with
 //! `SCM_RIGHTS`. Framing (both ways): a 4-byte little-endian length, then that many bytes of
-//! protobuf (`FdRequest` in, `FdResponse` out). A successful response is sent in one
+//! protobuf (`FdRequest` in, `FdResponse` out). A response that carries an fd is sent in one
 //! `sendmsg` together with the fd. The peer's pid and uid (`SO_PEERCRED`) must be those of
 //! the session that owns the grant: holding a grant id is not enough.
+//!
+//! The fast path (`FdRequest.call`): `AllocateSegment` and `ReleaseSegment` with the gRPC
+//! API's own messages, through [`crate::service::segments`], the code gRPC uses too (same
+//! validation, admission, ledger, logs, errors and metrics, with `transport="fd-socket"`).
+//! An allocation answers with the grant and its fd in one message. It exists because on a
+//! small machine a gRPC call (HTTP/2 framing, a task hop on each side) costs several times
+//! what the daemon does for the request.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::shutdown::Shutdown;
-use graphpool_proto::v1::{FdRequest, FdResponse};
+use graphpool_proto::v1::{self as pb, FdRequest, FdResponse, fd_request, fd_response};
 use prost::Message;
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
+use tonic::Status;
 
-use crate::config::AccessConfig;
-use crate::ledger::{Ledger, LedgerError, Peer};
-use crate::metrics::Metrics;
+use crate::ledger::{Peer, SharedSegment};
+use crate::service::Shared;
+use crate::service::graphpool::grant_proto;
+use crate::service::segments::{self, Transport};
 
 /// Largest request frame accepted on the fd socket.
 pub const MAX_FRAME: usize = 1024;
 
 /// Serves the fd socket until `shutdown` fires.
-pub async fn serve(
-    listener: UnixListener,
-    ledger: Arc<Ledger>,
-    access: AccessConfig,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-) {
+pub async fn serve(listener: UnixListener, shared: Shared, shutdown: Shutdown) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -45,11 +48,10 @@ pub async fn serve(
                 continue;
             }
         };
-        let (ledger, access, metrics, shutdown) =
-            (ledger.clone(), access.clone(), metrics.clone(), shutdown.clone());
+        let (shared, shutdown) = (shared.clone(), shutdown.clone());
         tokio::spawn(async move {
             tokio::select! {
-                r = serve_connection(stream, &ledger, &access, &metrics) => {
+                r = serve_connection(stream, &shared) => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "fd connection ended");
                     }
@@ -60,14 +62,20 @@ pub async fn serve(
     }
 }
 
-async fn serve_connection(
-    mut stream: UnixStream,
-    ledger: &Ledger,
-    access: &AccessConfig,
-    metrics: &Metrics,
-) -> io::Result<()> {
+/// What to send back for one request.
+struct Reply {
+    resp: FdResponse,
+    /// The fd to attach.
+    segment: Option<SharedSegment>,
+    /// A grant made for this request: released again if the response cannot be delivered
+    /// (the client never learned of it).
+    granted: Option<(u64, u64)>,
+}
+
+async fn serve_connection(mut stream: UnixStream, shared: &Shared) -> io::Result<()> {
     let peer = crate::peer::peer_of(&stream)?;
-    let mut buf = Vec::with_capacity(64);
+    let mut buf = Vec::with_capacity(128);
+    let mut out = Vec::with_capacity(256);
     loop {
         let mut len = [0u8; 4];
         match stream.read_exact(&mut len).await {
@@ -77,86 +85,145 @@ async fn serve_connection(
         }
         let n = u32::from_le_bytes(len) as usize;
         if n > MAX_FRAME {
-            let resp = failure(3, format!("frame of {n} bytes exceeds the fd socket's limit of {MAX_FRAME}"));
-            send(&stream, &resp, None).await?;
+            let resp = failure(&Status::invalid_argument(format!(
+                "frame of {n} bytes exceeds the fd socket's limit of {MAX_FRAME}"
+            )));
+            send(&stream, &resp, None, &mut out).await?;
             return Ok(());
         }
         buf.resize(n, 0);
         stream.read_exact(&mut buf).await?;
-        let started = Instant::now();
-        let (resp, segment) = match FdRequest::decode(buf.as_slice()) {
-            Err(e) => (failure(3, format!("FdRequest could not be decoded: {e}")), None),
-            Ok(_) if !access.allows(peer.uid, peer.gid) => (
-                failure(7, format!("uid {} gid {} is not on the daemon's allow-list", peer.uid, peer.gid)),
-                None,
-            ),
-            Ok(req) => lookup(ledger, &peer, &req),
-        };
-        let code = resp.code;
-        let fd = segment.as_ref().map(|s| s.fd());
-        send(&stream, &resp, fd).await?;
-        metrics.request("FetchFd", code_name(code), started.elapsed());
-    }
-}
-
-fn lookup(
-    ledger: &Ledger,
-    peer: &Peer,
-    req: &FdRequest,
-) -> (FdResponse, Option<crate::ledger::SharedSegment>) {
-    match ledger.segment_for(req.session_id, peer, req.grant_id) {
-        Ok(seg) => {
-            let resp = FdResponse {
-                ok: true,
-                code: 0,
-                message: String::new(),
-                size_bytes: seg.size_bytes(),
-                handle_kind: seg.handle_kind().to_string(),
-            };
-            (resp, Some(seg))
-        }
-        Err(e) => {
-            let code = match &e {
-                LedgerError::UnknownSession(_) | LedgerError::UnknownGrant(_) => 5,
-                LedgerError::ForeignSession { .. } | LedgerError::ForeignGrant { .. } => 7,
-                LedgerError::NoFd(_) => 9,
-                _ => 13,
-            };
-            if code == 7 {
-                tracing::warn!(
-                    pid = peer.pid,
-                    uid = peer.uid,
-                    grant = req.grant_id,
-                    session = req.session_id,
-                    "fd request refused: the peer does not own the grant"
-                );
+        let reply = handle(shared, peer, &buf);
+        let fd = reply.segment.as_ref().map(|s| s.fd());
+        let sent = send(&stream, &reply.resp, fd, &mut out).await;
+        if let (Err(e), Some((session_id, grant_id))) = (&sent, reply.granted) {
+            // The client is gone (or broke the connection) before it learned of the grant.
+            let r = pb::ReleaseSegmentRequest { session_id, grant_id };
+            if segments::release(shared, &peer, &r).is_ok() {
+                tracing::info!(grant = grant_id, session = session_id, error = %e, "grant released: its response could not be delivered");
             }
-            (failure(code, e.to_string()), None)
+        }
+        sent?;
+    }
+}
+
+/// Decodes and serves one request, and records it in the metrics.
+fn handle(shared: &Shared, peer: Peer, frame: &[u8]) -> Reply {
+    let started = Instant::now();
+    let req = match FdRequest::decode(frame) {
+        Ok(r) => r,
+        Err(e) => {
+            let s = Status::invalid_argument(format!("FdRequest could not be decoded: {e}"));
+            shared.observe_on::<()>(Transport::FdSocket, "FetchFd", started, &Err(s.clone()));
+            return Reply { resp: failure(&s), segment: None, granted: None };
+        }
+    };
+    match req.call {
+        None => {
+            let r = shared.authorize(peer).and_then(|peer| {
+                let seg =
+                    shared.ledger.segment_for(req.session_id, &peer, req.grant_id).inspect_err(|e| {
+                        if matches!(
+                            e,
+                            crate::ledger::LedgerError::ForeignSession { .. }
+                                | crate::ledger::LedgerError::ForeignGrant { .. }
+                        ) {
+                            tracing::warn!(
+                                pid = peer.pid,
+                                uid = peer.uid,
+                                grant = req.grant_id,
+                                session = req.session_id,
+                                "fd request refused: the peer does not own the grant"
+                            );
+                        }
+                    })?;
+                Ok(seg)
+            });
+            shared.observe_on(Transport::FdSocket, "FetchFd", started, &r);
+            match r {
+                Ok(seg) => Reply {
+                    resp: FdResponse {
+                        ok: true,
+                        size_bytes: seg.size_bytes(),
+                        handle_kind: seg.handle_kind().to_string(),
+                        ..Default::default()
+                    },
+                    segment: Some(seg),
+                    granted: None,
+                },
+                Err(s) => Reply { resp: failure(&s), segment: None, granted: None },
+            }
+        }
+        Some(fd_request::Call::Allocate(a)) => {
+            let r = shared.authorize(peer).and_then(|peer| {
+                let g = segments::allocate(shared, &peer, &a)?;
+                // The grant is the caller's until its session ends; a session ended under us
+                // (its process exited) took the grant with it.
+                let seg = shared.ledger.segment_for(g.session, &peer, g.id)?;
+                Ok((g, seg))
+            });
+            shared.observe_on(Transport::FdSocket, "AllocateSegment", started, &r);
+            match r {
+                Ok((g, seg)) => Reply {
+                    resp: FdResponse {
+                        ok: true,
+                        size_bytes: seg.size_bytes(),
+                        handle_kind: seg.handle_kind().to_string(),
+                        result: Some(fd_response::Result::Grant(grant_proto(&g))),
+                        ..Default::default()
+                    },
+                    segment: Some(seg),
+                    granted: Some((g.session, g.id)),
+                },
+                Err(s) => Reply { resp: failure(&s), segment: None, granted: None },
+            }
+        }
+        Some(fd_request::Call::Release(rel)) => {
+            let r = shared.authorize(peer).and_then(|peer| segments::release(shared, &peer, &rel));
+            shared.observe_on(Transport::FdSocket, "ReleaseSegment", started, &r);
+            match r {
+                Ok(released) => Reply {
+                    resp: FdResponse {
+                        ok: true,
+                        result: Some(fd_response::Result::Released(released)),
+                        ..Default::default()
+                    },
+                    segment: None,
+                    granted: None,
+                },
+                Err(s) => Reply { resp: failure(&s), segment: None, granted: None },
+            }
         }
     }
 }
 
-fn failure(code: i32, message: String) -> FdResponse {
-    FdResponse { ok: false, code, message, size_bytes: 0, handle_kind: String::new() }
-}
-
-fn code_name(code: i32) -> &'static str {
-    match code {
-        0 => "OK",
-        3 => "INVALID_ARGUMENT",
-        5 => "NOT_FOUND",
-        7 => "PERMISSION_DENIED",
-        9 => "FAILED_PRECONDITION",
-        _ => "INTERNAL",
+/// The fd-socket form of a failed call: the status's code and message, and the structured
+/// detail gRPC would carry in its `graphpool-error-bin` trailer.
+fn failure(s: &Status) -> FdResponse {
+    let error = s
+        .metadata()
+        .get_bin(graphpool_proto::ERROR_DETAIL_METADATA_KEY)
+        .and_then(|v| v.to_bytes().ok())
+        .and_then(|b| pb::ErrorDetail::decode(b).ok());
+    FdResponse {
+        ok: false,
+        code: s.code() as i32,
+        message: s.message().to_string(),
+        error,
+        ..Default::default()
     }
 }
 
-/// Sends one frame, with `fd` attached to its first byte when given.
-async fn send(stream: &UnixStream, resp: &FdResponse, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-    let body = resp.encode_to_vec();
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&body);
+/// Sends one frame, with `fd` attached to its first byte when given; `frame` is scratch space.
+async fn send(
+    stream: &UnixStream,
+    resp: &FdResponse,
+    fd: Option<BorrowedFd<'_>>,
+    frame: &mut Vec<u8>,
+) -> io::Result<()> {
+    frame.clear();
+    frame.extend_from_slice(&(resp.encoded_len() as u32).to_le_bytes());
+    resp.encode(frame).expect("a Vec grows as needed");
     let mut sent = 0;
     let mut fd = fd.map(|f| f.as_raw_fd());
     while sent < frame.len() {

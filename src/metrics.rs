@@ -55,10 +55,18 @@ impl Metrics {
         Arc::new(Metrics { handle, hostname: hostname(), backend })
     }
 
-    /// Records one request: its method, gRPC code name and latency.
-    pub fn request(&self, method: &'static str, code: &'static str, elapsed: Duration) {
-        metrics::counter!("graphpool_requests_total", "method" => method, "code" => code).increment(1);
-        metrics::histogram!("graphpool_request_duration_seconds", "method" => method)
+    /// Records one request: its method, the transport it came in on (`grpc`, `fd-socket`),
+    /// its gRPC code name and the daemon's time handling it.
+    pub fn request(
+        &self,
+        method: &'static str,
+        transport: &'static str,
+        code: &'static str,
+        elapsed: Duration,
+    ) {
+        metrics::counter!("graphpool_requests_total", "method" => method, "transport" => transport, "code" => code)
+            .increment(1);
+        metrics::histogram!("graphpool_request_duration_seconds", "method" => method, "transport" => transport)
             .record(elapsed.as_secs_f64());
     }
 

@@ -53,13 +53,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         }
         None => None,
     };
-    let fd_task = tokio::spawn(crate::fd_broker::serve(
-        fd_listener,
-        ledger.clone(),
-        config.access.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+    let fd_task = tokio::spawn(crate::fd_broker::serve(fd_listener, shared.clone(), shutdown.clone()));
 
     tokio::spawn(housekeeping(metrics.clone(), shutdown.clone()));
 

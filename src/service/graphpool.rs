@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 
 use super::sessions::EventStream;
 use super::status::invalid;
-use super::{Shared, validate};
+use super::{Shared, segments, validate};
 use crate::ledger::{AttachSpec, Declared, EndReason, GrantView, LedgerError, SessionView};
 
 /// The Graphpool service.
@@ -52,22 +52,7 @@ impl GraphpoolService {
     }
 
     fn ledger_error(&self, e: LedgerError, who: &str) -> Status {
-        if let LedgerError::Refused(r) = &e {
-            self.shared.metrics.refusal(r);
-            tracing::warn!(
-                who,
-                limit = r.limit.as_str(),
-                requested = r.requested_bytes,
-                free = r.free_bytes,
-                limit_bytes = r.limit_bytes,
-                device = r.device,
-                "refused"
-            );
-        }
-        if let LedgerError::TooManySessions { uid, limit } = &e {
-            tracing::warn!(who, uid, limit = "sessions-per-uid", limit_sessions = limit, "refused");
-        }
-        e.into()
+        self.shared.ledger_error(e, who)
     }
 
     async fn attach_inner(&self, req: Request<pb::AttachRequest>) -> Result<Response<EventStream>, Status> {
@@ -135,21 +120,7 @@ impl GraphpoolService {
         req: Request<pb::AllocateSegmentRequest>,
     ) -> Result<Response<pb::Grant>, Status> {
         let peer = self.shared.peer(&req)?;
-        let r = req.into_inner();
-        validate::id("session_id", r.session_id)?;
-        validate::label("label", &r.label)?;
-        let ledger = &self.shared.ledger;
-        let session = ledger.session(r.session_id, &peer)?;
-        let capacity = ledger.backend().capacity_bytes(session.device).unwrap_or(0);
-        validate::size("size_bytes", r.size_bytes, capacity)?;
-        let who = format!("{}/{}", session.job_id, session.rank);
-        let g = ledger
-            .allocate(r.session_id, &peer, r.size_bytes, &r.label)
-            .map_err(|e| self.ledger_error(e, &who))?;
-        tracing::info!(
-            grant = g.id, session = g.session, job = %g.job_id, rank = g.rank, pid = g.pid, device = g.device,
-            bytes = g.size_bytes, requested = g.requested_bytes, label = %g.label, "granted"
-        );
+        let g = segments::allocate(&self.shared, &peer, req.get_ref())?;
         Ok(Response::new(grant_proto(&g)))
     }
 
@@ -158,12 +129,7 @@ impl GraphpoolService {
         req: Request<pb::ReleaseSegmentRequest>,
     ) -> Result<Response<pb::ReleaseSegmentResponse>, Status> {
         let peer = self.shared.peer(&req)?;
-        let r = req.into_inner();
-        validate::id("session_id", r.session_id)?;
-        validate::id("grant_id", r.grant_id)?;
-        let g = self.shared.ledger.release(r.session_id, &peer, r.grant_id)?;
-        tracing::info!(grant = g.id, session = g.session, job = %g.job_id, rank = g.rank, bytes = g.size_bytes, "released");
-        Ok(Response::new(pb::ReleaseSegmentResponse { bytes_released: g.size_bytes }))
+        segments::release(&self.shared, &peer, req.get_ref()).map(Response::new)
     }
 
     fn session_proto(s: &SessionView) -> pb::SessionInfo {

@@ -1,8 +1,10 @@
 //! The gRPC services: `graphpool.v1.Graphpool` (sessions, segments, usage, plans) and
-//! `graphpool.v1.Admin` (limits).
+//! `graphpool.v1.Admin` (limits); and [`segments`], the allocate/release logic that gRPC and
+//! the fd socket's fast path share.
 
 pub mod admin;
 pub mod graphpool;
+pub mod segments;
 pub mod sessions;
 pub mod status;
 pub mod validate;
@@ -13,7 +15,7 @@ use std::time::Instant;
 use tonic::{Code, Request, Status};
 
 use crate::config::AccessConfig;
-use crate::ledger::{Ledger, Peer};
+use crate::ledger::{Ledger, LedgerError, Peer};
 use crate::metrics::Metrics;
 
 /// What every service needs.
@@ -30,8 +32,8 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The authenticated peer of a request: `SO_PEERCRED` of its connection, checked against
-    /// the allow-list.
+    /// The authenticated peer of a gRPC request: `SO_PEERCRED` of its connection, checked
+    /// against the allow-list.
     pub fn peer<T>(&self, req: &Request<T>) -> Result<Peer, Status> {
         let info = req
             .extensions()
@@ -42,6 +44,12 @@ impl Shared {
                 "the peer's pid is not visible to graphpoold (another pid namespace?); run the daemon with the host's pid namespace (Kubernetes: hostPID: true)",
             )
         })?;
+        self.authorize(peer)
+    }
+
+    /// Checks a peer (from `SO_PEERCRED` of its connection, on either socket) against the
+    /// allow-list.
+    pub fn authorize(&self, peer: Peer) -> Result<Peer, Status> {
         if !self.access.allows(peer.uid, peer.gid) {
             tracing::warn!(
                 pid = peer.pid,
@@ -57,13 +65,45 @@ impl Shared {
         Ok(peer)
     }
 
-    /// Records a finished request in the metrics.
+    /// Turns a ledger error into a status; a capacity refusal is also counted
+    /// (`graphpool_refusals_total`) and logged, naming `who` asked.
+    pub fn ledger_error(&self, e: LedgerError, who: &str) -> Status {
+        if let LedgerError::Refused(r) = &e {
+            self.metrics.refusal(r);
+            tracing::warn!(
+                who,
+                limit = r.limit.as_str(),
+                requested = r.requested_bytes,
+                free = r.free_bytes,
+                limit_bytes = r.limit_bytes,
+                device = r.device,
+                "refused"
+            );
+        }
+        if let LedgerError::TooManySessions { uid, limit } = &e {
+            tracing::warn!(who, uid, limit = "sessions-per-uid", limit_sessions = limit, "refused");
+        }
+        e.into()
+    }
+
+    /// Records a finished gRPC request in the metrics.
     pub fn observe<T>(&self, method: &'static str, started: Instant, result: &Result<T, Status>) {
+        self.observe_on(segments::Transport::Grpc, method, started, result);
+    }
+
+    /// Records a finished request of either transport in the metrics.
+    pub fn observe_on<T>(
+        &self,
+        transport: segments::Transport,
+        method: &'static str,
+        started: Instant,
+        result: &Result<T, Status>,
+    ) {
         let code = match result {
             Ok(_) => Code::Ok,
             Err(s) => s.code(),
         };
-        self.metrics.request(method, code_name(code), started.elapsed());
+        self.metrics.request(method, transport.as_str(), code_name(code), started.elapsed());
     }
 }
 

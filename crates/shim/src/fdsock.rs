@@ -1,8 +1,10 @@
 //! The client side of the daemon's fd socket: length-prefixed `FdRequest`/`FdResponse`
 //! frames, the fd arriving in an `SCM_RIGHTS` control message.
 //!
-//! Blocking I/O on the caller's thread: the fetch is one small round trip on a connection
-//! kept open for the session, so it needs no async runtime.
+//! The shim makes its segment requests here, on the fast path: `AllocateSegment` answers with
+//! the grant and its fd in one message, `ReleaseSegment` follows; the daemon runs the same
+//! code for them as for the gRPC calls. Blocking I/O on the caller's thread: each is one small
+//! round trip on a connection kept open for the session, so it needs no async runtime.
 
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -10,7 +12,10 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use graphpool_proto::v1::{FdRequest, FdResponse};
+use graphpool_proto::v1::{
+    AllocateSegmentRequest, ErrorDetail, FdRequest, FdResponse, Grant, ReleaseSegmentRequest, fd_request,
+    fd_response,
+};
 use prost::Message;
 
 use crate::error::ShimError;
@@ -34,10 +39,44 @@ impl FdConn {
 
     /// Asks for the fd of `grant_id`; returns it with the response (size, handle kind).
     pub fn fetch(&mut self, session_id: u64, grant_id: u64) -> Result<(OwnedFd, FdResponse), ShimError> {
-        let body = FdRequest { session_id, grant_id }.encode_to_vec();
-        let mut frame = Vec::with_capacity(4 + body.len());
-        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&body);
+        let (resp, fd) = self.call("FdRequest", &FdRequest { session_id, grant_id, call: None })?;
+        let fd = fd.ok_or_else(|| ShimError::Fd("the response carried no fd".to_string()))?;
+        Ok((fd, resp))
+    }
+
+    /// `AllocateSegment` on the fast path: the grant and its fd in one round trip.
+    pub fn allocate(&mut self, req: AllocateSegmentRequest) -> Result<(Grant, OwnedFd), ShimError> {
+        let req = FdRequest { call: Some(fd_request::Call::Allocate(req)), ..Default::default() };
+        let (resp, fd) = self.call("AllocateSegment", &req)?;
+        let Some(fd_response::Result::Grant(grant)) = resp.result else {
+            return Err(ShimError::Fd("the answer to AllocateSegment carried no grant".to_string()));
+        };
+        let fd =
+            fd.ok_or_else(|| ShimError::Fd("the answer to AllocateSegment carried no fd".to_string()))?;
+        Ok((grant, fd))
+    }
+
+    /// `ReleaseSegment` on the fast path.
+    pub fn release(&mut self, session_id: u64, grant_id: u64) -> Result<(), ShimError> {
+        let release = ReleaseSegmentRequest { session_id, grant_id };
+        let req = FdRequest { call: Some(fd_request::Call::Release(release)), ..Default::default() };
+        match self.call("ReleaseSegment", &req)?.0.result {
+            Some(fd_response::Result::Released(_)) => Ok(()),
+            _ => Err(ShimError::Fd("the answer to ReleaseSegment carried no result".to_string())),
+        }
+    }
+
+    /// One request and its response. A refusal becomes [`ShimError::Daemon`] with the code,
+    /// message and structured detail the gRPC call would have given; a broken connection is
+    /// [`ShimError::Fd`].
+    fn call(
+        &mut self,
+        call: &'static str,
+        req: &FdRequest,
+    ) -> Result<(FdResponse, Option<OwnedFd>), ShimError> {
+        let mut frame = Vec::with_capacity(4 + req.encoded_len());
+        frame.extend_from_slice(&(req.encoded_len() as u32).to_le_bytes());
+        req.encode(&mut frame).expect("a Vec grows as needed");
         self.stream.write_all(&frame).map_err(|e| ShimError::Fd(format!("send: {e}")))?;
 
         let mut buf: Vec<u8> = Vec::with_capacity(256);
@@ -72,16 +111,14 @@ impl FdConn {
         let resp = FdResponse::decode(&buf[4..4 + n])
             .map_err(|e| ShimError::Fd(format!("undecodable FdResponse: {e}")))?;
         if !resp.ok {
-            let code = tonic::Code::from(resp.code);
             return Err(ShimError::Daemon {
-                call: "FdRequest",
-                code,
-                message: resp.message.clone(),
-                detail: None,
+                call,
+                code: tonic::Code::from(resp.code),
+                message: resp.message,
+                detail: resp.error.map(|d: ErrorDetail| Box::new(d)),
             });
         }
-        let fd = fd.ok_or_else(|| ShimError::Fd("the response carried no fd".to_string()))?;
-        Ok((fd, resp))
+        Ok((resp, fd))
     }
 }
 

@@ -131,9 +131,9 @@ impl ReconnectPolicy {
 /// Phases of the last segment request, nanoseconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Timing {
-    /// AllocateSegment RPC.
+    /// AllocateSegment on the fd socket's fast path, the fd included.
     pub rpc_ns: u64,
-    /// fd fetch on the fd socket.
+    /// A separate fd fetch: 0 since the fd comes with the grant (kept for the C ABI).
     pub fd_ns: u64,
     /// Import and map (CUDA) or mmap (host).
     pub map_ns: u64,
@@ -361,59 +361,14 @@ impl Session {
         self.check_attached()?;
         let link = lock(&self.inner.link).clone();
         let t0 = Instant::now();
-        let mut client = link.client.clone();
         let req =
             AllocateSegmentRequest { session_id: link.session_id, size_bytes: size, label: LABEL.into() };
-        let grant = match self.rt.block_on(client.allocate_segment(req)) {
-            Ok(g) => g.into_inner(),
-            Err(s) => {
-                let e = ShimError::from_status("AllocateSegment", &s);
-                // The daemon went away under the call: say so as the restart it is.
-                return Err(match s.code() {
-                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
-                        self.check_attached().err().unwrap_or(e)
-                    }
-                    _ => e,
-                });
-            }
-        };
+        // The fast path: the grant and its fd in one round trip on the fd socket.
+        let (grant, fd) = self.fd_call(&link, |c| c.allocate(req))?;
         let t1 = Instant::now();
-        let fetched = {
-            let mut conn = lock(&self.inner.fd_conn);
-            if conn.is_none() {
-                match FdConn::connect(&link.fd_socket) {
-                    Ok(c) => *conn = Some(c),
-                    Err(e) => {
-                        drop(conn);
-                        self.release_grant(&link, grant.grant_id);
-                        return Err(e);
-                    }
-                }
-            }
-            let r = conn.as_mut().map(|c| c.fetch(link.session_id, grant.grant_id));
-            match r {
-                Some(Ok(x)) => Ok(x),
-                Some(Err(e)) => {
-                    // A broken connection is reopened on the next request.
-                    if matches!(e, ShimError::Fd(_)) {
-                        *conn = None;
-                    }
-                    Err(e)
-                }
-                None => Err(ShimError::Fd("no fd connection".into())),
-            }
-        };
-        let (fd, resp) = match fetched {
-            Ok(x) => x,
-            Err(e) => {
-                self.release_grant(&link, grant.grant_id);
-                return Err(e);
-            }
-        };
-        let t2 = Instant::now();
-        let kind =
-            if resp.handle_kind.is_empty() { grant.handle_kind.as_str() } else { resp.handle_kind.as_str() };
-        let mapping = match Mapping::map(kind, fd, grant.size_bytes, self.device) {
+        // The fd came with the grant: no separate fetch.
+        let t2 = t1;
+        let mapping = match Mapping::map(&grant.handle_kind, fd, grant.size_bytes, self.device) {
             Ok(m) => m,
             Err(e) => {
                 self.release_grant(&link, grant.grant_id);
@@ -457,22 +412,44 @@ impl Session {
         let released = match released {
             // The daemon died under the call: the grant is not in the table, so it will not
             // be declared to the next daemon.
-            Err(ShimError::Daemon { code: tonic::Code::Unavailable | tonic::Code::Unknown, .. })
-                if !matches!(&*lock(&self.inner.state), State::Attached) =>
-            {
-                Ok(())
-            }
+            Err(
+                ShimError::Daemon { code: tonic::Code::Unavailable | tonic::Code::Unknown, .. }
+                | ShimError::Connect(_)
+                | ShimError::Restarting { .. }
+                | ShimError::SessionEnded(_),
+            ) if !matches!(&*lock(&self.inner.state), State::Attached) => Ok(()),
             r => r,
         };
         unmapped.and(released)
     }
 
     fn release(&self, link: &Link, grant_id: u64) -> Result<(), ShimError> {
-        let mut client = link.client.clone();
-        self.rt
-            .block_on(client.release_segment(ReleaseSegmentRequest { session_id: link.session_id, grant_id }))
-            .map(|_| ())
-            .map_err(|s| ShimError::from_status("ReleaseSegment", &s))
+        self.fd_call(link, |c| c.release(link.session_id, grant_id))
+    }
+
+    /// Runs `f` on the session's fd-socket connection (the fast path of the segment calls),
+    /// opening the connection first if needed. A broken connection is dropped, so that the
+    /// next call opens a new one, and reported as the daemon being unreachable (or, once the
+    /// session noticed, as the restart it is).
+    fn fd_call<T>(
+        &self,
+        link: &Link,
+        f: impl FnOnce(&mut FdConn) -> Result<T, ShimError>,
+    ) -> Result<T, ShimError> {
+        let mut conn = lock(&self.inner.fd_conn);
+        let r = match &mut *conn {
+            Some(c) => f(c),
+            None => FdConn::connect(&link.fd_socket).and_then(|c| f(conn.insert(c))),
+        };
+        match r {
+            Err(ShimError::Fd(m)) => {
+                *conn = None;
+                drop(conn);
+                let e = ShimError::Connect(format!("fd socket {}: {m}", link.fd_socket.display()));
+                Err(self.check_attached().err().unwrap_or(e))
+            }
+            r => r,
+        }
     }
 
     fn release_grant(&self, link: &Link, grant_id: u64) {

@@ -405,23 +405,33 @@ class FieldViolation(_message.Message):
     def __init__(self, field: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
 
 class FdRequest(_message.Message):
-    __slots__ = ("session_id", "grant_id")
+    __slots__ = ("session_id", "grant_id", "allocate", "release")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     grant_id: int
-    def __init__(self, session_id: _Optional[int] = ..., grant_id: _Optional[int] = ...) -> None: ...
+    allocate: AllocateSegmentRequest
+    release: ReleaseSegmentRequest
+    def __init__(self, session_id: _Optional[int] = ..., grant_id: _Optional[int] = ..., allocate: _Optional[_Union[AllocateSegmentRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseSegmentRequest, _Mapping]] = ...) -> None: ...
 
 class FdResponse(_message.Message):
-    __slots__ = ("ok", "code", "message", "size_bytes", "handle_kind")
+    __slots__ = ("ok", "code", "message", "size_bytes", "handle_kind", "error", "grant", "released")
     OK_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     HANDLE_KIND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     code: int
     message: str
     size_bytes: int
     handle_kind: str
-    def __init__(self, ok: bool = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., size_bytes: _Optional[int] = ..., handle_kind: _Optional[str] = ...) -> None: ...
+    error: ErrorDetail
+    grant: Grant
+    released: ReleaseSegmentResponse
+    def __init__(self, ok: bool = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., size_bytes: _Optional[int] = ..., handle_kind: _Optional[str] = ..., error: _Optional[_Union[ErrorDetail, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., released: _Optional[_Union[ReleaseSegmentResponse, _Mapping]] = ...) -> None: ...
