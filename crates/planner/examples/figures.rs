@@ -2,6 +2,9 @@
 //!
 //! `cargo run --release -p graphpool-planner --example figures [-- FILTER]`
 //!
+//! `FIGURES_SEEDS=1-10` runs the generated lists with other seeds (default `1-3`);
+//! `FIGURES_BUDGET_MS=2000` gives every row that budget instead of the default cap.
+//!
 //! Columns: `floor`, `greedy` and `ratio` are the online best-fit floor, the best
 //! construction and the final footprint over the lower bound (which includes the alias
 //! bound); `vs-live` is the final footprint over the plain live bound (most bytes live at
@@ -15,6 +18,16 @@ use graphpool_planner::{PlaceOptions, Schedule, SchedulePlanInput, place, verify
 
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
+    let seeds: Vec<u64> = match std::env::var("FIGURES_SEEDS") {
+        Ok(v) => {
+            let (a, b) = v.split_once('-').unwrap_or((&v, &v));
+            (a.parse().expect("FIGURES_SEEDS: FROM-TO")..=b.parse().expect("FIGURES_SEEDS: FROM-TO"))
+                .collect()
+        }
+        Err(_) => (1..=3).collect(),
+    };
+    let budget_ms: Option<u64> =
+        std::env::var("FIGURES_BUDGET_MS").ok().map(|v| v.parse().expect("FIGURES_BUDGET_MS: milliseconds"));
     let mut cases: Vec<(String, Vec<graphpool_planner::Buffer>)> = Vec::new();
     let pipelines = [
         ("1f1b pp=8 rank=0 M=8", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 8 }, 1),
@@ -36,22 +49,22 @@ fn main() {
         cases.push((name.to_string(), schedule_buffers(&input).expect("valid schedule").buffers));
     }
     for n in [1_000, 10_000, 100_000] {
-        for seed in 1..=3 {
+        for &seed in &seeds {
             cases.push((format!("random n={n} seed={seed}"), workload::random(n, seed)));
         }
     }
     for n in [1_000, 10_000, 100_000] {
-        for seed in 1..=3 {
+        for &seed in &seeds {
             cases.push((format!("uniform n={n} seed={seed}"), workload::random_uniform(n, seed)));
         }
     }
     for n in [100, 1_000, 10_000] {
-        for seed in 1..=3 {
+        for &seed in &seeds {
             cases.push((format!("packed n={n} seed={seed}"), workload::packed(n, seed)));
         }
     }
     for n in [1_000, 10_000] {
-        for seed in 1..=3 {
+        for &seed in &seeds {
             cases.push((format!("packed n={n} seed={seed} budget=1s"), workload::packed(n, seed)));
         }
     }
@@ -66,6 +79,10 @@ fn main() {
         let mut opts = PlaceOptions { time_budget: Duration::from_secs(1), ..PlaceOptions::default() };
         if name.contains("budget=1s") {
             // The adversarial target is "within 1 s": the whole second, not the default cap.
+            opts.scaled_budget_per_item = None;
+        }
+        if let Some(ms) = budget_ms {
+            opts.time_budget = Duration::from_millis(ms);
             opts.scaled_budget_per_item = None;
         }
         let p = place(&buffers, &opts).expect("valid workload");

@@ -132,19 +132,19 @@ impl SkyTree {
 /// Slack over ranks: range add, range min.
 struct SlackTree {
     n: usize,
-    mn: Vec<i128>,
-    add: Vec<i128>,
+    mn: Vec<i64>,
+    add: Vec<i64>,
 }
 
 impl SlackTree {
-    fn new(values: &[i128]) -> SlackTree {
+    fn new(values: &[i64]) -> SlackTree {
         let n = values.len();
         let mut t = SlackTree { n, mn: vec![0; 4 * n], add: vec![0; 4 * n] };
         t.build(1, 0, n, values);
         t
     }
 
-    fn build(&mut self, k: usize, kl: usize, kr: usize, v: &[i128]) {
+    fn build(&mut self, k: usize, kl: usize, kr: usize, v: &[i64]) {
         if kr - kl == 1 {
             self.mn[k] = v[kl];
             return;
@@ -155,11 +155,11 @@ impl SlackTree {
         self.mn[k] = self.mn[2 * k].min(self.mn[2 * k + 1]);
     }
 
-    fn add(&mut self, l: usize, r: usize, d: i128) {
+    fn add(&mut self, l: usize, r: usize, d: i64) {
         self.add_rec(1, 0, self.n, l, r, d);
     }
 
-    fn add_rec(&mut self, k: usize, kl: usize, kr: usize, l: usize, r: usize, d: i128) {
+    fn add_rec(&mut self, k: usize, kl: usize, kr: usize, l: usize, r: usize, d: i64) {
         if r <= kl || kr <= l {
             return;
         }
@@ -174,20 +174,37 @@ impl SlackTree {
         self.mn[k] = self.mn[2 * k].min(self.mn[2 * k + 1]) + self.add[k];
     }
 
-    fn min(&self, l: usize, r: usize) -> i128 {
+    fn point(&self, i: usize) -> i64 {
+        let (mut k, mut kl, mut kr) = (1, 0, self.n);
+        let mut acc = 0;
+        while kr - kl > 1 {
+            acc += self.add[k];
+            let m = (kl + kr) / 2;
+            if i < m {
+                k *= 2;
+                kr = m;
+            } else {
+                k = 2 * k + 1;
+                kl = m;
+            }
+        }
+        acc + self.mn[k]
+    }
+
+    fn min(&self, l: usize, r: usize) -> i64 {
         self.min_rec(1, 0, self.n, l, r)
     }
 
-    fn min_rec(&self, k: usize, kl: usize, kr: usize, l: usize, r: usize) -> i128 {
+    fn min_rec(&self, k: usize, kl: usize, kr: usize, l: usize, r: usize) -> i64 {
         if r <= kl || kr <= l {
-            return i128::MAX;
+            return i64::MAX;
         }
         if l <= kl && kr <= r {
             return self.mn[k];
         }
         let m = (kl + kr) / 2;
         let x = self.min_rec(2 * k, kl, m, l, r).min(self.min_rec(2 * k + 1, m, kr, l, r));
-        if x == i128::MAX { x } else { x + self.add[k] }
+        if x == i64::MAX { x } else { x + self.add[k] }
     }
 }
 
@@ -238,7 +255,7 @@ impl StartTree {
 #[derive(Clone, Copy)]
 enum Undo {
     Sky { l: u32, r: u32, old: u64 },
-    Slack { l: u32, r: u32, d: i128 },
+    Slack { l: u32, r: u32, d: i64 },
     Take { start: u32, pos: u32, item: u32 },
 }
 
@@ -253,8 +270,10 @@ struct Frame {
     a: u32,
     b: u32,
     h: u64,
-    alts: Vec<Alt>,
+    /// Alternatives: `pool[first..end]`, of which `pool[next..end]` are left.
+    first: usize,
     next: usize,
+    end: usize,
     /// Ranks the current alternative changed.
     act: (u32, u32),
     /// Ranks whose state explains the failures seen here (for backjumping).
@@ -301,20 +320,25 @@ pub(crate) fn pack(
     if r == 0 || items.size.iter().any(|&s| s > height) {
         return None;
     }
-    let mut diff = vec![0i128; r + 1];
+    // Slack fits in i64 (beyond that the search is skipped).
+    let total = items.size.iter().try_fold(0u64, |acc, &z| acc.checked_add(z));
+    if height > (i64::MAX / 4) as u64 || total.is_none_or(|t| t > (i64::MAX / 4) as u64) {
+        return None;
+    }
+    let mut diff = vec![0i64; r + 1];
     for i in 0..n {
         let (s, e) = items.ivs[i];
-        diff[s as usize] += items.size[i] as i128;
-        diff[e as usize] -= items.size[i] as i128;
+        diff[s as usize] += items.size[i] as i64;
+        diff[e as usize] -= items.size[i] as i64;
     }
     let mut slack0 = Vec::with_capacity(r);
-    let mut load = 0i128;
+    let mut load = 0i64;
     for d in &diff[..r] {
         load += d;
-        if load > height as i128 {
+        if load > height as i64 {
             return None;
         }
-        slack0.push(height as i128 - load);
+        slack0.push(height as i64 - load);
     }
     // Unplaced items by start, each list sorted by (end, size).
     let mut by_start: Vec<Vec<u32>> = vec![Vec::new(); r];
@@ -419,7 +443,7 @@ enum Outcome {
 #[allow(clippy::too_many_arguments)]
 fn attempt_pack(
     items: &Items<'_>,
-    slack0: &[i128],
+    slack0: &[i64],
     by_start: &mut [Vec<u32>],
     deadline: Instant,
     rng: &mut Rng,
@@ -441,6 +465,8 @@ fn attempt_pack(
     let mut placed = 0usize;
     let mut trail: Vec<Undo> = Vec::new();
     let mut frames: Vec<Frame> = Vec::new();
+    let mut pool: Vec<Alt> = Vec::new();
+    let mut scored: Vec<(u64, u32)> = Vec::new();
     let mut backtracks = 0u64;
     let mut nodes = 0u64;
     let head = |list: &Vec<u32>| list.first().map_or(u32::MAX, |&i| items.ivs[i as usize].1);
@@ -457,11 +483,12 @@ fn attempt_pack(
         let b = sky.first_above(a, h);
         let left_h = (a > 0).then(|| sky.point(a - 1));
         let right_h = (b < r).then(|| sky.point(b));
-        let mut alts: Vec<Alt> = Vec::new();
+        let first = pool.len();
+        let alts = &mut pool;
         if let Some(st) = starts.first(a, b) {
             let list = &by_start[st];
             let k = list.partition_point(|&i| items.ivs[i as usize].1 as usize <= b);
-            let mut scored: Vec<(u64, u32)> = Vec::with_capacity(k);
+            scored.clear();
             for j in 0..k {
                 let i = list[j] as usize;
                 if j > 0 {
@@ -491,9 +518,8 @@ fn attempt_pack(
             (Some(x), Some(y)) => Some(x.min(y)),
             (x, y) => x.or(y),
         };
-        if let Some(to) = to
-            && slack.min(a, b) >= (to - h) as i128
-        {
+        if let Some(to) = to {
+            // Whether the slack allows it is checked when it is tried.
             alts.push(Alt::Raise { to });
         }
         let conf = (a.saturating_sub(1) as u32, (b + 1).min(r) as u32);
@@ -502,8 +528,9 @@ fn attempt_pack(
             a: a as u32,
             b: b as u32,
             h,
-            alts,
-            next: 0,
+            first,
+            next: first,
+            end: pool.len(),
             act: (0, 0),
             conf,
         });
@@ -522,8 +549,8 @@ fn attempt_pack(
                     }
                 }
             }
-            if f.next < f.alts.len() {
-                let alt = f.alts[f.next];
+            if f.next < f.end {
+                let alt = pool[f.next];
                 f.next += 1;
                 match alt {
                     Alt::Place { item, pos } => {
@@ -560,7 +587,10 @@ fn attempt_pack(
                         }
                     }
                     Alt::Raise { to } => {
-                        let d = (to - f.h) as i128;
+                        let d = (to - f.h) as i64;
+                        if slack.min(f.a as usize, f.b as usize) < d {
+                            continue;
+                        }
                         trail.push(Undo::Slack { l: f.a, r: f.b, d: -d });
                         slack.add(f.a as usize, f.b as usize, -d);
                         trail.push(Undo::Sky { l: f.a, r: f.b, old: f.h });
@@ -582,6 +612,7 @@ fn attempt_pack(
             }
             // Exhausted: jump back to the latest frame that changed a rank of the conflict.
             let conf = f.conf;
+            pool.truncate(f.first);
             frames.pop();
             backtracks += 1;
             if backtracks > budget {
@@ -592,6 +623,7 @@ fn attempt_pack(
                     g.conf = hull(g.conf, conf);
                     break;
                 }
+                pool.truncate(g.first);
                 frames.pop();
             }
         }
@@ -614,7 +646,7 @@ fn attempt_pack(
 /// must start exactly at `x` and end before the skyline rises above `h`.
 /// Otherwise the ranks that explain the failure.
 fn drop_ok(sky: &SkyTree, slack: &SlackTree, starts: &StartTree, x: usize, h: u64) -> Result<(), (u32, u32)> {
-    if slack.min(x, x + 1) > 0 {
+    if slack.point(x) > 0 {
         return Ok(());
     }
     let end = sky.first_above(x, h);
@@ -701,6 +733,41 @@ mod tests {
             let off = pack(&items, 1 << 32, far, 1, &mut stats);
             prop_assert!(off.is_some(), "no tiling found for {} pieces", b.len());
             check(&items, &off.unwrap(), 1 << 32);
+        }
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    /// `cargo test --release -p graphpool-planner --lib contour::timing -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn pack_time() {
+        for n in [10_000usize, 100_000] {
+            let b = crate::workload::random_uniform(n, 1);
+            let mut times: Vec<u64> = b.iter().flat_map(|x| [x.start, x.end]).collect();
+            times.sort_unstable();
+            times.dedup();
+            let rank = |t: u64| times.partition_point(|&x| x < t) as u32;
+            let ivs: Vec<(u32, u32)> = b.iter().map(|x| (rank(x.start), rank(x.end))).collect();
+            let size: Vec<u64> = b.iter().map(|x| x.size).collect();
+            let items = Items { ivs: &ivs, size: &size, ranks: times.len() as u32 };
+            let lb = crate::dsa::live_bound(&b).unwrap();
+            for f in [1.2, 1.06] {
+                let mut st = PackStats::default();
+                let t = Instant::now();
+                let r =
+                    pack(&items, (lb as f64 * f) as u64, t + std::time::Duration::from_secs(3), 7, &mut st);
+                println!(
+                    "n={n} f={f} ok={} {:.1}ms nodes={} restarts={}",
+                    r.is_some(),
+                    t.elapsed().as_secs_f64() * 1e3,
+                    st.nodes,
+                    st.restarts
+                );
+            }
         }
     }
 }

@@ -1162,7 +1162,7 @@ fn skyline(
             _ => continue,
         }
         steps = steps.wrapping_add(1);
-        if steps.is_multiple_of(4096) && Instant::now() > deadline {
+        if steps.is_multiple_of(512) && Instant::now() > deadline {
             return None;
         }
         let b = seg[&a].0;
@@ -1317,6 +1317,20 @@ struct Coarse {
     member: Vec<(u32, u64)>,
 }
 
+/// Whether [`coarsen`] can remove a tenth of the items in its first round (a cheap test:
+/// items sharing a lifetime with another, and items whose end meets the start of one of
+/// equal size).
+fn coarsens(p: &Problem) -> bool {
+    let n = p.len();
+    let mut lives: Vec<(u32, u32)> = p.ivs.clone();
+    lives.sort_unstable();
+    let stacked = lives.windows(2).filter(|w| w[0] == w[1]).count();
+    let mut heads: Vec<(u32, u64)> = (0..n).map(|i| (p.ivs[i].0, p.size[i])).collect();
+    heads.sort_unstable();
+    let chained = (0..n).filter(|&i| heads.binary_search(&(p.ivs[i].1, p.size[i])).is_ok()).count();
+    (stacked + chained) * 10 >= n
+}
+
 fn coarsen(p: &Problem) -> Coarse {
     type Block = (u32, u32, u64, Vec<(u32, u64)>);
     let n = p.len();
@@ -1427,7 +1441,8 @@ struct Run {
     crossing_high: u64,
 }
 
-fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy) -> Run {
+/// One portfolio run, or `None` when `stop` (if any) passes first.
+fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy, stop: Option<Instant>) -> Option<Run> {
     let mut index = Index::new(p);
     let mut off = vec![0u64; p.len()];
     let mut crossing = d.crossing.clone();
@@ -1436,14 +1451,19 @@ fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy) -> Run {
     let crossing_high = greedy(p, &crossing, Fit::BestFit, &mut index, &mut off);
     let mut rest = d.rest.clone();
     sort_items(p, &mut rest, strategy.order, 0.0, &mut rng);
-    greedy(p, &rest, strategy.fit, &mut index, &mut off);
+    for chunk in rest.chunks(256) {
+        if stop.is_some_and(|t| Instant::now() > t) {
+            return None;
+        }
+        greedy(p, chunk, strategy.fit, &mut index, &mut off);
+    }
     let mut window_high = vec![0u64; d.windows];
     for &i in &d.rest {
         let i = i as usize;
         let w = d.window[i] as usize;
         window_high[w] = window_high[w].max(off[i] + p.size[i]);
     }
-    Run { strategy, off, window_high, crossing_high }
+    Some(Run { strategy, off, window_high, crossing_high })
 }
 
 /// Places `buffers`: see the module documentation for how.
@@ -1522,7 +1542,10 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                             estimate_ns[1].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                             continue;
                         }
-                        let run = run_strategy(&p, &d, Strategy::PORTFOLIO[j]);
+                        // The first job always finishes (every plan gets one greedy pass);
+                        // the others stop at the deadline.
+                        let stop = (k > 0).then_some(deadline);
+                        let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
                         estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                         runs.lock().expect("portfolio worker panicked").push(run);
                     }
@@ -1574,13 +1597,20 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let mut improvement_steps = 0;
     // Coarsening (single-interval problems): solve the instance with stacked and chained
     // buffers merged, when that removes at least a tenth of the items.
-    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n {
+    // Only when a few greedy passes over a tenth of the items fit in its share (the nested
+    // portfolio always runs its first job), and it removes at least a tenth of the items.
+    let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
+    if best_high > lb
+        && n > EXACT_MAX_ITEMS
+        && opts.improve
+        && p.ivs.len() == n
+        && greedy_estimate.max(sky_estimate) * 4 <= share * 10
+        && coarsens(&p)
+    {
         let c = coarsen(&p);
+        let pass = greedy_estimate.max(sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
         let now = Instant::now();
         let share = deadline.saturating_duration_since(now).mul_f64(0.35);
-        // Only when it removes a tenth of the items and a few greedy passes over the coarse
-        // instance fit in its share (the nested portfolio always runs its first job).
-        let pass = greedy_estimate.max(sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
         if c.buffers.len() * 10 <= n * 9 && pass * 4 <= share {
             let sub = PlaceOptions { time_budget: share, scaled_budget_per_item: None, ..opts.clone() };
             if let Ok(cp) = place(&c.buffers, &sub)
@@ -1802,7 +1832,7 @@ mod timing {
             let d = decompose(&p, lb);
             for s in [Strategy::PORTFOLIO[0], Strategy::PORTFOLIO[1]] {
                 let t = Instant::now();
-                let run = run_strategy(&p, &d, s);
+                let run = run_strategy(&p, &d, s, None).unwrap();
                 let high = run.window_high.iter().copied().max().unwrap_or(0).max(run.crossing_high);
                 println!(
                     "{name} {} {:.1}ms ratio {:.4}",
