@@ -352,6 +352,9 @@ pub(crate) fn pack(
     let mut budget: u64 = 2_000;
     let mut attempt = 0u32;
     loop {
+        if Instant::now() > deadline {
+            return None;
+        }
         attempt += 1;
         let noise = if attempt == 1 { 0.0 } else { [0.05, 0.1, 0.2, 0.3][rng.below(4) as usize] };
         match attempt_pack(items, &slack0, &mut by_start, deadline, &mut rng, noise, budget, stats) {
@@ -475,7 +478,7 @@ fn attempt_pack(
             break Outcome::Placed(off.clone());
         }
         nodes += 1;
-        if nodes.is_multiple_of(1024) && Instant::now() > deadline {
+        if nodes.is_multiple_of(256) && Instant::now() > deadline {
             break Outcome::Deadline;
         }
         // Expand the lowest valley.

@@ -15,13 +15,18 @@
 //!    run on all cores and time-boxed, keeping the best per window;
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
-//! 5. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
+//! 5. **coarsening** (single-interval problems): buffers with one lifetime stacked into one,
+//!    buffers handing over to one of equal size chained into one, and the coarse instance
+//!    planned by this same engine when that removes a tenth of the items (see `coarsen`);
+//!    then a fixed-height **contour search** with backjumping and a bisection of the target
+//!    height (`crate::contour`), when a few skyline passes fit in its share;
+//! 6. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
 //!    time left (single-interval problems), then windows of the clock around a buffer that defines
 //!    the footprint (a random stretch of its lifetime when that is long) are taken out with
 //!    that buffer and re-placed with perturbed orders; a window is kept when its highest
 //!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
 //!    moves), and a re-placement stops as soon as it is worse;
-//! 6. an **exact** branch-and-bound search when there are at most [`EXACT_MAX_ITEMS`] items.
+//! 7. an **exact** branch-and-bound search when there are at most [`EXACT_MAX_ITEMS`] items.
 //!
 //! Buffers sharing an alias group are placed as one item at one offset: the item is a set
 //! of disjoint intervals (the union of its members' intervals, gaps kept) and is as large
