@@ -1438,6 +1438,28 @@ fn coarsen(p: &Problem) -> Coarse {
     Coarse { buffers, member }
 }
 
+/// Plans the coarse instance `c` within `share` and keeps it when it is lower.
+fn solve_coarse(
+    c: &Coarse,
+    share: Duration,
+    opts: &PlaceOptions,
+    best_high: &mut u64,
+    best_off: &mut [u64],
+    strategy: &mut String,
+) {
+    let sub = PlaceOptions { time_budget: share, scaled_budget_per_item: None, ..opts.clone() };
+    if let Ok(cp) = place(&c.buffers, &sub)
+        && cp.footprint < *best_high
+    {
+        *best_high = cp.footprint;
+        for (i, off) in best_off.iter_mut().enumerate() {
+            let (k, delta) = c.member[i];
+            *off = cp.offsets[k as usize] + delta;
+        }
+        *strategy = format!("coarse({}: {})", c.buffers.len(), cp.strategy);
+    }
+}
+
 /// One portfolio run: offsets of every item and the highest top per window.
 struct Run {
     strategy: Strategy,
@@ -1481,13 +1503,27 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         budget = budget.min(per * p.ivs.len() as u32 + Duration::from_millis(5));
     }
     let deadline = began + budget;
-    // The portfolio gets a share of the budget; the improvement stage the rest.
-    let portfolio_deadline = began + budget.mul_f64(0.4);
     let lb = p.lower_bound().max(p.alias_bound());
     let (floor_off, floor_high) = online_best_fit(&p);
     let mut best_off = floor_off;
     let mut best_high = floor_high;
     let mut strategy = "online-best-fit".to_string();
+    // Coarsening (single-interval problems): the instance with stacked and chained buffers
+    // merged, when that removes a tenth of the items. A coarse instance of at most half the
+    // items is planned first, with 35% of the budget; a larger one after the portfolio.
+    let mut coarse = None;
+    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p) {
+        let c = coarsen(&p);
+        if c.buffers.len() * 2 <= n {
+            solve_coarse(&c, budget.mul_f64(0.35), opts, &mut best_high, &mut best_off, &mut strategy);
+        } else if c.buffers.len() * 10 <= n * 9 {
+            coarse = Some(c);
+        }
+    }
+    let coarse_placed = strategy.starts_with("coarse");
+    // The portfolio gets a share of the budget left; the improvement stage the rest.
+    let now = Instant::now();
+    let portfolio_deadline = now + deadline.saturating_duration_since(now).mul_f64(0.4);
     let mut windows = 1;
     let mut strategies_run = 0;
     let mut sky_estimate = Duration::ZERO;
@@ -1547,9 +1583,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                             estimate_ns[1].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                             continue;
                         }
-                        // The first job always finishes (every plan gets one greedy pass);
-                        // the others stop at the deadline.
-                        let stop = (k > 0).then_some(deadline);
+                        // The first job always finishes (every plan gets one greedy pass)
+                        // unless the coarse instance gave one; the others stop at the deadline.
+                        let stop = (k > 0 || coarse_placed).then_some(deadline);
                         let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
                         estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                         runs.lock().expect("portfolio worker panicked").push(run);
@@ -1570,64 +1606,49 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         }
         let mut runs = runs.into_inner().expect("portfolio worker panicked");
         strategies_run = runs.len();
-        runs.sort_by_key(|r| Strategy::PORTFOLIO.iter().position(|s| *s == r.strategy));
-        // Per window, the run with the lowest top; crossing items are the same in every run.
-        let mut off = runs[0].off.clone();
-        let mut high = runs[0].crossing_high;
-        let mut chosen: Vec<usize> = Vec::with_capacity(d.windows);
-        for w in 0..d.windows {
-            let k = (0..runs.len()).min_by_key(|&k| (runs[k].window_high[w], k)).unwrap_or(0);
-            high = high.max(runs[k].window_high[w]);
-            chosen.push(k);
-        }
-        for &i in &d.rest {
-            let i = i as usize;
-            off[i] = runs[chosen[d.window[i] as usize]].off[i];
-        }
-        if high < best_high {
-            best_high = high;
-            best_off = off;
-            let mut names: Vec<&str> = Vec::new();
-            for &k in &chosen {
-                let name = runs[k].strategy.name();
-                if !names.contains(&name) {
-                    names.push(name);
-                }
+        if !runs.is_empty() {
+            runs.sort_by_key(|r| Strategy::PORTFOLIO.iter().position(|s| *s == r.strategy));
+            // Per window, the run with the lowest top; crossing items are the same in every run.
+            let mut off = runs[0].off.clone();
+            let mut high = runs[0].crossing_high;
+            let mut chosen: Vec<usize> = Vec::with_capacity(d.windows);
+            for w in 0..d.windows {
+                let k = (0..runs.len()).min_by_key(|&k| (runs[k].window_high[w], k)).unwrap_or(0);
+                high = high.max(runs[k].window_high[w]);
+                chosen.push(k);
             }
-            strategy =
-                if names.len() == 1 { names[0].to_string() } else { format!("mixed({})", names.join(",")) };
+            for &i in &d.rest {
+                let i = i as usize;
+                off[i] = runs[chosen[d.window[i] as usize]].off[i];
+            }
+            if high < best_high {
+                best_high = high;
+                best_off = off;
+                let mut names: Vec<&str> = Vec::new();
+                for &k in &chosen {
+                    let name = runs[k].strategy.name();
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
+                strategy = if names.len() == 1 {
+                    names[0].to_string()
+                } else {
+                    format!("mixed({})", names.join(","))
+                };
+            }
         }
     }
     let greedy_high = best_high;
     let mut improvement_steps = 0;
-    // Coarsening (single-interval problems): solve the instance with stacked and chained
-    // buffers merged, when that removes at least a tenth of the items.
-    // Only when a few greedy passes over a tenth of the items fit in its share (the nested
-    // portfolio always runs its first job), and it removes at least a tenth of the items.
-    let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
-    if best_high > lb
-        && n > EXACT_MAX_ITEMS
-        && opts.improve
-        && p.ivs.len() == n
-        && greedy_estimate.max(sky_estimate) * 4 <= share * 10
-        && coarsens(&p)
-    {
-        let c = coarsen(&p);
+    // Coarsening, late (a coarse instance more than half the size): when a few greedy
+    // passes over it fit in 35% of what is left (the nested portfolio always runs its first
+    // job).
+    if let Some(c) = coarse.take() {
         let pass = greedy_estimate.max(sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
-        let now = Instant::now();
-        let share = deadline.saturating_duration_since(now).mul_f64(0.35);
-        if c.buffers.len() * 10 <= n * 9 && pass * 4 <= share {
-            let sub = PlaceOptions { time_budget: share, scaled_budget_per_item: None, ..opts.clone() };
-            if let Ok(cp) = place(&c.buffers, &sub)
-                && cp.footprint < best_high
-            {
-                best_high = cp.footprint;
-                for i in 0..n {
-                    let (k, delta) = c.member[i];
-                    best_off[i] = cp.offsets[k as usize] + delta;
-                }
-                strategy = format!("coarse({}: {})", c.buffers.len(), cp.strategy);
-            }
+        let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
+        if best_high > lb && pass * 4 <= share {
+            solve_coarse(&c, share, opts, &mut best_high, &mut best_off, &mut strategy);
         }
     }
     // Fixed-height contour search (single-interval problems) for 40% of what is left,
