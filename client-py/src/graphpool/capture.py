@@ -265,8 +265,12 @@ def request_plan(
     client: Any = None,
     device: int = 0,
     reserve: bool = True,
+    overhead: dict[str, int] | None = None,
 ) -> Any:
     """Ask graphpoold for a plan of this capture; raise ``CapacityExceeded`` if it cannot fit.
+
+    ``overhead`` (:meth:`GraphedSchedule.capture_overhead` of an earlier capture of the model)
+    is added to the plan's predicted bytes, which the daemon checks against quota and capacity.
 
     Returns the ``graphpool.v1.Plan`` message, or ``None`` when there is no daemon or client to
     ask (then only the local checks of :func:`_check_capacity` apply).
@@ -300,10 +304,36 @@ def request_plan(
                 backward_workspace_bytes=p.backward_workspace_bytes,
             )
         )
-    inp = plan_pb2.PlanInput(
-        schedule=plan_pb2.SchedulePlanInput(schedule=schedule.to_proto(), layers=layers)
+    sched = plan_pb2.SchedulePlanInput(schedule=schedule.to_proto(), layers=layers)
+    if overhead is not None:
+        sched.overhead.CopyFrom(plan_pb2.CaptureOverhead(**_checked_overhead(overhead)))
+    return plan_capture(plan_pb2.PlanInput(schedule=sched), reserve=reserve)
+
+
+#: The keys of a capture overhead (``graphpool.v1.CaptureOverhead``).
+OVERHEAD_KEYS = ("fixed_bytes", "per_graph_bytes", "per_pool_bytes", "backward_pool_extra_bytes")
+
+
+def _checked_overhead(overhead: dict[str, int]) -> dict[str, int]:
+    unknown = set(overhead) - set(OVERHEAD_KEYS)
+    if unknown:
+        raise ValueError(f"overhead: unknown keys {sorted(unknown)}; expected some of {list(OVERHEAD_KEYS)}")
+    for k, v in overhead.items():
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"overhead[{k!r}] must be a non-negative int of bytes, got {v!r}")
+    return dict(overhead)
+
+
+def overhead_bytes(overhead: dict[str, int], graphs: int, pools: int) -> int:
+    """Bytes of a capture overhead for ``graphs`` graphs in ``pools`` pools (what
+    ``graphpool plan`` adds to the planned buffers)."""
+    o = _checked_overhead(overhead)
+    return (
+        o.get("fixed_bytes", 0)
+        + o.get("per_graph_bytes", 0) * graphs
+        + o.get("per_pool_bytes", 0) * pools
+        + o.get("backward_pool_extra_bytes", 0)
     )
-    return plan_capture(inp, reserve=reserve)
 
 
 def plan_description(
@@ -712,6 +742,7 @@ def make_graphed_callables(
     progress_every_s: float = 2.0,
     expandable_segments: bool | None = None,
     arena: bool = True,
+    overhead: dict[str, int] | None = None,
     _unsafe_single_pool: bool = False,
 ) -> GraphedSchedule:
     """Capture ``callables`` (the layers of this pipeline rank) for a pipeline schedule.
@@ -746,6 +777,9 @@ def make_graphed_callables(
             splits tensors out of it instead of rounding each 1-10 MiB tensor into a 20 MiB
             segment; what does not fit takes ordinary segments. Not used with
             ``expandable_segments``, which removes the same rounding another way.
+        overhead: what an earlier capture of the same model cost beyond its planned buffers
+            (:meth:`GraphedSchedule.capture_overhead`); counted in the prediction that is
+            checked against ``budget``, free memory and the daemon's plan before capture.
         _unsafe_single_pool: for tests and benchmarks only: put every graph in one pool, which
             breaks the lifetime split and lets slot reuse corrupt results (the failure this
             module exists to prevent). Never use it for training.
@@ -817,9 +851,14 @@ def make_graphed_callables(
 
     # 2. plan and capacity check, before any capture
     stats.predicted_bytes = _predict(schedule, stats.profiles)
+    if overhead is not None:
+        graphs = 2 * sum(len(ch) * n for ch, n in zip(layers, schedule.slots_per_chunk))
+        stats.predicted_bytes += overhead_bytes(overhead, graphs, sum(schedule.slots_per_chunk) + 1)
     _check_capacity(stats.predicted_bytes, budget_bytes, device)
     if plan:
-        stats.plan = request_plan(schedule, stats.profiles, budget=budget_bytes, client=client, device=device)
+        stats.plan = request_plan(
+            schedule, stats.profiles, budget=budget_bytes, client=client, device=device, overhead=overhead
+        )
 
     # 3. parameter gradient buffers, outside every pool
     for ch in layers:

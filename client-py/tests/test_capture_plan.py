@@ -1,0 +1,73 @@
+"""The daemon's plan of a capture with a measured capture overhead (no torch needed: the layer
+profiles are written by hand, as a profile recorded elsewhere would be)."""
+
+from __future__ import annotations
+
+import pytest
+
+import graphpool
+from graphpool.capture import LayerProfile, OVERHEAD_KEYS, overhead_bytes, plan_description, request_plan
+from graphpool.schedule import Schedule
+
+MiB = 1 << 20
+
+
+def _profiles(layers: int) -> list[LayerProfile]:
+    hidden = 2048 * 1024 * 2  # [2048, 1, 1024] bf16
+    return [
+        LayerProfile(
+            chunk=0,
+            layer=layer,
+            input_bytes=hidden,
+            output_bytes=hidden,
+            saved_bytes=6 * hidden,
+            forward_workspace_bytes=2 * hidden,
+            backward_workspace_bytes=4 * hidden,
+            input_shapes=[([2048, 1, 1024], "bfloat16", True)],
+            output_shapes=[([2048, 1, 1024], "bfloat16")],
+        )
+        for layer in range(layers)
+    ]
+
+
+OVERHEAD = {
+    "fixed_bytes": 136 * MiB,
+    "per_graph_bytes": 172 * 1024,
+    "per_pool_bytes": 4 * MiB,
+    "backward_pool_extra_bytes": 126 * MiB,
+}
+
+
+def test_overhead_is_added_to_the_daemon_plan(daemon: object, client: graphpool.Client, job_id: str) -> None:
+    schedule = Schedule.one_f_one_b(pp_size=4, pp_rank=0, num_microbatches=16)
+    with client.attach(job_id, rank=0) as s:
+        bare = request_plan(schedule, _profiles(3), budget=None, client=s, reserve=False).plan
+        full = request_plan(schedule, _profiles(3), budget=None, client=s, reserve=False, overhead=OVERHEAD).plan
+    # 4 slots: 4 forward pools + 1 backward pool; 4 slots x 3 layers x 2 graphs
+    assert (full.graphs, full.pools) == (24, 5)
+    assert bare.overhead_bytes == 0 and bare.predicted_capture_bytes == bare.footprint_bytes
+    assert full.overhead_bytes == overhead_bytes(OVERHEAD, graphs=24, pools=5)
+    assert full.overhead_bytes == 136 * MiB + 24 * 172 * 1024 + 5 * 4 * MiB + 126 * MiB
+    assert full.predicted_capture_bytes == full.footprint_bytes + full.overhead_bytes
+    assert full.footprint_bytes == bare.footprint_bytes
+    # the overhead does not grow with the number of microbatches (slots stay at 4)
+    more = Schedule.one_f_one_b(pp_size=4, pp_rank=0, num_microbatches=64)
+    with client.attach(job_id, rank=0) as s:
+        plan64 = request_plan(more, _profiles(3), budget=None, client=s, reserve=False, overhead=OVERHEAD).plan
+    assert plan64.overhead_bytes == full.overhead_bytes
+
+
+def test_bad_overhead_is_refused_with_the_key_named() -> None:
+    with pytest.raises(ValueError, match="unknown keys"):
+        overhead_bytes({"fixed": 1}, 1, 1)
+    with pytest.raises(ValueError, match="per_pool_bytes"):
+        overhead_bytes({"per_pool_bytes": -1}, 1, 1)
+    assert set(OVERHEAD) == set(OVERHEAD_KEYS)
+
+
+def test_description_carries_the_overhead() -> None:
+    schedule = Schedule.one_f_one_b(pp_size=4, pp_rank=0, num_microbatches=16)
+    assert "overhead" not in plan_description(schedule, _profiles(2))
+    desc = plan_description(schedule, _profiles(2), OVERHEAD)
+    assert desc["overhead"] == OVERHEAD
+    assert [layer["layer"] for layer in desc["layers"]] == [0, 1]
