@@ -392,47 +392,43 @@ pub(crate) fn search(
     let hi = AtomicU64::new(upper);
     let best: Mutex<Option<(Vec<u64>, u64)>> = Mutex::new(None);
     let attempts = std::sync::atomic::AtomicU32::new(0);
-    let threads = threads.max(1);
     let began = Instant::now();
+    let threads = crate::dsa::workers_for(threads, deadline.saturating_duration_since(began));
     let slice = deadline.saturating_duration_since(began) / 3;
-    std::thread::scope(|scope| {
-        for k in 0..threads {
-            let (lo, hi, best, attempts) = (&lo, &hi, &best, &attempts);
-            scope.spawn(move || {
-                let mut round = 0u32;
-                loop {
-                    let now = Instant::now();
-                    let (l, h) = (lo.load(Ordering::Relaxed), hi.load(Ordering::Relaxed));
-                    if now >= deadline || l + 1 >= h {
-                        break;
-                    }
-                    // Thread k aims at its own fraction of the interval.
-                    let frac = (k as f64 + 1.0) / (threads as f64 + 1.0);
-                    let target = l + (((h - l) as f64 * frac) as u64).clamp(1, h - l - 1);
-                    let until = (now + slice).min(deadline);
-                    let mut stats = PackStats::default();
-                    let s = seed ^ ((k as u64) << 32) ^ round as u64;
-                    round += 1;
-                    attempts.fetch_add(1, Ordering::Relaxed);
-                    match pack(items, target, until, s, &mut stats) {
-                        Some(off) => {
-                            let high = off.iter().zip(items.size).map(|(o, z)| o + z).max().unwrap_or(0);
-                            hi.fetch_min(high, Ordering::Relaxed);
-                            let mut b = best.lock().expect("contour worker panicked");
-                            if b.as_ref().is_none_or(|x| high < x.1) {
-                                *b = Some((off, high));
-                            }
-                        }
-                        None => {
-                            if Instant::now() < deadline {
-                                lo.fetch_max(target, Ordering::Relaxed);
-                            } else {
-                                break;
-                            }
-                        }
+    crate::dsa::run_workers(threads, |k| {
+        let (lo, hi, best, attempts) = (&lo, &hi, &best, &attempts);
+        let mut round = 0u32;
+        loop {
+            let now = Instant::now();
+            let (l, h) = (lo.load(Ordering::Relaxed), hi.load(Ordering::Relaxed));
+            if now >= deadline || l + 1 >= h {
+                break;
+            }
+            // Thread k aims at its own fraction of the interval.
+            let frac = (k as f64 + 1.0) / (threads as f64 + 1.0);
+            let target = l + (((h - l) as f64 * frac) as u64).clamp(1, h - l - 1);
+            let until = (now + slice).min(deadline);
+            let mut stats = PackStats::default();
+            let s = seed ^ ((k as u64) << 32) ^ round as u64;
+            round += 1;
+            attempts.fetch_add(1, Ordering::Relaxed);
+            match pack(items, target, until, s, &mut stats) {
+                Some(off) => {
+                    let high = off.iter().zip(items.size).map(|(o, z)| o + z).max().unwrap_or(0);
+                    hi.fetch_min(high, Ordering::Relaxed);
+                    let mut b = best.lock().expect("contour worker panicked");
+                    if b.as_ref().is_none_or(|x| high < x.1) {
+                        *b = Some((off, high));
                     }
                 }
-            });
+                None => {
+                    if Instant::now() < deadline {
+                        lo.fetch_max(target, Ordering::Relaxed);
+                    } else {
+                        break;
+                    }
+                }
+            }
         }
     });
     (best.into_inner().expect("contour worker panicked"), attempts.into_inner())

@@ -1495,6 +1495,28 @@ fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy, stop: Option
     Some(Run { strategy, off, window_high, crossing_high })
 }
 
+/// Runs `f(k)` for `k` in `0..workers`: worker 0 on the calling thread, the others on
+/// scoped threads (none at all for one worker: on a loaded machine a new thread can wait
+/// milliseconds to be scheduled, which a stage with little time left cannot afford).
+pub(crate) fn run_workers<T: Send>(workers: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    if workers <= 1 {
+        return vec![f(0)];
+    }
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = (1..workers).map(|k| scope.spawn(move || f(k))).collect();
+        let mut out = vec![f(0)];
+        out.extend(handles.into_iter().map(|h| h.join().expect("planner worker panicked")));
+        out
+    })
+}
+
+/// Workers for a stage with `left` time: all `threads` unless too little is left to pay
+/// for starting threads.
+pub(crate) fn workers_for(threads: usize, left: Duration) -> usize {
+    if left < Duration::from_millis(4) { 1 } else { threads.max(1) }
+}
+
 /// Places `buffers`: see the module documentation for how.
 pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, PlaceError> {
     let began = Instant::now();
@@ -1562,42 +1584,38 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0)];
         let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
         let sky: Mutex<Vec<(&str, Vec<u64>, u64)>> = Mutex::new(Vec::new());
-        std::thread::scope(|scope| {
-            for _ in 0..threads.min(jobs) {
-                scope.spawn(|| {
-                    loop {
-                        let k = next.fetch_add(1, AtomicOrdering::Relaxed);
-                        if k >= jobs {
-                            break;
-                        }
-                        let (is_skyline, j) = order[k];
-                        let kind = usize::from(is_skyline);
-                        // A kind with no finished job yet is estimated by the other kind.
-                        let est =
-                            Duration::from_nanos(match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
-                                0 => estimate_ns[1 - kind].load(AtomicOrdering::Relaxed),
-                                e => e,
-                            });
-                        if k > 0 && Instant::now() + est > portfolio_deadline {
-                            continue;
-                        }
-                        let t = Instant::now();
-                        if is_skyline {
-                            let (rule, name) = SKYLINE_RULES[j];
-                            if let Some((off, high)) = skyline(&p, rule, None, deadline) {
-                                sky.lock().expect("portfolio worker panicked").push((name, off, high));
-                            }
-                            estimate_ns[1].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
-                            continue;
-                        }
-                        // The first job always finishes (every plan gets one greedy pass)
-                        // unless the coarse instance gave one; the others stop at the deadline.
-                        let stop = (k > 0 || coarse_placed).then_some(deadline);
-                        let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
-                        estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
-                        runs.lock().expect("portfolio worker panicked").push(run);
-                    }
+        let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
+        run_workers(workers, |_| {
+            loop {
+                let k = next.fetch_add(1, AtomicOrdering::Relaxed);
+                if k >= jobs {
+                    break;
+                }
+                let (is_skyline, j) = order[k];
+                let kind = usize::from(is_skyline);
+                // A kind with no finished job yet is estimated by the other kind.
+                let est = Duration::from_nanos(match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
+                    0 => estimate_ns[1 - kind].load(AtomicOrdering::Relaxed),
+                    e => e,
                 });
+                if k > 0 && Instant::now() + est > portfolio_deadline {
+                    continue;
+                }
+                let t = Instant::now();
+                if is_skyline {
+                    let (rule, name) = SKYLINE_RULES[j];
+                    if let Some((off, high)) = skyline(&p, rule, None, deadline) {
+                        sky.lock().expect("portfolio worker panicked").push((name, off, high));
+                    }
+                    estimate_ns[1].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                    continue;
+                }
+                // The first job always finishes (every plan gets one greedy pass)
+                // unless the coarse instance gave one; the others stop at the deadline.
+                let stop = (k > 0 || coarse_placed).then_some(deadline);
+                let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
+                estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                runs.lock().expect("portfolio worker panicked").push(run);
             }
         });
         sky_estimate = Duration::from_nanos(estimate_ns[1].load(AtomicOrdering::Relaxed));
@@ -1694,34 +1712,25 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && restart_fits {
         // One restart loop per core (different seeds); each keeps its best.
         let start_high = best_high;
-        let workers = threads.clamp(1, 8);
-        let results: Vec<Option<(Vec<u64>, u64, u32)>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|k| {
-                    let p = &p;
-                    scope.spawn(move || {
-                        let mut rng = Rng::new(
-                            opts.seed ^ 0x736b_796c ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                        );
-                        let mut best: Option<(Vec<u64>, u64, u32)> = None;
-                        let mut high_k = start_high;
-                        let mut restarts = 0u32;
-                        while Instant::now() < until && high_k > lb {
-                            let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
-                            let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
-                            restarts += 1;
-                            if let Some((off, high)) = skyline(p, rule, Some((q, &mut rng)), until)
-                                && high < high_k
-                            {
-                                high_k = high;
-                                best = Some((off, high, restarts));
-                            }
-                        }
-                        best
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("restart worker panicked")).collect()
+        let workers = workers_for(threads.clamp(1, 8), until.saturating_duration_since(Instant::now()));
+        let p = &p;
+        let results: Vec<Option<(Vec<u64>, u64, u32)>> = run_workers(workers, |k| {
+            let mut rng = Rng::new(opts.seed ^ 0x736b_796c ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut best: Option<(Vec<u64>, u64, u32)> = None;
+            let mut high_k = start_high;
+            let mut restarts = 0u32;
+            while Instant::now() < until && high_k > lb {
+                let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
+                let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
+                restarts += 1;
+                if let Some((off, high)) = skyline(p, rule, Some((q, &mut rng)), until)
+                    && high < high_k
+                {
+                    high_k = high;
+                    best = Some((off, high, restarts));
+                }
+            }
+            best
         });
         for (off, high, restarts) in results.into_iter().flatten() {
             if high < best_high {
@@ -1740,20 +1749,13 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     } else if best_high > lb && opts.improve {
         // Independent chains (one per core, different seeds) from the same start; the
         // lowest result is kept (the search's outcome varies a lot between seeds).
-        let chains = threads.clamp(1, 8);
-        let results: Vec<(Vec<u64>, ImproveStats)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..chains)
-                .map(|k| {
-                    let mut off = best_off.clone();
-                    let p = &p;
-                    let seed = opts.seed.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-                    scope.spawn(move || {
-                        let stats = improve(p, &mut off, lb, deadline, seed);
-                        (off, stats)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("improvement worker panicked")).collect()
+        let chains = workers_for(threads.clamp(1, 8), deadline.saturating_duration_since(Instant::now()));
+        let start = &best_off;
+        let results: Vec<(Vec<u64>, ImproveStats)> = run_workers(chains, |k| {
+            let mut off = start.clone();
+            let seed = opts.seed.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let stats = improve(&p, &mut off, lb, deadline, seed);
+            (off, stats)
         });
         for (off, stats) in results {
             improvement_steps += stats.steps;
