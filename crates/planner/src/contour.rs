@@ -373,11 +373,13 @@ pub(crate) fn pack(
 }
 
 /// Bisection on the target height between `lower` (a lower bound) and `upper` (a height
-/// already reached), until `deadline`, on `threads` threads sharing the interval: each
-/// attempt aims at a point inside it (thread `k` at its own fraction), a success lowers the
-/// upper end to the height reached, a failure within the attempt's time slice raises the
-/// lower end (it is a bound of this search only). Returns the best offsets found below
-/// `upper` with their height and the attempts made.
+/// already reached), until `deadline`, in rounds of one attempt per thread: thread `k` aims
+/// at its own fraction of the interval; after the round, successes lower the upper end to
+/// the lowest height reached and failures within the round's time slice (a third of the
+/// stage) raise the lower end (a bound of this search only). Rounds are synchronous and the
+/// lowest result wins (ties: the lowest thread), so the outcome depends on the clock only
+/// through the deadline and the slices. Returns the best offsets found below `upper` with
+/// their height, and the attempts made.
 pub(crate) fn search(
     items: &Items<'_>,
     lower: u64,
@@ -386,52 +388,47 @@ pub(crate) fn search(
     seed: u64,
     threads: usize,
 ) -> (Option<(Vec<u64>, u64)>, u32) {
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let lo = AtomicU64::new(lower);
-    let hi = AtomicU64::new(upper);
-    let best: Mutex<Option<(Vec<u64>, u64)>> = Mutex::new(None);
-    let attempts = std::sync::atomic::AtomicU32::new(0);
     let began = Instant::now();
     let threads = crate::dsa::workers_for(threads, deadline.saturating_duration_since(began));
     let slice = deadline.saturating_duration_since(began) / 3;
-    crate::dsa::run_workers(threads, |k| {
-        let (lo, hi, best, attempts) = (&lo, &hi, &best, &attempts);
-        let mut round = 0u32;
-        loop {
-            let now = Instant::now();
-            let (l, h) = (lo.load(Ordering::Relaxed), hi.load(Ordering::Relaxed));
-            if now >= deadline || l + 1 >= h {
-                break;
-            }
-            // Thread k aims at its own fraction of the interval.
-            let frac = (k as f64 + 1.0) / (threads as f64 + 1.0);
-            let target = l + (((h - l) as f64 * frac) as u64).clamp(1, h - l - 1);
-            let until = (now + slice).min(deadline);
+    let (mut lo, mut hi) = (lower, upper);
+    let mut best: Option<(Vec<u64>, u64)> = None;
+    let mut attempts = 0u32;
+    let mut round = 0u64;
+    loop {
+        let now = Instant::now();
+        if now >= deadline || lo + 1 >= hi {
+            break;
+        }
+        let until = (now + slice).min(deadline);
+        let targets: Vec<u64> = (0..threads)
+            .map(|k| {
+                let frac = (k as f64 + 1.0) / (threads as f64 + 1.0);
+                lo + (((hi - lo) as f64 * frac) as u64).clamp(1, hi - lo - 1)
+            })
+            .collect();
+        let results = crate::dsa::run_workers(threads, |k| {
             let mut stats = PackStats::default();
-            let s = seed ^ ((k as u64) << 32) ^ round as u64;
-            round += 1;
-            attempts.fetch_add(1, Ordering::Relaxed);
-            match pack(items, target, until, s, &mut stats) {
+            pack(items, targets[k], until, seed ^ ((k as u64) << 32) ^ round, &mut stats)
+        });
+        round += 1;
+        attempts += threads as u32;
+        let in_time = Instant::now() < deadline;
+        for (k, found) in results.into_iter().enumerate() {
+            match found {
                 Some(off) => {
                     let high = off.iter().zip(items.size).map(|(o, z)| o + z).max().unwrap_or(0);
-                    hi.fetch_min(high, Ordering::Relaxed);
-                    let mut b = best.lock().expect("contour worker panicked");
-                    if b.as_ref().is_none_or(|x| high < x.1) {
-                        *b = Some((off, high));
+                    hi = hi.min(high);
+                    if best.as_ref().is_none_or(|b| high < b.1) {
+                        best = Some((off, high));
                     }
                 }
-                None => {
-                    if Instant::now() < deadline {
-                        lo.fetch_max(target, Ordering::Relaxed);
-                    } else {
-                        break;
-                    }
-                }
+                None if in_time => lo = lo.max(targets[k]),
+                None => {}
             }
         }
-    });
-    (best.into_inner().expect("contour worker panicked"), attempts.into_inner())
+    }
+    (best, attempts)
 }
 
 enum Outcome {

@@ -1924,6 +1924,24 @@ mod coarse_tests {
         }
     }
 
+    /// A plan that reaches the lower bound before the deadline does not depend on the
+    /// clock: the same input and seed give the same offsets.
+    #[test]
+    fn plans_that_reach_the_bound_are_reproducible() {
+        let opts = PlaceOptions { scaled_budget_per_item: None, ..PlaceOptions::default() };
+        let mut reached = 0;
+        for seed in 1..=6 {
+            let b = crate::workload::packed(300, seed);
+            let first = place(&b, &opts).unwrap();
+            verify(&b, &first.offsets).unwrap();
+            if first.footprint == first.lower_bound {
+                reached += 1;
+                assert_eq!(place(&b, &opts).unwrap().offsets, first.offsets, "seed {seed}");
+            }
+        }
+        assert!(reached >= 3, "only {reached} of 6 packed lists reached the bound");
+    }
+
     #[test]
     fn guillotine_instances_coarsen() {
         // A packed instance of 2000 pieces collapses to a small fraction of its size, and
