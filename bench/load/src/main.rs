@@ -5,9 +5,11 @@
 //!
 //!   graphpool-load [--daemon PATH] [--seconds S] [--json OUT] [--runs rr:1,rr:8,rr:64,mixed:64]
 //!
-//! Modes: `rr` = allocate + release round trips (issue 2's figure); `mixed` = random
-//! allocate / release / fetch-fd / PlanCapture (skipped, and said so, where the daemon answers
-//! UNIMPLEMENTED).
+//! Modes: `rr` = allocate + release round trips (issue 2's figure) the way a rank makes them
+//! (the shim): on the fd socket's fast path, the grant and its fd in one message, then the
+//! release; `mixed` = random allocate / release (fast path) / fetch-fd / PlanCapture (gRPC;
+//! skipped, and said so, where the daemon answers UNIMPLEMENTED). `rr-grpc` and `mixed-grpc`:
+//! the same with allocate and release as gRPC calls (what the Python client does; no fd).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -15,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use graphpool::client::{FdConnection, connect};
+use graphpool::client::{Clients, FdConnection, connect};
 use graphpool_proto::v1 as pb;
 
 const MIB: u64 = 1 << 20;
@@ -82,6 +84,9 @@ fn worker(args: &[String]) {
         let mut held: Vec<u64> = Vec::new();
         let mut plan_ok = true;
         let mut plan_note = String::new();
+        // `-grpc` modes make allocate/release gRPC calls; the others use the fd socket.
+        let grpc = mode.ends_with("-grpc");
+        let mode = mode.trim_end_matches("-grpc");
         let wait = start_at.saturating_sub(now_ms());
         tokio::time::sleep(Duration::from_millis(wait)).await;
         let end = Instant::now() + Duration::from_secs_f64(seconds);
@@ -102,54 +107,33 @@ fn worker(args: &[String]) {
                 0..=39 if mode == "rr" || held.len() < 8 => {
                     let size = MIB * (1 + rng.below(4));
                     let t = Instant::now();
-                    let r = c
-                        .graphpool
-                        .allocate_segment(pb::AllocateSegmentRequest {
-                            session_id: sid,
-                            size_bytes: size,
-                            label: "load".into(),
-                        })
-                        .await;
+                    let r = allocate(&mut c, &mut conn, grpc, sid, size).await;
                     let ta = us(t);
                     match r {
                         Ok(g) => {
                             lat.entry("AllocateSegment").or_default().push(ta);
-                            let g = g.into_inner().grant_id;
                             if mode == "rr" {
                                 let t2 = Instant::now();
-                                let r = c
-                                    .graphpool
-                                    .release_segment(pb::ReleaseSegmentRequest {
-                                        session_id: sid,
-                                        grant_id: g,
-                                    })
-                                    .await;
-                                match r {
-                                    Ok(_) => {
+                                match release(&mut c, &mut conn, grpc, sid, g).await {
+                                    Ok(()) => {
                                         lat.entry("ReleaseSegment").or_default().push(us(t2));
                                         lat.entry("allocate+release").or_default().push(us(t));
                                     }
-                                    Err(e) => {
-                                        *errors.entry(format!("release {:?}", e.code())).or_default() += 1
-                                    }
+                                    Err(e) => *errors.entry(format!("release {e}")).or_default() += 1,
                                 }
                             } else {
                                 held.push(g);
                             }
                         }
-                        Err(e) => *errors.entry(format!("allocate {:?}", e.code())).or_default() += 1,
+                        Err(e) => *errors.entry(format!("allocate {e}")).or_default() += 1,
                     }
                 }
                 0..=69 if !held.is_empty() => {
                     let g = held.swap_remove(rng.below(held.len() as u64) as usize);
                     let t = Instant::now();
-                    match c
-                        .graphpool
-                        .release_segment(pb::ReleaseSegmentRequest { session_id: sid, grant_id: g })
-                        .await
-                    {
-                        Ok(_) => lat.entry("ReleaseSegment").or_default().push(us(t)),
-                        Err(e) => *errors.entry(format!("release {:?}", e.code())).or_default() += 1,
+                    match release(&mut c, &mut conn, grpc, sid, g).await {
+                        Ok(()) => lat.entry("ReleaseSegment").or_default().push(us(t)),
+                        Err(e) => *errors.entry(format!("release {e}")).or_default() += 1,
                     }
                 }
                 0..=94 if !held.is_empty() => {
@@ -178,16 +162,52 @@ fn worker(args: &[String]) {
             }
         }
         for g in held.drain(..) {
-            let _ =
-                c.graphpool.release_segment(pb::ReleaseSegmentRequest { session_id: sid, grant_id: g }).await;
+            let _ = release(&mut c, &mut conn, grpc, sid, g).await;
         }
         let _ = c.graphpool.detach(pb::DetachRequest { session_id: sid }).await;
         drop(events);
         let lat: serde_json::Map<String, serde_json::Value> =
             lat.into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
-        let v = serde_json::json!({ "latencies_us": lat, "errors": errors, "plan_note": plan_note });
+        let v = serde_json::json!({ "latencies_us": lat, "errors": errors, "plan_note": plan_note,
+            "cpu_seconds": own_cpu_seconds() });
         std::fs::write(out, v.to_string()).unwrap();
     });
+}
+
+/// Allocates a segment of `size` bytes: on the fd socket's fast path (the grant and its fd in
+/// one message; the fd is closed at once), or as a gRPC call (no fd); returns the grant id.
+async fn allocate(
+    c: &mut Clients,
+    conn: &mut FdConnection,
+    grpc: bool,
+    sid: u64,
+    size: u64,
+) -> Result<u64, String> {
+    let req = pb::AllocateSegmentRequest { session_id: sid, size_bytes: size, label: "load".into() };
+    if grpc {
+        let g = c.graphpool.allocate_segment(req).await.map_err(|e| format!("{:?}", e.code()))?;
+        Ok(g.into_inner().grant_id)
+    } else {
+        let (g, fd) = conn.allocate(req).map_err(|e| e.to_string())?;
+        drop(fd);
+        Ok(g.grant_id)
+    }
+}
+
+/// Releases a grant: on the fd socket's fast path or as a gRPC call.
+async fn release(
+    c: &mut Clients,
+    conn: &mut FdConnection,
+    grpc: bool,
+    sid: u64,
+    g: u64,
+) -> Result<(), String> {
+    if grpc {
+        let req = pb::ReleaseSegmentRequest { session_id: sid, grant_id: g };
+        c.graphpool.release_segment(req).await.map(|_| ()).map_err(|e| format!("{:?}", e.code()))
+    } else {
+        conn.release(sid, g).map(|_| ()).map_err(|e| e.to_string())
+    }
 }
 
 fn plan_request(sid: u64) -> pb::PlanCaptureRequest {
@@ -239,6 +259,39 @@ fn proc_rss(pid: u32) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0)
         * 1024
+}
+
+/// CPU time (user + system) of process `pid`, in clock ticks.
+fn proc_cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may contain spaces): state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest.split_whitespace().skip(11).take(2).filter_map(|x| x.parse().ok()).collect();
+    f.iter().sum()
+}
+
+/// Busy (non-idle, non-iowait) CPU time of the whole machine, in clock ticks.
+fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let line = stat.lines().next().unwrap_or("");
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal guest guest_nice (guest is in user)
+    [0, 1, 2, 5, 6].iter().filter_map(|i| v.get(*i)).sum()
+}
+
+/// CPU time (user + system) of this process so far, in seconds.
+fn own_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid rusage to write.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
 }
 
 fn proc_fds(pid: u32) -> usize {
@@ -311,13 +364,24 @@ fn run(d: &Daemon, dir: &Path, mode: &str, clients: u32, rate: f64, seconds: f64
     // Sample the daemon's RSS while the workers run.
     let pid = d.child.id();
     let mut rss_max = 0;
+    // CPU time of the whole machine, of the daemon and of the workers over the measured window
+    // (from the workers' start to the last one's exit): whatever else ran on the machine
+    // competed with the benchmark for the same cores.
+    let mut window: Option<(u64, u64)> = None;
     while kids.iter_mut().any(|(c, _)| c.try_wait().ok().flatten().is_none()) {
         rss_max = rss_max.max(proc_rss(pid));
+        if window.is_none() && now_ms() >= start_at {
+            window = Some((machine_busy_ticks(), proc_cpu_ticks(pid)));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let (busy0, daemon0) = window.unwrap_or((machine_busy_ticks(), proc_cpu_ticks(pid)));
+    let (busy, daemon_cpu) =
+        (machine_busy_ticks().saturating_sub(busy0), proc_cpu_ticks(pid).saturating_sub(daemon0));
     let mut lat: BTreeMap<String, Vec<u32>> = BTreeMap::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut notes = Vec::new();
+    let mut workers_cpu = 0.0;
     for (mut c, out) in kids {
         let st = c.wait().unwrap();
         assert!(st.success(), "worker failed: {st}");
@@ -327,6 +391,7 @@ fn run(d: &Daemon, dir: &Path, mode: &str, clients: u32, rate: f64, seconds: f64
                 .or_default()
                 .extend(arr.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32));
         }
+        workers_cpu += v["cpu_seconds"].as_f64().unwrap_or(0.0);
         for (k, n) in v["errors"].as_object().unwrap() {
             *errors.entry(k.clone()).or_default() += n.as_u64().unwrap();
         }
@@ -346,7 +411,7 @@ fn run(d: &Daemon, dir: &Path, mode: &str, clients: u32, rate: f64, seconds: f64
         let (p50, p99, max) = (pct(&v, 0.5), pct(&v, 0.99), *v.last().unwrap_or(&0));
         let per_s = v.len() as f64 / seconds;
         table.push(format!(
-            "{mode:<6} {label:>6}  {k:<17} {:>9} {per_s:>9.0} {p50:>8} {p99:>8} {max:>8}",
+            "{mode:<10} {label:>6}  {k:<17} {:>9} {per_s:>9.0} {p50:>8} {p99:>8} {max:>8}",
             v.len()
         ));
         rpcs.insert(
@@ -354,16 +419,32 @@ fn run(d: &Daemon, dir: &Path, mode: &str, clients: u32, rate: f64, seconds: f64
             serde_json::json!({ "count": v.len(), "per_second": per_s, "p50_us": p50, "p99_us": p99, "max_us": max }),
         );
     }
+    // Percent of the machine (all cores) over the window.
+    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+    let pct_of = |cpu_seconds: f64| cpu_seconds / (seconds * ncpu) * 100.0;
+    let (busy, daemon_cpu) = (busy as f64 / ticks_per_second(), daemon_cpu as f64 / ticks_per_second());
+    let others = (busy - daemon_cpu - workers_cpu).max(0.0);
+    let cpu = serde_json::json!({
+        "machine_busy_percent": pct_of(busy), "daemon_percent": pct_of(daemon_cpu),
+        "workers_percent": pct_of(workers_cpu), "others_percent": pct_of(others),
+    });
+    table.push(format!(
+        "{mode:<10} {label:>6}  cpu: machine {:.0} %, daemon {:.0} %, workers {:.0} %, other processes {:.0} %",
+        pct_of(busy),
+        pct_of(daemon_cpu),
+        pct_of(workers_cpu),
+        pct_of(others)
+    ));
     for n in &notes {
-        table.push(format!("{mode:<6} {label:>6}  note: {n}"));
+        table.push(format!("{mode:<10} {label:>6}  note: {n}"));
     }
     if !errors.is_empty() {
-        table.push(format!("{mode:<6} {label:>6}  errors: {errors:?}"));
+        table.push(format!("{mode:<10} {label:>6}  errors: {errors:?}"));
     }
     RunResult {
         json: serde_json::json!({
             "mode": mode, "clients": clients, "rate_per_client": rate, "seconds": seconds, "rpcs": rpcs,
-            "errors": errors, "notes": notes, "daemon_rss_max_bytes": rss_max,
+            "errors": errors, "notes": notes, "daemon_rss_max_bytes": rss_max, "cpu": cpu,
         }),
         table,
     }
@@ -379,7 +460,10 @@ fn driver(args: &[String]) {
             t.join("release/graphpoold")
         });
     let seconds: f64 = arg(args, "--seconds").map(|s| s.parse().unwrap()).unwrap_or(5.0);
-    let runs = arg(args, "--runs").unwrap_or_else(|| "rr:1,rr:8,rr:64,rr:64@25,mixed:64,mixed:64@25".into());
+    let runs = arg(args, "--runs").unwrap_or_else(|| {
+        "rr:1,rr:8,rr:64,rr:64@25,rr:64@50,mixed:64,mixed:64@25,rr-grpc:1,rr-grpc:64@25,mixed-grpc:64@25"
+            .into()
+    });
     let json_out = arg(args, "--json").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("load.json"));
     let dir = tempfile::Builder::new().prefix("gpload").tempdir_in("/tmp").unwrap();
     let d = start_daemon(&bin, dir.path());
@@ -394,7 +478,7 @@ fn driver(args: &[String]) {
 
     let mut results = Vec::new();
     let mut table = vec![format!(
-        "{:<6} {:>6}  {:<17} {:>9} {:>9} {:>8} {:>8} {:>8}",
+        "{:<10} {:>6}  {:<17} {:>9} {:>9} {:>8} {:>8} {:>8}",
         "mode", "n", "rpc", "count", "per s", "p50 µs", "p99 µs", "max µs"
     )];
     let mut rss_load = 0;
@@ -484,5 +568,8 @@ fn driver(args: &[String]) {
     writeln!(f, "{}", serde_json::to_string_pretty(&summary).unwrap()).unwrap();
     println!("wrote {}", json_out.display());
     let ok = checks.as_object().unwrap().values().all(|v| v == true);
+    // `exit` runs no destructors: stop the daemon and remove its directory first.
+    drop(d);
+    drop(dir);
     std::process::exit(if ok { 0 } else { 1 });
 }
