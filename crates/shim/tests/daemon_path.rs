@@ -86,6 +86,8 @@ fn segments_come_from_the_daemon_and_go_back() {
     // SAFETY: room for 4 values.
     unsafe { graphpool_shim_last_timing(t.as_mut_ptr()) };
     assert!(t[3] >= t[0] && t[3] > 0);
+    // The fast path: the fd came with the grant, there was no separate fetch.
+    assert_eq!(t[1], 0, "{t:?}");
     eprintln!("host-backend segment requests: {lat:?}; last phases rpc/fd/map/total ns = {t:?}");
 
     for (p, size) in ptrs {
@@ -107,6 +109,7 @@ fn segments_come_from_the_daemon_and_go_back() {
     let e = last_error();
     assert_eq!(e["kind"], "capacity", "{e}");
     assert_eq!(e["code"], "RESOURCE_EXHAUSTED");
+    assert_eq!(e["call"], "AllocateSegment");
     assert_eq!(e["limit"], "session-budget");
     assert_eq!(e["requested"], 4 * MIB);
     assert_eq!(e["free"], 2 * MIB);
