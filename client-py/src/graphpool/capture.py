@@ -513,7 +513,9 @@ class GraphedSchedule:
         Returns ``fixed_bytes`` (outside the pools: the warm-up's library workspaces and the
         runtime's graph state), ``per_graph_bytes``, ``per_pool_bytes`` (what a forward pool
         holds beyond its arena, the median over pools) and ``backward_pool_extra_bytes`` (what
-        the backward pool holds beyond its arena and that).
+        the backward pool holds beyond its arena and that). Pools are measured only when they
+        were given arenas (the default for daemon-backed pools); otherwise both pool figures
+        are 0.
         """
         import torch
 
@@ -523,9 +525,20 @@ class GraphedSchedule:
         per_graph = st.graph_bytes_per_graph
         fixed = st.reserved_outside_pools + max(0, outside - per_graph * st.graphs)
         held = self.pool_reserved()
-        fwd = sorted(max(0, n - st.arena_bytes.get(label, 0)) for label, n in held.items() if label != "bwd")
+        # A pool's overhead is what it holds beyond its arena; a pool without an arena
+        # (arena=False, expandable segments) holds its tensors and its overhead mixed, so only
+        # pools with one are measured.
+        fwd = sorted(
+            max(0, n - st.arena_bytes[label])
+            for label, n in held.items()
+            if label != "bwd" and label in st.arena_bytes
+        )
+        if len(fwd) < sum(1 for label in held if label != "bwd"):
+            log.warning("capture_overhead: per-pool overhead measured on the %d pools with an arena only", len(fwd))
         per_pool = fwd[len(fwd) // 2] if fwd else 0
-        bwd_extra = max(0, held.get("bwd", 0) - st.arena_bytes.get("bwd", 0) - per_pool)
+        bwd_extra = 0
+        if "bwd" in st.arena_bytes:
+            bwd_extra = max(0, held.get("bwd", 0) - st.arena_bytes["bwd"] - per_pool)
         return {
             "fixed_bytes": fixed,
             "per_graph_bytes": per_graph,
@@ -684,7 +697,9 @@ def _replay_fn() -> Any:
 
     class _Replay(torch.autograd.Function):  # type: ignore[misc, unused-ignore]
         @staticmethod
-        def forward(ctx: Any, call: _GraphedCall, anchor: Any, *inputs: Any) -> Any:  # type: ignore[override, unused-ignore]
+        def forward(  # type: ignore[override, unused-ignore]
+            ctx: Any, call: _GraphedCall, anchor: Any, *inputs: Any
+        ) -> Any:
             lay, s = call.lay, call.slot
             for src, dst in zip(inputs, lay.static_in[s]):
                 if src.data_ptr() != dst.data_ptr():
