@@ -985,6 +985,154 @@ struct ImproveStats {
     improved: bool,
 }
 
+/// Scratch space of [`repack`].
+#[derive(Default)]
+struct Repack {
+    stamp: Vec<u32>,
+    epoch: u32,
+    window: Vec<u32>,
+    times: Vec<u32>,
+    floor: Vec<u64>,
+    ents: Vec<(u64, u32, u32)>,
+    next: Vec<u32>,
+}
+
+/// A skyline re-pack of the top of a window (improvement stage, items with one interval):
+/// the items that lie in a window of the clock around `c` (an item at the top, `high`) and
+/// sit at or above a level `y0` ≤ `off[c]` are taken out; every item left (inside the
+/// window or crossing its ends) makes a *floor* — at each rank of the window the highest
+/// byte still used — and the taken items are packed bottom-up on that floor by [`skyline_on`]
+/// (a random pick rule, sometimes with noise). Each goes at or above the floor over its
+/// whole lifetime and the skyline keeps them apart, so the result is valid. Kept when the
+/// taken items' top (highest byte, then how many reach it) is not worse than before, like
+/// the window moves. Returns the items that moved when kept.
+#[allow(clippy::too_many_arguments)]
+fn repack<'a>(
+    p: &Problem,
+    index: &mut Index,
+    off: &mut [u64],
+    high: u64,
+    c: usize,
+    span: u64,
+    deadline: Instant,
+    rng: &mut Rng,
+    rp: &'a mut Repack,
+) -> Option<&'a [u32]> {
+    let m = span * [0u64, 1, 2, 4][rng.below(4) as usize];
+    let (hs, he) = p.hull[c];
+    let t0 = (hs as u64).saturating_sub(rng.below(m + 1)) as u32;
+    let t1 = ((he as u64) + rng.below(m + 1)).min(p.ranks as u64) as u32;
+    let f = [0.05, 0.1, 0.2, 0.4][rng.below(4) as usize];
+    let y0 = off[c].min(high - (high as f64 * f) as u64);
+    rp.epoch += 1;
+    let epoch = rp.epoch;
+    rp.window.clear();
+    {
+        let (stamp, window) = (&mut rp.stamp, &mut rp.window);
+        index.for_each(t0, t1, |en| {
+            let i = en.item as usize;
+            if stamp[i] != epoch {
+                stamp[i] = epoch;
+                let (s, e) = p.hull[i];
+                if s >= t0 && e <= t1 && en.off >= y0 {
+                    window.push(en.item);
+                }
+            }
+        });
+    }
+    let mut before = (0u64, 0u32);
+    for &i in &rp.window {
+        let t = off[i as usize] + p.size[i as usize];
+        if t > before.0 {
+            before = (t, 1);
+        } else if t == before.0 {
+            before.1 += 1;
+        }
+        index.remove(p, i as usize, off[i as usize]);
+    }
+    // The sub-problem's clock: the distinct ends of the taken items (rank k of it covers
+    // the ranks [times[k], times[k + 1]) of `p`).
+    rp.times.clear();
+    for &i in &rp.window {
+        let (s, e) = p.hull[i as usize];
+        rp.times.push(s);
+        rp.times.push(e);
+    }
+    rp.times.sort_unstable();
+    rp.times.dedup();
+    let bufs: Vec<Buffer> = rp
+        .window
+        .iter()
+        .map(|&i| {
+            let (s, e) = p.hull[i as usize];
+            Buffer { start: s as u64, end: e as u64, size: p.size[i as usize], group: None }
+        })
+        .collect();
+    // The floor: the highest item left over each rank of the sub-problem. Items by top,
+    // highest first, each fills the ranks not filled yet (`next` skips filled runs).
+    let times = &rp.times;
+    let last = times.len() - 1;
+    rp.floor.clear();
+    rp.floor.resize(times.len(), 0);
+    rp.ents.clear();
+    {
+        let ents = &mut rp.ents;
+        index.for_each(times[0], times[last], |en| ents.push((en.top, en.s, en.e)));
+    }
+    rp.ents.sort_unstable_by(|a, b| b.cmp(a));
+    rp.next.clear();
+    rp.next.extend(0..=last as u32);
+    for &(t, s, e) in &rp.ents {
+        let mut k = times.partition_point(|&x| x <= s).saturating_sub(1);
+        let kb = times.partition_point(|&x| x < e).min(last);
+        while k < kb {
+            let mut r = k;
+            while rp.next[r] as usize != r {
+                let nn = rp.next[rp.next[r] as usize];
+                rp.next[r] = nn;
+                r = nn as usize;
+            }
+            if r >= kb {
+                break;
+            }
+            rp.floor[r] = t;
+            rp.next[r] = r as u32 + 1;
+            k = r + 1;
+        }
+    }
+    let mut kept = false;
+    if let Ok(sub) = Problem::build(&bufs) {
+        let rule = [5u8, 1, 4, 3][rng.below(4) as usize];
+        let q = [0.0, 0.02, 0.1][rng.below(3) as usize];
+        let res = if q > 0.0 {
+            skyline_on(&sub, rule, Some((q, &mut *rng)), deadline, Some(&rp.floor))
+        } else {
+            skyline_on(&sub, rule, None, deadline, Some(&rp.floor))
+        };
+        if let Some((so, _)) = res {
+            let mut after = (0u64, 0u32);
+            for (k, &i) in rp.window.iter().enumerate() {
+                let t = so[k] + p.size[i as usize];
+                if t > after.0 {
+                    after = (t, 1);
+                } else if t == after.0 {
+                    after.1 += 1;
+                }
+            }
+            if after <= before {
+                for (k, &i) in rp.window.iter().enumerate() {
+                    off[i as usize] = so[k];
+                }
+                kept = true;
+            }
+        }
+    }
+    for &i in &rp.window {
+        index.insert(p, i as usize, off[i as usize]);
+    }
+    if kept { Some(&rp.window) } else { None }
+}
+
 fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) -> ImproveStats {
     let n = p.len();
     let mut stats = ImproveStats::default();
@@ -1003,6 +1151,8 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
     let mut window: Vec<u32> = Vec::new();
     let mut new_off = vec![0u64; n];
     let mut scratch = Vec::new();
+    let single = p.ivs.len() == n;
+    let mut rp = Repack { stamp: vec![0; n], ..Repack::default() };
     while high > lb && Instant::now() < deadline {
         // A buffer at the top.
         let c = loop {
@@ -1020,6 +1170,17 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
             break;
         }
         stats.steps += 1;
+        if single && rng.below(4) == 0 {
+            if let Some(kept) = repack(p, &mut index, off, high, c, span, deadline, &mut rng, &mut rp) {
+                for &i in kept {
+                    top[i as usize] = off[i as usize] + p.size[i as usize];
+                    if top[i as usize] == high {
+                        crit.push(i);
+                    }
+                }
+            }
+            continue;
+        }
         // A window of the clock around it (a random stretch of its lifetime when that is long).
         let mult = [0u64, 1, 2, 4, 8][rng.below(5) as usize];
         let (mut hs, mut he) = p.hull[c];
@@ -1131,6 +1292,18 @@ fn skyline(
     noise: Option<(f64, &mut Rng)>,
     deadline: Instant,
 ) -> Option<(Vec<u64>, u64)> {
+    skyline_on(p, rule, noise, deadline, None)
+}
+
+/// [`skyline`] on a floor: `floor[r]` is the lowest byte free at rank `r` (one entry per
+/// rank; `None`: 0 everywhere). Every item goes at or above the floor over its interval.
+fn skyline_on(
+    p: &Problem,
+    rule: u8,
+    noise: Option<(f64, &mut Rng)>,
+    deadline: Instant,
+    floor: Option<&[u64]>,
+) -> Option<(Vec<u64>, u64)> {
     let mut noise = noise;
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
@@ -1153,9 +1326,23 @@ fn skyline(
     }
     // Skyline segments: start -> (end, height); heap of (height, start) with lazy deletion.
     let mut seg: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
-    seg.insert(0, (p.ranks, 0));
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
-    heap.push(Reverse((0, 0)));
+    match floor {
+        Some(f) if f.len() == r && r > 0 => {
+            let mut a = 0;
+            for k in 1..=r {
+                if k == r || f[k] != f[a] {
+                    seg.insert(a as u32, (k as u32, f[a]));
+                    heap.push(Reverse((f[a], a as u32)));
+                    a = k;
+                }
+            }
+        }
+        _ => {
+            seg.insert(0, (p.ranks, 0));
+            heap.push(Reverse((0, 0)));
+        }
+    }
     let mut off = vec![0u64; n];
     let mut high = 0u64;
     let mut left = n;
@@ -1950,5 +2137,71 @@ mod coarse_tests {
         let p = Problem::build(&b).unwrap();
         let c = coarsen(&p);
         assert!(c.buffers.len() * 4 < b.len(), "{} coarse buffers", c.buffers.len());
+    }
+}
+
+#[cfg(test)]
+mod repack_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Repeated skyline re-packs of the top of a placement keep it valid and never raise
+    /// its footprint.
+    /// Returns how many re-packs were kept.
+    fn check(b: &[Buffer], moves: usize, seed: u64) -> usize {
+        let p = Problem::build(b).unwrap();
+        if p.len() == 0 || p.ivs.len() != p.len() {
+            return 0;
+        }
+        let mut kept = 0;
+        let (mut off, mut high) = online_best_fit(&p);
+        let mut index = Index::new(&p);
+        for (i, &o) in off.iter().enumerate() {
+            index.insert(&p, i, o);
+        }
+        let mut rng = crate::rng::Rng::new(seed);
+        let mut rp = Repack { stamp: vec![0; p.len()], ..Repack::default() };
+        let span = p.mean_span() as u64;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for _ in 0..moves {
+            let tops: Vec<usize> = (0..p.len()).filter(|&i| off[i] + p.size[i] == high).collect();
+            let c = tops[rng.below(tops.len() as u64) as usize];
+            kept += usize::from(
+                repack(&p, &mut index, &mut off, high, c, span, deadline, &mut rng, &mut rp).is_some(),
+            );
+            let offsets: Vec<u64> =
+                p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
+            verify(b, &offsets).unwrap();
+            let now = (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+            assert!(now <= high, "re-pack raised the footprint: {now} > {high}");
+            high = now;
+        }
+        kept
+    }
+
+    #[test]
+    fn repacks_keep_random_placements_valid() {
+        let mut kept = 0;
+        for seed in 1..=3 {
+            kept += check(&crate::workload::random(2000, seed), 300, seed);
+            kept += check(&crate::workload::random_uniform(2000, seed), 300, seed);
+        }
+        assert!(kept > 0, "no re-pack was kept: the test checks nothing");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn repacks_keep_small_placements_valid(
+            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60),
+            seed in 0u64..1000,
+        ) {
+            let b: Vec<Buffer> = raw
+                .into_iter()
+                .map(|(start, life, size)| Buffer { start, end: start + life, size, group: None })
+                .collect();
+            check(&b, 40, seed);
+        }
     }
 }
