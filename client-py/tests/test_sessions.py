@@ -160,16 +160,48 @@ for name, fn in [("allocate", lambda: c.allocate_segment(sid, "2MiB")),
         code_fd = """
 import sys, graphpool
 from graphpool.segments import FdChannel
-try:
-    FdChannel(sys.argv[1]).fetch(int(sys.argv[2]), int(sys.argv[3]))
-    print("allowed")
-except graphpool.PermissionDenied:
-    print("denied")
+ch = FdChannel(sys.argv[1])
+sid, gid = int(sys.argv[2]), int(sys.argv[3])
+for name, fn in [("fetch", lambda: ch.fetch(sid, gid)),
+                 ("allocate", lambda: ch.allocate(sid, 2 << 20)),
+                 ("release", lambda: ch.release(sid, gid))]:
+    try:
+        fn()
+        print(name, "allowed")
+    except graphpool.PermissionDenied:
+        print(name, "denied")
 """
         r = run_python(code_fd, s.fd_socket, str(s.session_id), str(seg.grant_id))
         assert r.returncode == 0, r.stderr
-        assert r.stdout.strip() == "denied"
+        assert r.stdout.split("\n")[:3] == ["fetch denied", "allocate denied", "release denied"]
         assert [g.grant_id for g in s.grants()] == [seg.grant_id]
+
+
+def test_segments_take_the_fd_socket_fast_path(
+    client: graphpool.Client, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session.allocate and release go over the fd socket (grant and fd in one exchange), not
+    over gRPC AllocateSegment/ReleaseSegment; refusals keep their details."""
+
+    def no_grpc(*args: object, **kwargs: object) -> None:
+        raise AssertionError("gRPC AllocateSegment/ReleaseSegment used")
+
+    with client.attach(job_id, rank=0, budget="8MiB") as s:
+        monkeypatch.setattr(client, "allocate_segment", no_grpc)
+        monkeypatch.setattr(client, "release_segment", no_grpc)
+        seg = s.allocate("4MiB", label="fast")
+        assert (seg.size, seg.handle_kind) == (4 * MiB, "memfd")
+        seg.map()[0] = 7
+        with pytest.raises(graphpool.CapacityExceeded) as ei:
+            s.allocate("6MiB")
+        assert ei.value.limit == "session-budget"
+        assert (ei.value.requested, ei.value.free) == (6 * MiB, 4 * MiB)
+        with pytest.raises(graphpool.InvalidArgument) as e2:
+            s.allocate("2MiB", label="no spaces allowed")
+        assert e2.value.field == "label"
+        assert s.release(seg.grant_id) == 4 * MiB
+        with pytest.raises(graphpool.NotFound):
+            s.release(seg.grant_id)
 
 
 def test_many_segments_one_fd_connection(client: graphpool.Client, job_id: str) -> None:

@@ -417,6 +417,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _size_bytes(size: int | str) -> int:
+    """A segment size as bytes; a malformed one is ``InvalidArgument`` naming ``size_bytes``."""
+    try:
+        return parse_size(size)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument(str(e), field="size_bytes") from None
+
+
 class Client:
     """A connection to graphpoold.
 
@@ -625,11 +633,7 @@ class Client:
     def allocate_segment(self, session_id: int, size: int | str, label: str = "") -> GrantInfo:
         """Low level: ``AllocateSegment`` for any session id, without fetching the fd. Prefer
         :meth:`Session.allocate`."""
-        try:
-            size_bytes = parse_size(size)
-        except (ValueError, TypeError) as e:
-            raise InvalidArgument(str(e), field="size_bytes") from None
-        req = pb.AllocateSegmentRequest(session_id=session_id, size_bytes=size_bytes, label=label)
+        req = pb.AllocateSegmentRequest(session_id=session_id, size_bytes=_size_bytes(size), label=label)
         grant: pb.Grant = self._call("AllocateSegment", req)
         return GrantInfo._from(grant)
 
@@ -1241,8 +1245,9 @@ class Session:
     # -- segments --------------------------------------------------------------------------
 
     def allocate(self, size: int | str, label: str = "") -> Segment:
-        """Asks the daemon for a segment of at least ``size`` bytes (``int`` or ``"256MiB"``)
-        and fetches its fd. The size is rounded up to the device granularity.
+        """Asks the daemon for a segment of at least ``size`` bytes (``int`` or ``"256MiB"``);
+        the grant and its fd come back in one exchange on the fd socket (the fast path of
+        ``AllocateSegment``). The size is rounded up to the device granularity.
 
         Raises:
             CapacityExceeded: it does not fit under a budget, quota or the device's capacity.
@@ -1255,19 +1260,13 @@ class Session:
         if self._pending_release:
             self._flush_pending()
 
-        def grant_and_fetch(sid: int) -> tuple[GrantInfo, int, pb.FdResponse]:
-            grant = self.client.allocate_segment(sid, size, label)
-            try:
-                fd, resp = self._fds.fetch(sid, grant.grant_id)
-            except BaseException:
-                try:
-                    self.client.release_segment(sid, grant.grant_id)
-                except GraphpoolError:
-                    pass
-                raise
-            return grant, fd, resp
+        size_bytes = _size_bytes(size)
 
-        grant, fd, resp = self._with_session(grant_and_fetch)
+        def grant_with_fd(sid: int) -> tuple[GrantInfo, int, pb.FdResponse]:
+            grant, fd, resp = self._fds.allocate(sid, size_bytes, label)
+            return GrantInfo._from(grant), fd, resp
+
+        grant, fd, resp = self._with_session(grant_with_fd)
         seg = Segment(grant, fd, resp.handle_kind or grant.handle_kind, self._release_segment)
         with self._state:
             self._held[grant.grant_id] = grant
@@ -1288,7 +1287,7 @@ class Session:
             # Not declared on re-attach (or released right after it, see _install).
             return info.size
         try:
-            return self.client.release_segment(sid, grant_id)
+            return self._fds.release(sid, grant_id)
         except GraphpoolError as e:
             if info is None or self._policy is None:
                 raise

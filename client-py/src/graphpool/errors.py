@@ -276,8 +276,11 @@ def error_from_rpc(err: grpc.RpcError, socket_path: str = "") -> GraphpoolError:
     return _build(code, message, _parse_detail(metadata), socket_path)
 
 
-def error_from_code(code: int, message: str, socket_path: str = "") -> GraphpoolError:
-    """Translates a numeric gRPC status code (as carried by ``FdResponse.code``) and a
-    message into the matching :class:`GraphpoolError` subclass."""
+def error_from_code(
+    code: int, message: str, socket_path: str = "", detail: pb.ErrorDetail | None = None
+) -> GraphpoolError:
+    """Translates a numeric gRPC status code (as carried by ``FdResponse.code``), a message and
+    the structured detail (``FdResponse.error``) into the matching :class:`GraphpoolError`
+    subclass."""
     status = _CODE_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
-    return _build(status, message, None, socket_path)
+    return _build(status, message, detail, socket_path)

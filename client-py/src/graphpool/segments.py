@@ -51,9 +51,11 @@ class FdChannel:
     """A connection to the daemon's fd socket (``Attached.fd_socket``).
 
     Frames are a 4-byte little-endian length followed by a protobuf message. The client sends
-    ``FdRequest``; the daemon answers ``FdResponse`` and, when ``ok``, attaches exactly one fd
-    (``SCM_RIGHTS``) to the same ``sendmsg``. Thread-safe; reconnects after a failure and after
-    ``fork``.
+    ``FdRequest``; the daemon answers ``FdResponse`` and, for a fetch or an allocation that
+    succeeded, attaches exactly one fd (``SCM_RIGHTS``) to the same ``sendmsg``. Besides fd
+    fetches the socket carries the fast path of ``AllocateSegment`` (grant and fd in one
+    exchange) and ``ReleaseSegment``, answered exactly as the gRPC calls would be. Thread-safe;
+    reconnects after a failure and after ``fork``.
     """
 
     def __init__(self, path: str, *, timeout: float = 10.0) -> None:
@@ -91,11 +93,49 @@ class FdChannel:
             GraphpoolError: the daemon refused (``PermissionDenied`` for a grant of another
                 process, ``NotFound`` for an unknown grant), or the socket failed.
         """
-        req = pb.FdRequest(session_id=session_id, grant_id=grant_id).SerializeToString()
+        what = f"the fd of grant {grant_id}"
+        resp, fds = self._call(pb.FdRequest(session_id=session_id, grant_id=grant_id), what)
+        return self._one_fd(fds, what), resp
+
+    def allocate(self, session_id: int, size_bytes: int, label: str = "") -> tuple[pb.Grant, int, pb.FdResponse]:
+        """``AllocateSegment`` on the fd socket: returns ``(grant, fd, response)``; the caller
+        owns the fd. Refusals raise what the gRPC call raises (``CapacityExceeded`` with its
+        details, ``InvalidArgument`` naming the field, ...)."""
+        what = f"a segment of {format_size(size_bytes)}"
+        call = pb.AllocateSegmentRequest(session_id=session_id, size_bytes=size_bytes, label=label)
+        resp, fds = self._call(pb.FdRequest(allocate=call), what)
+        if resp.HasField("grant") and len(fds) == 1:
+            return resp.grant, fds[0], resp
+        _close_all(fds)
+        if not resp.HasField("grant"):
+            raise GraphpoolError(f"fd socket {self.path}: an allocation answered without its grant")
+        try:  # granted but unusable here: give it back
+            self.release(session_id, resp.grant.grant_id)
+        except GraphpoolError:
+            pass
+        raise GraphpoolError(f"fd socket {self.path}: expected one fd with {what}, got {len(fds)}")
+
+    def release(self, session_id: int, grant_id: int) -> int:
+        """``ReleaseSegment`` on the fd socket; returns the bytes released."""
+        call = pb.ReleaseSegmentRequest(session_id=session_id, grant_id=grant_id)
+        resp, fds = self._call(pb.FdRequest(release=call), f"the release of grant {grant_id}")
+        _close_all(fds)
+        return int(resp.released.bytes_released)
+
+    def _one_fd(self, fds: list[int], what: str) -> int:
+        if len(fds) != 1:
+            _close_all(fds)
+            raise GraphpoolError(f"fd socket {self.path}: expected one fd with {what}, got {len(fds)}")
+        return fds[0]
+
+    def _call(self, req: pb.FdRequest, what: str) -> tuple[pb.FdResponse, list[int]]:
+        """One request/response exchange: the response (raising the daemon's refusal as the
+        matching :class:`GraphpoolError`) and the fds that came with it, which the caller owns."""
+        body_out = req.SerializeToString()
         with self._lock:
             sock = self._connect()
             try:
-                sock.sendall(_LEN.pack(len(req)) + req)
+                sock.sendall(_LEN.pack(len(body_out)) + body_out)
                 body, fds = _recv_frame(sock)
             except (OSError, ValueError) as e:
                 sock.close()
@@ -107,20 +147,18 @@ class FdChannel:
         try:
             resp.ParseFromString(body)
         except Exception as e:
-            for fd in fds:
-                os.close(fd)
+            _close_all(fds)
             raise GraphpoolError(f"fd socket {self.path}: malformed FdResponse: {e}") from e
         if not resp.ok:
-            for fd in fds:
-                os.close(fd)
-            raise error_from_code(resp.code, resp.message or f"the daemon refused the fd of grant {grant_id}", self.path)
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise GraphpoolError(
-                f"fd socket {self.path}: expected one fd with the response for grant {grant_id}, got {len(fds)}"
-            )
-        return fds[0], resp
+            _close_all(fds)
+            detail = resp.error if resp.HasField("error") else None
+            raise error_from_code(resp.code, resp.message or f"the daemon refused {what}", self.path, detail)
+        return resp, fds
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
