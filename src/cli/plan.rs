@@ -425,6 +425,28 @@ mod tests {
         assert!(e.to_string().contains("s.toml"), "{e}");
     }
 
+    /// The seed benchmark's description of 1F1B stage 0 at M = 128 (the profile of one eager
+    /// step, and the capture overhead measured on the same stage at M = 8), recorded on an
+    /// H200: the prediction must stay within 5 % of the footprint measured there (9.646 GiB,
+    /// docs/capture.md).
+    #[test]
+    fn recorded_seed_description_predicts_the_measured_footprint() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/gpu/seed/plan-1f1b-s0-m128.json");
+        let desc = parse_schedule(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+        let overhead = desc.overhead.expect("the recorded description has an overhead");
+        let plan =
+            pipeline::plan_schedule(&desc.input, &PlaceOptions::default()).unwrap().with_overhead(&overhead);
+        assert_eq!((plan.slots, plan.graphs, plan.pools), (8, 144, 9));
+        let measured = 9.646484375 * (1u64 << 30) as f64;
+        let error = plan.predicted_capture_bytes as f64 / measured - 1.0;
+        assert!(
+            error.abs() <= 0.05,
+            "predicted {} bytes, {:+.1}% of the measured footprint",
+            plan.predicted_capture_bytes,
+            100.0 * error
+        );
+    }
+
     #[test]
     fn example_schedule_plans() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/planner/examples/schedule-1f1b.toml");
