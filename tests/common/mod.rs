@@ -217,6 +217,21 @@ pub fn child_test(test_name: &str, env: &[(&str, String)]) -> Command {
     cmd
 }
 
+/// Runs a child test (see [`child_test`]) to completion and asserts that it succeeded and
+/// printed every one of `markers`; returns its stdout.
+#[allow(dead_code)]
+pub fn run_child(test_name: &str, env: &[(&str, String)], markers: &[&str]) -> String {
+    let out = child_test(test_name, env).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && markers.iter().all(|m| stdout.contains(m)),
+        "child {test_name} ({}), expected {markers:?}:\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 pub fn socket_path(d: &Daemon) -> &Path {
     &d.socket
 }
