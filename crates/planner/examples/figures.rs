@@ -58,6 +58,11 @@ fn main() {
             cases.push((format!("uniform n={n} seed={seed}"), workload::random_uniform(n, seed)));
         }
     }
+    for n in [10_000, 100_000] {
+        for &seed in &seeds {
+            cases.push((format!("dense n={n} seed={seed}"), workload::random_dense(n, seed)));
+        }
+    }
     for n in [100, 1_000, 10_000] {
         for &seed in &seeds {
             cases.push((format!("packed n={n} seed={seed}"), workload::packed(n, seed)));

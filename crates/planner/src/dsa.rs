@@ -549,6 +549,28 @@ impl Problem {
     }
 
     /// Average interval length in ranks.
+    /// Pairs of items whose hulls overlap in time: what one greedy pass's gap queries visit
+    /// (each item's query sees every placed item live with it). `O(n log n)`.
+    fn overlapping_pairs(&self) -> u64 {
+        let mut starts: Vec<u32> = self.hull.iter().map(|h| h.0).collect();
+        starts.sort_unstable();
+        // Two hulls overlap when one starts inside the other: per item, count the items
+        // starting inside its hull. That counts each item itself once and pairs with the
+        // same start twice.
+        let mut pairs = 0u64;
+        for &(s, e) in &self.hull {
+            let lo = starts.partition_point(|&x| x < s);
+            let hi = starts.partition_point(|&x| x < e);
+            pairs += (hi - lo) as u64;
+        }
+        pairs -= starts.len() as u64;
+        for run in starts.chunk_by(|a, b| a == b) {
+            let k = run.len() as u64;
+            pairs -= k * (k - 1) / 2;
+        }
+        pairs
+    }
+
     fn mean_span(&self) -> u32 {
         if self.ivs.is_empty() {
             return 1;
@@ -995,6 +1017,8 @@ struct Repack {
     floor: Vec<u64>,
     ents: Vec<(u64, u32, u32)>,
     next: Vec<u32>,
+    ivs: Vec<(u32, u32)>,
+    sizes: Vec<u64>,
 }
 
 /// A skyline re-pack of the top of a window (improvement stage, items with one interval):
@@ -1017,6 +1041,7 @@ fn repack<'a>(
     deadline: Instant,
     rng: &mut Rng,
     rp: &'a mut Repack,
+    contour: bool,
 ) -> Option<&'a [u32]> {
     let m = span * [0u64, 1, 2, 4][rng.below(4) as usize];
     let (hs, he) = p.hull[c];
@@ -1040,14 +1065,9 @@ fn repack<'a>(
             }
         });
     }
-    let mut before = (0u64, 0u32);
+    let mut before = Reach::default();
     for &i in &rp.window {
-        let t = off[i as usize] + p.size[i as usize];
-        if t > before.0 {
-            before = (t, 1);
-        } else if t == before.0 {
-            before.1 += 1;
-        }
+        before.add(off[i as usize] + p.size[i as usize]);
         index.remove(p, i as usize, off[i as usize]);
     }
     // The sub-problem's clock: the distinct ends of the taken items (rank k of it covers
@@ -1101,7 +1121,34 @@ fn repack<'a>(
         }
     }
     let mut kept = false;
-    if let Ok(sub) = Problem::build(&bufs) {
+    if contour {
+        // A fixed-height search on the floor, aiming below the current top: kept only when
+        // it gets there, so every success lowers the window's top.
+        rp.ivs.clear();
+        for &i in &rp.window {
+            let (s, e) = p.hull[i as usize];
+            rp.ivs.push((times.partition_point(|&x| x < s) as u32, times.partition_point(|&x| x < e) as u32));
+        }
+        rp.sizes.clear();
+        rp.sizes.extend(rp.window.iter().map(|&i| p.size[i as usize]));
+        let items = crate::contour::Items { ivs: &rp.ivs, size: &rp.sizes, ranks: times.len() as u32 };
+        let cut = [1u64, (before.high / 2000).max(1), (before.high / 500).max(1)][rng.below(3) as usize];
+        let target = before.high.saturating_sub(cut);
+        let limits = crate::contour::Limits {
+            deadline: deadline.min(Instant::now() + Duration::from_millis(20)),
+            attempts: 1 + rng.below(3) as u32,
+            backtracks: 200,
+        };
+        let mut stats = crate::contour::PackStats::default();
+        if let Some(so) =
+            crate::contour::pack_on(&items, Some(&rp.floor), target, limits, rng.next_u64(), &mut stats)
+        {
+            for (k, &i) in rp.window.iter().enumerate() {
+                off[i as usize] = so[k];
+            }
+            kept = true;
+        }
+    } else if let Ok(sub) = Problem::build(&bufs) {
         let rule = [5u8, 1, 4, 3][rng.below(4) as usize];
         let q = [0.0, 0.02, 0.1][rng.below(3) as usize];
         let res = if q > 0.0 {
@@ -1110,14 +1157,9 @@ fn repack<'a>(
             skyline_on(&sub, rule, None, deadline, Some(&rp.floor))
         };
         if let Some((so, _)) = res {
-            let mut after = (0u64, 0u32);
+            let mut after = Reach::default();
             for (k, &i) in rp.window.iter().enumerate() {
-                let t = so[k] + p.size[i as usize];
-                if t > after.0 {
-                    after = (t, 1);
-                } else if t == after.0 {
-                    after.1 += 1;
-                }
+                after.add(so[k] + p.size[i as usize]);
             }
             if after <= before {
                 for (k, &i) in rp.window.iter().enumerate() {
@@ -1133,6 +1175,30 @@ fn repack<'a>(
     if kept { Some(&rp.window) } else { None }
 }
 
+/// How high a set of items reaches (the improvement stage's acceptance test): the highest
+/// top, then how many items reach it. Lower is better; it can only grow as items are added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+struct Reach {
+    high: u64,
+    count: u32,
+}
+
+impl Reach {
+    fn add(&mut self, top: u64) {
+        if top > self.high {
+            self.high = top;
+            self.count = 1;
+        } else if top == self.high {
+            self.count += 1;
+        }
+    }
+}
+
+/// Items a window of the improvement stage holds at most, about (see `improve`).
+const WINDOW_ITEMS: u64 = 2048;
+/// Placed items one window re-placement may visit, about (see `improve`).
+const WINDOW_WORK: u64 = 400_000;
+
 fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) -> ImproveStats {
     let n = p.len();
     let mut stats = ImproveStats::default();
@@ -1146,6 +1212,13 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
     let mut crit: Vec<u32> = (0..n as u32).filter(|&i| top[i as usize] == high).collect();
     let mut rng = Rng::new(seed);
     let span = p.mean_span() as u64;
+    // Ranks a window may cover: at the input's arrival rate, as many items as keep one
+    // re-placement to about `WINDOW_WORK` visits of placed items (each item's gap query sees
+    // the items live with it), at most `WINDOW_ITEMS`: dense inputs with long lifetimes
+    // would otherwise spend tens of milliseconds per step.
+    let overlap = (2 * p.overlapping_pairs() / n.max(1) as u64).max(1);
+    let items = (WINDOW_WORK / overlap).clamp(64, WINDOW_ITEMS);
+    let reach = (items * p.ranks as u64 / n.max(1) as u64).max(64);
     let mut stamp = vec![0u32; n];
     let mut epoch = 0u32;
     let mut window: Vec<u32> = Vec::new();
@@ -1170,8 +1243,14 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
             break;
         }
         stats.steps += 1;
-        if single && rng.below(4) == 0 {
-            if let Some(kept) = repack(p, &mut index, off, high, c, span, deadline, &mut rng, &mut rp) {
+        // Items with one interval: a quarter of the steps re-pack the window's top by the
+        // skyline, another quarter by the contour search.
+        let mv = rng.below(8);
+        if single && mv < 4 {
+            let contour = mv >= 2;
+            if let Some(kept) =
+                repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp, contour)
+            {
                 for &i in kept {
                     top[i as usize] = off[i as usize] + p.size[i as usize];
                     if top[i as usize] == high {
@@ -1184,13 +1263,14 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
         // A window of the clock around it (a random stretch of its lifetime when that is long).
         let mult = [0u64, 1, 2, 4, 8][rng.below(5) as usize];
         let (mut hs, mut he) = p.hull[c];
-        let max_len = (span * 16).max(64) as u32;
+        let max_len = (span * 16).max(64).min(reach) as u32;
         if he - hs > max_len {
             hs += rng.below((he - hs - max_len) as u64 + 1) as u32;
             he = hs + max_len;
         }
-        let t0 = (hs as u64).saturating_sub(rng.below(span * mult + 1)) as u32;
-        let t1 = ((he as u64) + rng.below(span * mult + 1)).min(p.ranks as u64) as u32;
+        let ext = (span * mult).min(reach / 2);
+        let t0 = (hs as u64).saturating_sub(rng.below(ext + 1)) as u32;
+        let t1 = ((he as u64) + rng.below(ext + 1)).min(p.ranks as u64) as u32;
         epoch += 1;
         window.clear();
         window.push(c as u32);
@@ -1205,14 +1285,9 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
                 }
             }
         });
-        let mut before = (0u64, 0u32);
+        let mut before = Reach::default();
         for &i in &window {
-            let t = off[i as usize] + p.size[i as usize];
-            if t > before.0 {
-                before = (t, 1);
-            } else if t == before.0 {
-                before.1 += 1;
-            }
+            before.add(off[i as usize] + p.size[i as usize]);
         }
         for &i in &window {
             index.remove(p, i as usize, off[i as usize]);
@@ -1227,7 +1302,7 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
         }
         // Re-place in order; give up as soon as the window's top (highest byte, then how
         // many items reach it) is worse than before.
-        let mut after = (0u64, 0u32);
+        let mut after = Reach::default();
         let mut placed = 0;
         for &i in &window {
             let i = i as usize;
@@ -1235,13 +1310,9 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
             new_off[i] = o;
             index.insert(p, i, o);
             placed += 1;
-            let t = o + p.size[i];
-            if t > after.0 {
-                after = (t, 1);
-            } else if t == after.0 {
-                after.1 += 1;
-            }
-            if after > before {
+            after.add(o + p.size[i]);
+            if after > before || (placed % 64 == 0 && Instant::now() > deadline) {
+                after.high = u64::MAX;
                 break;
             }
         }
@@ -1682,6 +1753,13 @@ fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy, stop: Option
     Some(Run { strategy, off, window_high, crossing_high })
 }
 
+/// What one greedy pass over `n` items with `pairs` overlapping pairs is expected to take
+/// (measured on the development machine: ~1 µs per item and ~22 ns per pair; a scheduling
+/// estimate, not a limit).
+fn greedy_pass_estimate(n: usize, pairs: u64) -> Duration {
+    Duration::from_nanos((n as u64).saturating_mul(1_000).saturating_add(pairs.saturating_mul(22)))
+}
+
 /// Runs `f(k)` for `k` in `0..workers`: worker 0 on the calling thread, the others on
 /// scoped threads (none at all for one worker: on a loaded machine a new thread can wait
 /// milliseconds to be scheduled, which a stage with little time left cannot afford).
@@ -1756,8 +1834,15 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         // Jobs: greedy strategies (index into the portfolio) and skyline rules (index into
         // SKYLINE_RULES; single-interval problems only), interleaved most useful first.
         let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
-        let mut order: Vec<(bool, usize)> = vec![(false, 0)];
-        if with_skyline {
+        // A greedy pass costs in proportion to the pairs of items live together (each gap
+        // query visits the placed items live with its item); the skyline does not. When
+        // the first greedy pass would not fit in the portfolio's share, a skyline pass
+        // leads and the greedy orders run only if the estimate says they fit.
+        let greedy_pass = greedy_pass_estimate(n, p.overlapping_pairs());
+        let dense = with_skyline && greedy_pass > budget.mul_f64(0.7);
+        let mut order: Vec<(bool, usize)> =
+            if dense { vec![(true, 0), (false, 0)] } else { vec![(false, 0)] };
+        if with_skyline && !dense {
             order.push((true, 0));
         }
         order.push((false, 1));
@@ -1768,7 +1853,12 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let jobs = order.len();
         let next = AtomicUsize::new(0);
         // The slowest finished job of each kind (greedy, skyline) estimates the next one.
-        let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0)];
+        // Dense inputs: the greedy estimate, and ~3 µs per item for a skyline pass.
+        let estimate_ns = if dense {
+            [AtomicU64::new(greedy_pass.as_nanos() as u64), AtomicU64::new(3_000 * n as u64)]
+        } else {
+            [AtomicU64::new(0), AtomicU64::new(0)]
+        };
         let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
         let sky: Mutex<Vec<(&str, Vec<u64>, u64)>> = Mutex::new(Vec::new());
         let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
@@ -1799,7 +1889,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 }
                 // The first job always finishes (every plan gets one greedy pass)
                 // unless the coarse instance gave one; the others stop at the deadline.
-                let stop = (k > 0 || coarse_placed).then_some(deadline);
+                let stop = (k > 0 || coarse_placed || dense).then_some(deadline);
                 let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
                 estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                 runs.lock().expect("portfolio worker panicked").push(run);
@@ -2078,6 +2168,50 @@ mod timing {
 }
 
 #[cfg(test)]
+mod density_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// The pair count that schedules the portfolio is the number of pairs of items whose
+        /// hulls overlap.
+        #[test]
+        fn overlapping_pairs_are_counted(raw in prop::collection::vec((0u64..40, 1u64..15), 1..60)) {
+            let b: Vec<Buffer> =
+                raw.iter().map(|&(s, l)| Buffer { start: s, end: s + l, size: 1, group: None }).collect();
+            let p = Problem::build(&b).unwrap();
+            let mut brute = 0u64;
+            for i in 0..p.len() {
+                for j in 0..i {
+                    let (x, y) = (p.hull[i], p.hull[j]);
+                    brute += u64::from(x.0 < y.1 && y.0 < x.1);
+                }
+            }
+            prop_assert_eq!(p.overlapping_pairs(), brute);
+        }
+    }
+
+    /// A dense input (every buffer live with hundreds of others), where one greedy pass
+    /// costs several budgets: the skyline leads, the greedy orders are not started, and the
+    /// plan is valid.
+    #[test]
+    fn dense_inputs_skip_greedy_passes_that_do_not_fit() {
+        let b = crate::workload::random_dense(30_000, 1);
+        let p = Problem::build(&b).unwrap();
+        let budget = Duration::from_millis(60);
+        assert!(greedy_pass_estimate(p.len(), p.overlapping_pairs()) > budget * 2);
+        let opts =
+            PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..PlaceOptions::default() };
+        let placed = place(&b, &opts).unwrap();
+        verify(&b, &placed.offsets).unwrap();
+        assert_eq!(placed.strategies_run, 0, "a greedy pass ran: {}", placed.strategy);
+        assert!(placed.footprint <= placed.floor_footprint);
+    }
+}
+
+#[cfg(test)]
 mod coarse_tests {
     use super::*;
     use proptest::prelude::*;
@@ -2167,7 +2301,7 @@ mod repack_tests {
             let tops: Vec<usize> = (0..p.len()).filter(|&i| off[i] + p.size[i] == high).collect();
             let c = tops[rng.below(tops.len() as u64) as usize];
             kept += usize::from(
-                repack(&p, &mut index, &mut off, high, c, span, deadline, &mut rng, &mut rp).is_some(),
+                repack(&p, &mut index, &mut off, high, c, span, deadline, &mut rng, &mut rp, false).is_some(),
             );
             let offsets: Vec<u64> =
                 p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();

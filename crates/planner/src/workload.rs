@@ -34,6 +34,24 @@ pub fn random_uniform(n: usize, seed: u64) -> Vec<Buffer> {
         .collect()
 }
 
+/// `n` random buffers with long lifetimes: starts uniform over `[0, n)`, lifetimes
+/// log-uniform in `1..=n/10` steps (about 1400 buffers live at a time at `n` = 100k: every
+/// buffer overlaps thousands of others), sizes log-uniform in 1 KiB..=64 MiB rounded up to
+/// 512 bytes. The case where a greedy pass, whose gap queries visit every buffer live with
+/// the one placed, costs far more than the skyline.
+pub fn random_dense(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed ^ 0xde05_e000);
+    let longest = (n as u64 / 10).max(2);
+    (0..n)
+        .map(|_| {
+            let start = rng.below(n.max(1) as u64);
+            let life = rng.log_uniform(1, longest);
+            let size = rng.log_uniform(1 << 10, 64 << 20).div_ceil(512) * 512;
+            Buffer { start, end: start + life, size, group: None }
+        })
+        .collect()
+}
+
 /// `n` buffers that tile a `horizon` × `height` rectangle exactly (guillotine cuts of the
 /// rectangle at random places, in time or in memory), shuffled. Every step has exactly
 /// `height` bytes live, so the optimum footprint is `height` = the lower bound; greedy
