@@ -316,36 +316,12 @@ pub(crate) fn pack(
     seed: u64,
     stats: &mut PackStats,
 ) -> Option<Vec<u64>> {
-    pack_on(items, None, height, Limits { deadline, attempts: u32::MAX, backtracks: 2_000 }, seed, stats)
-}
-
-/// When [`pack_on`] gives up.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub deadline: Instant,
-    /// Attempts (the first and the randomised restarts).
-    pub attempts: u32,
-    /// Backtracks of the first attempt (each restart gets 1.5× the previous).
-    pub backtracks: u64,
-}
-
-/// [`pack`] on a floor: `floor[t]` (one entry per rank) is the lowest byte free at rank
-/// `t`, and every item goes at or above it over its interval (the skyline starts there and
-/// the slack is `height − floor − unplaced bytes`). `None` also when `limits` run out.
-pub(crate) fn pack_on(
-    items: &Items<'_>,
-    floor: Option<&[u64]>,
-    height: u64,
-    limits: Limits,
-    seed: u64,
-    stats: &mut PackStats,
-) -> Option<Vec<u64>> {
     let n = items.size.len();
     let r = items.ranks as usize;
     if n == 0 {
         return Some(Vec::new());
     }
-    if r == 0 || items.size.iter().any(|&s| s > height) || floor.is_some_and(|f| f.len() != r) {
+    if r == 0 || items.size.iter().any(|&s| s > height) {
         return None;
     }
     // Slack fits in i64 (beyond that the search is skipped).
@@ -361,13 +337,12 @@ pub(crate) fn pack_on(
     }
     let mut slack0 = Vec::with_capacity(r);
     let mut load = 0i64;
-    for (t, d) in diff[..r].iter().enumerate() {
+    for d in &diff[..r] {
         load += d;
-        let base = floor.map_or(0, |f| f[t].min(height)) as i64;
-        if load + base > height as i64 {
+        if load > height as i64 {
             return None;
         }
-        slack0.push(height as i64 - base - load);
+        slack0.push(height as i64 - load);
     }
     // Unplaced items by start, each list sorted by (end, size).
     let mut by_start: Vec<Vec<u32>> = vec![Vec::new(); r];
@@ -378,16 +353,15 @@ pub(crate) fn pack_on(
         list.sort_unstable_by_key(|&i| (items.ivs[i as usize].1, items.size[i as usize], i));
     }
     let mut rng = Rng::new(seed);
-    let mut budget = limits.backtracks;
+    let mut budget: u64 = 2_000;
     let mut attempt = 0u32;
-    let deadline = limits.deadline;
     loop {
-        if Instant::now() > deadline || attempt >= limits.attempts {
+        if Instant::now() > deadline {
             return None;
         }
         attempt += 1;
         let noise = if attempt == 1 { 0.0 } else { [0.05, 0.1, 0.2, 0.3][rng.below(4) as usize] };
-        match attempt_pack(items, floor, &slack0, &mut by_start, deadline, &mut rng, noise, budget, stats) {
+        match attempt_pack(items, &slack0, &mut by_start, deadline, &mut rng, noise, budget, stats) {
             Outcome::Placed(off) => return Some(off),
             Outcome::Deadline => return None,
             // Backjumping skips alternatives, so running out of them proves nothing: restart.
@@ -468,7 +442,6 @@ enum Outcome {
 #[allow(clippy::too_many_arguments)]
 fn attempt_pack(
     items: &Items<'_>,
-    floor: Option<&[u64]>,
     slack0: &[i64],
     by_start: &mut [Vec<u32>],
     deadline: Instant,
@@ -480,17 +453,6 @@ fn attempt_pack(
     let n = items.size.len();
     let r = items.ranks as usize;
     let mut sky = SkyTree::new(r);
-    if let Some(f) = floor {
-        let mut a = 0;
-        for k in 1..=r {
-            if k == r || f[k] != f[a] {
-                if f[a] != 0 {
-                    sky.assign(a, k, f[a]);
-                }
-                a = k;
-            }
-        }
-    }
     let mut slack = SlackTree::new(slack0);
     let mut starts = StartTree::new(r);
     for (t, list) in by_start.iter().enumerate() {
@@ -750,35 +712,6 @@ mod tests {
             }
             // Below the live bound nothing fits.
             prop_assert!(pack(&items, lb - 1, far, seed, &mut stats).is_none());
-        }
-
-        /// On a floor, every item goes at or above the floor over its whole interval, under
-        /// the height, apart from the others; a floor that leaves too little room is refused.
-        #[test]
-        fn packings_respect_the_floor(raw in prop::collection::vec((0u32..20, 1u32..8, 1u64..9), 1..30), floor in prop::collection::vec(0u64..12, 28), extra in 0u64..12, seed in 0u64..4) {
-            let ivs: Vec<(u32, u32)> = raw.iter().map(|&(s, l, _)| (s, s + l)).collect();
-            let size: Vec<u64> = raw.iter().map(|&(_, _, z)| z).collect();
-            let items = Items { ivs: &ivs, size: &size, ranks: 28 };
-            // The room needed where items live: floor + their bytes.
-            let mut load = [0u64; 28];
-            for (i, &(s, e)) in ivs.iter().enumerate() {
-                for t in s..e {
-                    load[t as usize] += size[i];
-                }
-            }
-            let lb = (0..28).filter(|&t| load[t] > 0).map(|t| floor[t] + load[t]).max().unwrap_or(0);
-            let far = Instant::now() + std::time::Duration::from_millis(20);
-            let limits = Limits { deadline: far, attempts: 4, backtracks: 2_000 };
-            let mut stats = PackStats::default();
-            if let Some(off) = pack_on(&items, Some(&floor), lb + extra, limits, seed, &mut stats) {
-                check(&items, &off, lb + extra);
-                for (i, &(s, e)) in ivs.iter().enumerate() {
-                    for t in s..e {
-                        prop_assert!(off[i] >= floor[t as usize], "item {} below the floor at rank {}", i, t);
-                    }
-                }
-            }
-            prop_assert!(pack_on(&items, Some(&floor), lb - 1, limits, seed, &mut stats).is_none());
         }
 
         #[test]

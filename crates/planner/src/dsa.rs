@@ -1017,8 +1017,6 @@ struct Repack {
     floor: Vec<u64>,
     ents: Vec<(u64, u32, u32)>,
     next: Vec<u32>,
-    ivs: Vec<(u32, u32)>,
-    sizes: Vec<u64>,
 }
 
 /// A skyline re-pack of the top of a window (improvement stage, items with one interval):
@@ -1041,7 +1039,6 @@ fn repack<'a>(
     deadline: Instant,
     rng: &mut Rng,
     rp: &'a mut Repack,
-    contour: bool,
 ) -> Option<&'a [u32]> {
     let m = span * [0u64, 1, 2, 4][rng.below(4) as usize];
     let (hs, he) = p.hull[c];
@@ -1121,34 +1118,7 @@ fn repack<'a>(
         }
     }
     let mut kept = false;
-    if contour {
-        // A fixed-height search on the floor, aiming below the current top: kept only when
-        // it gets there, so every success lowers the window's top.
-        rp.ivs.clear();
-        for &i in &rp.window {
-            let (s, e) = p.hull[i as usize];
-            rp.ivs.push((times.partition_point(|&x| x < s) as u32, times.partition_point(|&x| x < e) as u32));
-        }
-        rp.sizes.clear();
-        rp.sizes.extend(rp.window.iter().map(|&i| p.size[i as usize]));
-        let items = crate::contour::Items { ivs: &rp.ivs, size: &rp.sizes, ranks: times.len() as u32 };
-        let cut = [1u64, (before.high / 2000).max(1), (before.high / 500).max(1)][rng.below(3) as usize];
-        let target = before.high.saturating_sub(cut);
-        let limits = crate::contour::Limits {
-            deadline: deadline.min(Instant::now() + Duration::from_millis(20)),
-            attempts: 1 + rng.below(3) as u32,
-            backtracks: 200,
-        };
-        let mut stats = crate::contour::PackStats::default();
-        if let Some(so) =
-            crate::contour::pack_on(&items, Some(&rp.floor), target, limits, rng.next_u64(), &mut stats)
-        {
-            for (k, &i) in rp.window.iter().enumerate() {
-                off[i as usize] = so[k];
-            }
-            kept = true;
-        }
-    } else if let Ok(sub) = Problem::build(&bufs) {
+    if let Ok(sub) = Problem::build(&bufs) {
         let rule = [5u8, 1, 4, 3][rng.below(4) as usize];
         let q = [0.0, 0.02, 0.1][rng.below(3) as usize];
         let res = if q > 0.0 {
@@ -1199,7 +1169,9 @@ const WINDOW_ITEMS: u64 = 2048;
 /// Placed items one window re-placement may visit, about (see `improve`).
 const WINDOW_WORK: u64 = 400_000;
 
-fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) -> ImproveStats {
+/// The improvement stage from `off` (see the module documentation); `pairs` is
+/// [`Problem::overlapping_pairs`].
+fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant, seed: u64) -> ImproveStats {
     let n = p.len();
     let mut stats = ImproveStats::default();
     let mut index = Index::new(p);
@@ -1216,7 +1188,7 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
     // re-placement to about `WINDOW_WORK` visits of placed items (each item's gap query sees
     // the items live with it), at most `WINDOW_ITEMS`: dense inputs with long lifetimes
     // would otherwise spend tens of milliseconds per step.
-    let overlap = (2 * p.overlapping_pairs() / n.max(1) as u64).max(1);
+    let overlap = (2 * pairs / n.max(1) as u64).max(1);
     let items = (WINDOW_WORK / overlap).clamp(64, WINDOW_ITEMS);
     let reach = (items * p.ranks as u64 / n.max(1) as u64).max(64);
     let mut stamp = vec![0u32; n];
@@ -1243,13 +1215,9 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, deadline: Instant, seed: u64) 
             break;
         }
         stats.steps += 1;
-        // Items with one interval: a quarter of the steps re-pack the window's top by the
-        // skyline, another quarter by the contour search.
-        let mv = rng.below(8);
-        if single && mv < 4 {
-            let contour = mv >= 2;
+        if single && rng.below(4) == 0 {
             if let Some(kept) =
-                repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp, contour)
+                repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp)
             {
                 for &i in kept {
                     top[i as usize] = off[i as usize] + p.size[i as usize];
@@ -1793,6 +1761,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     }
     let deadline = began + budget;
     let lb = p.lower_bound().max(p.alias_bound());
+    let pairs = p.overlapping_pairs();
     let (floor_off, floor_high) = online_best_fit(&p);
     let mut best_off = floor_off;
     let mut best_high = floor_high;
@@ -1838,7 +1807,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         // query visits the placed items live with its item); the skyline does not. When
         // the first greedy pass would not fit in the portfolio's share, a skyline pass
         // leads and the greedy orders run only if the estimate says they fit.
-        let greedy_pass = greedy_pass_estimate(n, p.overlapping_pairs());
+        let greedy_pass = greedy_pass_estimate(n, pairs);
         let dense = with_skyline && greedy_pass > budget.mul_f64(0.7);
         let mut order: Vec<(bool, usize)> =
             if dense { vec![(true, 0), (false, 0)] } else { vec![(false, 0)] };
@@ -2031,7 +2000,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let results: Vec<(Vec<u64>, ImproveStats)> = run_workers(chains, |k| {
             let mut off = start.clone();
             let seed = opts.seed.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let stats = improve(&p, &mut off, lb, deadline, seed);
+            let stats = improve(&p, &mut off, lb, pairs, deadline, seed);
             (off, stats)
         });
         for (off, stats) in results {
@@ -2281,7 +2250,8 @@ mod repack_tests {
 
     /// Repeated skyline re-packs of the top of a placement keep it valid and never raise
     /// its footprint.
-    /// Returns how many re-packs were kept.
+    /// Runs `moves` re-packs from the online best fit;
+    /// every one leaves a valid placement no higher than before. Returns how many were kept.
     fn check(b: &[Buffer], moves: usize, seed: u64) -> usize {
         let p = Problem::build(b).unwrap();
         if p.len() == 0 || p.ivs.len() != p.len() {
@@ -2301,7 +2271,7 @@ mod repack_tests {
             let tops: Vec<usize> = (0..p.len()).filter(|&i| off[i] + p.size[i] == high).collect();
             let c = tops[rng.below(tops.len() as u64) as usize];
             kept += usize::from(
-                repack(&p, &mut index, &mut off, high, c, span, deadline, &mut rng, &mut rp, false).is_some(),
+                repack(&p, &mut index, &mut off, high, c, span, deadline, &mut rng, &mut rp).is_some(),
             );
             let offsets: Vec<u64> =
                 p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
