@@ -1198,6 +1198,7 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
     let mut scratch = Vec::new();
     let single = p.ivs.len() == n;
     let mut rp = Repack { stamp: vec![0; n], ..Repack::default() };
+    let mut st_ = [[0u64; 5]; 2];
     while high > lb && Instant::now() < deadline {
         // A buffer at the top.
         let c = loop {
@@ -1215,10 +1216,14 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
             break;
         }
         stats.steps += 1;
-        if single && rng.below(4) == 0 {
-            if let Some(kept) =
-                repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp)
-            {
+        let t_ = Instant::now();
+        let mix_: u64 = std::env::var("PT_MIX").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+        if single && rng.below(8) < mix_ {
+            let r_ = repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp);
+            st_[0][0] += 1;
+            st_[0][1] += u64::from(r_.is_some());
+            st_[0][2] += t_.elapsed().as_micros() as u64;
+            if let Some(kept) = r_ {
                 for &i in kept {
                     top[i as usize] = off[i as usize] + p.size[i as usize];
                     if top[i as usize] == high {
@@ -1284,6 +1289,13 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
                 break;
             }
         }
+        st_[1][0] += 1;
+        st_[1][1] += u64::from(after <= before);
+        st_[1][2] += t_.elapsed().as_micros() as u64;
+        st_[1][3] += window.len() as u64;
+        if after < before {
+            st_[1][4] += 1;
+        }
         if after <= before {
             for &i in &window {
                 let i = i as usize;
@@ -1304,12 +1316,63 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
         }
     }
     let final_high = top.iter().copied().max().unwrap_or(0);
+    if std::env::var("PT_STAT").is_ok() {
+        eprintln!(
+            "STAT repack steps={} kept={} us={} | window steps={} kept={} strict={} us={} items={} | {:.4} -> {:.4}",
+            st_[0][0],
+            st_[0][1],
+            st_[0][2],
+            st_[1][0],
+            st_[1][1],
+            st_[1][4],
+            st_[1][2],
+            st_[1][3],
+            start_high as f64 / lb as f64,
+            final_high as f64 / lb as f64
+        );
+    }
     stats.improved = final_high < start_high;
     stats
 }
 
 // ------------------------------------------------------------------------------------------
 // The driver.
+
+/// One construction of the portfolio.
+#[derive(Debug, Clone, Copy)]
+enum Job {
+    /// A greedy order of [`Strategy::PORTFOLIO`] (on the decomposition).
+    Greedy(usize),
+    /// A rule of [`SKYLINE_RULES`].
+    Skyline(usize),
+    /// A variant of [`ALIGNED_VARIANTS`].
+    Aligned(usize),
+}
+
+impl Job {
+    /// Index of the job's kind (for the cost estimates).
+    fn kind(self) -> usize {
+        match self {
+            Job::Greedy(_) => 0,
+            Job::Skyline(_) => 1,
+            Job::Aligned(_) => 2,
+        }
+    }
+}
+
+/// A whole-instance construction of the portfolio (skyline, online aligned).
+struct Built {
+    /// Position in the job order (breaks ties).
+    job: usize,
+    name: &'static str,
+    off: Vec<u64>,
+    high: u64,
+}
+
+/// The online aligned constructions the portfolio runs (see [`online_aligned`]):
+/// candidate gaps, weight of the end distance, name.
+const ALIGNED_VARIANTS: [(usize, f64, &str); 3] =
+    [(32, 4.0, "online-aligned/4"), (32, 8.0, "online-aligned/8"), (32, 2.0, "online-aligned/2")];
 
 /// The skyline pick rules the portfolio runs (see [`skyline`]), most useful first.
 const SKYLINE_RULES: [(u8, &str); 4] =
@@ -1762,6 +1825,15 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let deadline = began + budget;
     let lb = p.lower_bound().max(p.alias_bound());
     let pairs = p.overlapping_pairs();
+    // A greedy pass costs in proportion to the pairs of items live together (each gap query
+    // visits the placed items live with its item); the skyline and the online constructions
+    // do not. Inputs where one greedy pass would take most of the budget are *dense*: a
+    // skyline pass leads, the greedy orders run only where the estimate says they fit, and
+    // the constructions get 70% of the budget (the improvement stage's windows hold few
+    // items there and gain little).
+    let greedy_pass = greedy_pass_estimate(n, pairs);
+    let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > budget.mul_f64(0.7);
+    let share = if dense { 0.7 } else { 0.4 };
     let (floor_off, floor_high) = online_best_fit(&p);
     let mut best_off = floor_off;
     let mut best_high = floor_high;
@@ -1783,9 +1855,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // improvement stage the rest.
     let portfolio_deadline = if coarse_placed {
         let now = Instant::now();
-        now + deadline.saturating_duration_since(now).mul_f64(0.4)
+        now + deadline.saturating_duration_since(now).mul_f64(share)
     } else {
-        began + budget.mul_f64(0.4)
+        began + budget.mul_f64(share)
     };
     let mut windows = 1;
     let mut strategies_run = 0;
@@ -1803,33 +1875,40 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         // Jobs: greedy strategies (index into the portfolio) and skyline rules (index into
         // SKYLINE_RULES; single-interval problems only), interleaved most useful first.
         let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
-        // A greedy pass costs in proportion to the pairs of items live together (each gap
-        // query visits the placed items live with its item); the skyline does not. When
-        // the first greedy pass would not fit in the portfolio's share, a skyline pass
-        // leads and the greedy orders run only if the estimate says they fit.
-        let greedy_pass = greedy_pass_estimate(n, pairs);
-        let dense = with_skyline && greedy_pass > budget.mul_f64(0.7);
-        let mut order: Vec<(bool, usize)> =
-            if dense { vec![(true, 0), (false, 0)] } else { vec![(false, 0)] };
+        // Jobs, most useful first: greedy orders and skyline rules interleaved, then the
+        // online aligned constructions; dense inputs lead with a skyline pass and the
+        // aligned constructions.
+        let mut order: Vec<Job> = Vec::new();
+        if dense {
+            order.push(Job::Skyline(0));
+            order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
+        }
+        order.push(Job::Greedy(0));
         if with_skyline && !dense {
-            order.push((true, 0));
+            order.push(Job::Skyline(0));
         }
-        order.push((false, 1));
+        order.push(Job::Greedy(1));
         if with_skyline {
-            order.extend((1..SKYLINE_RULES.len()).map(|k| (true, k)));
+            order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
         }
-        order.extend((2..Strategy::PORTFOLIO.len()).map(|k| (false, k)));
+        order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
+        if !dense && n > EXACT_MAX_ITEMS {
+            order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
+        }
         let jobs = order.len();
         let next = AtomicUsize::new(0);
-        // The slowest finished job of each kind (greedy, skyline) estimates the next one.
-        // Dense inputs: the greedy estimate, and ~3 µs per item for a skyline pass.
-        let estimate_ns = if dense {
-            [AtomicU64::new(greedy_pass.as_nanos() as u64), AtomicU64::new(3_000 * n as u64)]
-        } else {
-            [AtomicU64::new(0), AtomicU64::new(0)]
-        };
+        // The slowest finished job of each kind estimates the next one of that kind (greedy
+        // and skyline stand in for each other until one has finished). Known costs seed it: the
+        // greedy estimate on dense inputs, ~3 µs per item for a skyline pass there, ~2 µs
+        // per item for an aligned pass.
+        let estimate_ns = [
+            AtomicU64::new(if dense { greedy_pass.as_nanos() as u64 } else { 0 }),
+            AtomicU64::new(if dense { 3_000 * n as u64 } else { 0 }),
+            AtomicU64::new(2_000 * n as u64),
+        ];
         let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
-        let sky: Mutex<Vec<(&str, Vec<u64>, u64)>> = Mutex::new(Vec::new());
+        // Whole-instance constructions.
+        let whole: Mutex<Vec<Built>> = Mutex::new(Vec::new());
         let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
         run_workers(workers, |_| {
             loop {
@@ -1837,43 +1916,53 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 if k >= jobs {
                     break;
                 }
-                let (is_skyline, j) = order[k];
-                let kind = usize::from(is_skyline);
-                // A kind with no finished job yet is estimated by the other kind.
+                let kind = order[k].kind();
                 let est = Duration::from_nanos(match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
-                    0 => estimate_ns[1 - kind].load(AtomicOrdering::Relaxed),
+                    // Greedy and skyline passes stand in for each other (aligned ones are seeded).
+                    0 => estimate_ns[1 - kind.min(1)].load(AtomicOrdering::Relaxed),
                     e => e,
                 });
                 if k > 0 && Instant::now() + est > portfolio_deadline {
                     continue;
                 }
                 let t = Instant::now();
-                if is_skyline {
-                    let (rule, name) = SKYLINE_RULES[j];
-                    if let Some((off, high)) = skyline(&p, rule, None, deadline) {
-                        sky.lock().expect("portfolio worker panicked").push((name, off, high));
+                let done = match order[k] {
+                    Job::Skyline(j) => {
+                        let (rule, name) = SKYLINE_RULES[j];
+                        skyline(&p, rule, None, deadline).map(|(off, high)| (name, off, high))
                     }
-                    estimate_ns[1].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
-                    continue;
+                    Job::Aligned(j) => {
+                        let (candidates, weight, name) = ALIGNED_VARIANTS[j];
+                        let (off, high) = online_aligned(&p, candidates, weight);
+                        Some((name, off, high))
+                    }
+                    Job::Greedy(j) => {
+                        // The first job always finishes (every plan gets one greedy pass)
+                        // unless the coarse instance gave one or the input is dense; the
+                        // others stop at the deadline.
+                        let stop = (k > 0 || coarse_placed || dense).then_some(deadline);
+                        let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
+                        estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                        runs.lock().expect("portfolio worker panicked").push(run);
+                        continue;
+                    }
+                };
+                estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                if let Some((name, off, high)) = done {
+                    whole.lock().expect("portfolio worker panicked").push(Built { job: k, name, off, high });
                 }
-                // The first job always finishes (every plan gets one greedy pass)
-                // unless the coarse instance gave one; the others stop at the deadline.
-                let stop = (k > 0 || coarse_placed || dense).then_some(deadline);
-                let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
-                estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
-                runs.lock().expect("portfolio worker panicked").push(run);
             }
         });
         sky_estimate = Duration::from_nanos(estimate_ns[1].load(AtomicOrdering::Relaxed));
         greedy_estimate = Duration::from_nanos(estimate_ns[0].load(AtomicOrdering::Relaxed));
-        let mut sky = sky.into_inner().expect("portfolio worker panicked");
-        sky.sort_by_key(|x| (x.2, SKYLINE_RULES.iter().position(|r| r.1 == x.0)));
-        if let Some((name, off, high)) = sky.into_iter().next()
-            && high < best_high
+        let mut whole = whole.into_inner().expect("portfolio worker panicked");
+        whole.sort_by_key(|x| (x.high, x.job));
+        if let Some(b) = whole.into_iter().next()
+            && b.high < best_high
         {
-            best_high = high;
-            best_off = off;
-            strategy = name.to_string();
+            best_high = b.high;
+            best_off = b.off;
+            strategy = b.name.to_string();
         }
         let mut runs = runs.into_inner().expect("portfolio worker panicked");
         strategies_run = runs.len();
@@ -2162,6 +2251,31 @@ mod density_tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// The online aligned construction places every buffer (alias groups over their
+        /// hull) without overlaps, at or above the lower bound, whatever its parameters.
+        #[test]
+        fn aligned_placements_are_valid(
+            raw in prop::collection::vec((0u64..40, 1u64..15, 1u64..64, prop::option::of(0u32..4)), 1..80),
+            candidates in 1usize..40,
+            weight in 0.0f64..10.0,
+        ) {
+            let b: Vec<Buffer> = raw
+                .iter()
+                .map(|&(s, l, z, g)| Buffer { start: s, end: s + l, size: z, group: g })
+                .collect();
+            let p = Problem::build(&b).unwrap();
+            let (off, high) = online_aligned(&p, candidates, weight);
+            let offsets: Vec<u64> =
+                p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
+            prop_assert!(verify(&b, &offsets).is_ok());
+            prop_assert!(high >= p.lower_bound());
+            prop_assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap_or(0));
+        }
+    }
+
     /// A dense input (every buffer live with hundreds of others), where one greedy pass
     /// costs several budgets: the skyline leads, the greedy orders are not started, and the
     /// plan is valid.
@@ -2308,4 +2422,99 @@ mod repack_tests {
             check(&b, 40, seed);
         }
     }
+}
+
+/// Online placement in clock order like [`online_best_fit`], choosing among the `k` smallest
+/// free gaps that fit: the item goes to the bottom or the top of a gap, next to the live
+/// item whose end is closest to its own (space freed together coalesces), scored by the
+/// gap's leftover relative to the item plus `weight` × the end distance in mean lifetimes.
+fn online_aligned(p: &Problem, k: usize, weight: f64) -> (Vec<u64>, u64) {
+    let n = p.len();
+    let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        events.push((p.hull[i].0, true, i as u32));
+        events.push((p.hull[i].1, false, i as u32));
+    }
+    events.sort_unstable();
+    let mean = p.mean_span().max(1) as f64;
+    let mut off = vec![0u64; n];
+    let mut by_off: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut by_len: BTreeSet<(u64, u64)> = BTreeSet::new();
+    // Live items by offset: (top, end rank).
+    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    let mut top = 0u64;
+    let mut cands: Vec<(u64, u64)> = Vec::with_capacity(k);
+    for (_, is_start, i) in events {
+        let i = i as usize;
+        let size = p.size[i];
+        let end = p.hull[i].1;
+        if is_start {
+            cands.clear();
+            cands.extend(by_len.range((size, 0)..).take(k).copied());
+            let mut best: Option<(f64, u64, u64, u64)> = None; // score, gap len, gap off, item off
+            for &(len, o) in &cands {
+                let waste = (len - size) as f64 / size as f64;
+                // Bottom: next to the item below (its top is `o`); top: next to the one above.
+                let below = if o == 0 {
+                    None
+                } else {
+                    live.range(..o).next_back().filter(|(_, v)| v.0 == o).map(|(_, v)| v.1)
+                };
+                let above = live.get(&(o + len)).map(|v| v.1);
+                for (at, nb) in [(o, below), (o + len - size, above)] {
+                    let dist = nb.map_or(mean * 4.0, |e| (e as f64 - end as f64).abs());
+                    let score = waste + weight * dist / mean;
+                    if best.is_none_or(|b| score < b.0) {
+                        best = Some((score, len, o, at));
+                    }
+                }
+                if len == size {
+                    break;
+                }
+            }
+            if let Some((_, len, o, at)) = best {
+                by_len.remove(&(len, o));
+                by_off.remove(&o);
+                if at > o {
+                    by_len.insert((at - o, o));
+                    by_off.insert(o, at - o);
+                }
+                if at + size < o + len {
+                    by_len.insert((o + len - at - size, at + size));
+                    by_off.insert(at + size, o + len - at - size);
+                }
+                off[i] = at;
+            } else if let Some((&o, &len)) = by_off.last_key_value()
+                && o + len == top
+            {
+                by_len.remove(&(len, o));
+                by_off.remove(&o);
+                off[i] = o;
+                top = o + size;
+            } else {
+                off[i] = top;
+                top += size;
+            }
+            live.insert(off[i], (off[i] + size, end));
+        } else {
+            live.remove(&off[i]);
+            let (mut o, mut len) = (off[i], size);
+            if let Some((&po, &pl)) = by_off.range(..o).next_back()
+                && po + pl == o
+            {
+                by_off.remove(&po);
+                by_len.remove(&(pl, po));
+                o = po;
+                len += pl;
+            }
+            if let Some(&nl) = by_off.get(&(o + len)) {
+                by_off.remove(&(o + len));
+                by_len.remove(&(nl, o + len));
+                len += nl;
+            }
+            by_off.insert(o, len);
+            by_len.insert((len, o));
+        }
+    }
+    (off, top)
 }
