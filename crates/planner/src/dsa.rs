@@ -872,6 +872,101 @@ fn online_best_fit(p: &Problem) -> (Vec<u64>, u64) {
     (off, top)
 }
 
+/// Online placement in clock order like [`online_best_fit`], choosing among the `k` smallest
+/// free gaps that fit: the item goes to the bottom or the top of a gap, next to the live
+/// item whose end is closest to its own (space freed together coalesces), scored by the
+/// gap's leftover relative to the item plus `weight` × the end distance in mean lifetimes.
+fn online_aligned(p: &Problem, k: usize, weight: f64) -> (Vec<u64>, u64) {
+    let n = p.len();
+    let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        events.push((p.hull[i].0, true, i as u32));
+        events.push((p.hull[i].1, false, i as u32));
+    }
+    events.sort_unstable();
+    let mean = p.mean_span().max(1) as f64;
+    let mut off = vec![0u64; n];
+    let mut by_off: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut by_len: BTreeSet<(u64, u64)> = BTreeSet::new();
+    // Live items by offset: (top, end rank).
+    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    let mut top = 0u64;
+    let mut cands: Vec<(u64, u64)> = Vec::with_capacity(k);
+    for (_, is_start, i) in events {
+        let i = i as usize;
+        let size = p.size[i];
+        let end = p.hull[i].1;
+        if is_start {
+            cands.clear();
+            cands.extend(by_len.range((size, 0)..).take(k).copied());
+            let mut best: Option<(f64, u64, u64, u64)> = None; // score, gap len, gap off, item off
+            for &(len, o) in &cands {
+                let waste = (len - size) as f64 / size as f64;
+                // Bottom: next to the item below (its top is `o`); top: next to the one above.
+                let below = if o == 0 {
+                    None
+                } else {
+                    live.range(..o).next_back().filter(|(_, v)| v.0 == o).map(|(_, v)| v.1)
+                };
+                let above = live.get(&(o + len)).map(|v| v.1);
+                for (at, nb) in [(o, below), (o + len - size, above)] {
+                    let dist = nb.map_or(mean * 4.0, |e| (e as f64 - end as f64).abs());
+                    let score = waste + weight * dist / mean;
+                    if best.is_none_or(|b| score < b.0) {
+                        best = Some((score, len, o, at));
+                    }
+                }
+                if len == size {
+                    break;
+                }
+            }
+            if let Some((_, len, o, at)) = best {
+                by_len.remove(&(len, o));
+                by_off.remove(&o);
+                if at > o {
+                    by_len.insert((at - o, o));
+                    by_off.insert(o, at - o);
+                }
+                if at + size < o + len {
+                    by_len.insert((o + len - at - size, at + size));
+                    by_off.insert(at + size, o + len - at - size);
+                }
+                off[i] = at;
+            } else if let Some((&o, &len)) = by_off.last_key_value()
+                && o + len == top
+            {
+                by_len.remove(&(len, o));
+                by_off.remove(&o);
+                off[i] = o;
+                top = o + size;
+            } else {
+                off[i] = top;
+                top += size;
+            }
+            live.insert(off[i], (off[i] + size, end));
+        } else {
+            live.remove(&off[i]);
+            let (mut o, mut len) = (off[i], size);
+            if let Some((&po, &pl)) = by_off.range(..o).next_back()
+                && po + pl == o
+            {
+                by_off.remove(&po);
+                by_len.remove(&(pl, po));
+                o = po;
+                len += pl;
+            }
+            if let Some(&nl) = by_off.get(&(o + len)) {
+                by_off.remove(&(o + len));
+                by_len.remove(&(nl, o + len));
+                len += nl;
+            }
+            by_off.insert(o, len);
+            by_len.insert((len, o));
+        }
+    }
+    (off, top)
+}
+
 // ------------------------------------------------------------------------------------------
 // Exact search for tiny problems.
 
@@ -1198,7 +1293,6 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
     let mut scratch = Vec::new();
     let single = p.ivs.len() == n;
     let mut rp = Repack { stamp: vec![0; n], ..Repack::default() };
-    let mut st_ = [[0u64; 5]; 2];
     while high > lb && Instant::now() < deadline {
         // A buffer at the top.
         let c = loop {
@@ -1216,14 +1310,10 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
             break;
         }
         stats.steps += 1;
-        let t_ = Instant::now();
-        let mix_: u64 = std::env::var("PT_MIX").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
-        if single && rng.below(8) < mix_ {
-            let r_ = repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp);
-            st_[0][0] += 1;
-            st_[0][1] += u64::from(r_.is_some());
-            st_[0][2] += t_.elapsed().as_micros() as u64;
-            if let Some(kept) = r_ {
+        if single && rng.below(4) == 0 {
+            if let Some(kept) =
+                repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp)
+            {
                 for &i in kept {
                     top[i as usize] = off[i as usize] + p.size[i as usize];
                     if top[i as usize] == high {
@@ -1289,13 +1379,6 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
                 break;
             }
         }
-        st_[1][0] += 1;
-        st_[1][1] += u64::from(after <= before);
-        st_[1][2] += t_.elapsed().as_micros() as u64;
-        st_[1][3] += window.len() as u64;
-        if after < before {
-            st_[1][4] += 1;
-        }
         if after <= before {
             for &i in &window {
                 let i = i as usize;
@@ -1316,21 +1399,6 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
         }
     }
     let final_high = top.iter().copied().max().unwrap_or(0);
-    if std::env::var("PT_STAT").is_ok() {
-        eprintln!(
-            "STAT repack steps={} kept={} us={} | window steps={} kept={} strict={} us={} items={} | {:.4} -> {:.4}",
-            st_[0][0],
-            st_[0][1],
-            st_[0][2],
-            st_[1][0],
-            st_[1][1],
-            st_[1][4],
-            st_[1][2],
-            st_[1][3],
-            start_high as f64 / lb as f64,
-            final_high as f64 / lb as f64
-        );
-    }
     stats.improved = final_high < start_high;
     stats
 }
@@ -2422,99 +2490,4 @@ mod repack_tests {
             check(&b, 40, seed);
         }
     }
-}
-
-/// Online placement in clock order like [`online_best_fit`], choosing among the `k` smallest
-/// free gaps that fit: the item goes to the bottom or the top of a gap, next to the live
-/// item whose end is closest to its own (space freed together coalesces), scored by the
-/// gap's leftover relative to the item plus `weight` × the end distance in mean lifetimes.
-fn online_aligned(p: &Problem, k: usize, weight: f64) -> (Vec<u64>, u64) {
-    let n = p.len();
-    let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * n);
-    for i in 0..n {
-        events.push((p.hull[i].0, true, i as u32));
-        events.push((p.hull[i].1, false, i as u32));
-    }
-    events.sort_unstable();
-    let mean = p.mean_span().max(1) as f64;
-    let mut off = vec![0u64; n];
-    let mut by_off: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut by_len: BTreeSet<(u64, u64)> = BTreeSet::new();
-    // Live items by offset: (top, end rank).
-    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
-    let mut top = 0u64;
-    let mut cands: Vec<(u64, u64)> = Vec::with_capacity(k);
-    for (_, is_start, i) in events {
-        let i = i as usize;
-        let size = p.size[i];
-        let end = p.hull[i].1;
-        if is_start {
-            cands.clear();
-            cands.extend(by_len.range((size, 0)..).take(k).copied());
-            let mut best: Option<(f64, u64, u64, u64)> = None; // score, gap len, gap off, item off
-            for &(len, o) in &cands {
-                let waste = (len - size) as f64 / size as f64;
-                // Bottom: next to the item below (its top is `o`); top: next to the one above.
-                let below = if o == 0 {
-                    None
-                } else {
-                    live.range(..o).next_back().filter(|(_, v)| v.0 == o).map(|(_, v)| v.1)
-                };
-                let above = live.get(&(o + len)).map(|v| v.1);
-                for (at, nb) in [(o, below), (o + len - size, above)] {
-                    let dist = nb.map_or(mean * 4.0, |e| (e as f64 - end as f64).abs());
-                    let score = waste + weight * dist / mean;
-                    if best.is_none_or(|b| score < b.0) {
-                        best = Some((score, len, o, at));
-                    }
-                }
-                if len == size {
-                    break;
-                }
-            }
-            if let Some((_, len, o, at)) = best {
-                by_len.remove(&(len, o));
-                by_off.remove(&o);
-                if at > o {
-                    by_len.insert((at - o, o));
-                    by_off.insert(o, at - o);
-                }
-                if at + size < o + len {
-                    by_len.insert((o + len - at - size, at + size));
-                    by_off.insert(at + size, o + len - at - size);
-                }
-                off[i] = at;
-            } else if let Some((&o, &len)) = by_off.last_key_value()
-                && o + len == top
-            {
-                by_len.remove(&(len, o));
-                by_off.remove(&o);
-                off[i] = o;
-                top = o + size;
-            } else {
-                off[i] = top;
-                top += size;
-            }
-            live.insert(off[i], (off[i] + size, end));
-        } else {
-            live.remove(&off[i]);
-            let (mut o, mut len) = (off[i], size);
-            if let Some((&po, &pl)) = by_off.range(..o).next_back()
-                && po + pl == o
-            {
-                by_off.remove(&po);
-                by_len.remove(&(pl, po));
-                o = po;
-                len += pl;
-            }
-            if let Some(&nl) = by_off.get(&(o + len)) {
-                by_off.remove(&(o + len));
-                by_len.remove(&(nl, o + len));
-                len += nl;
-            }
-            by_off.insert(o, len);
-            by_len.insert((len, o));
-        }
-    }
-    (off, top)
 }
