@@ -1943,9 +1943,10 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         // Jobs: greedy strategies (index into the portfolio) and skyline rules (index into
         // SKYLINE_RULES; single-interval problems only), interleaved most useful first.
         let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
-        // Jobs, most useful first: greedy orders and skyline rules interleaved, then the
-        // online aligned constructions; dense inputs lead with a skyline pass and the
-        // aligned constructions.
+        // Jobs, most useful first: greedy orders and skyline rules interleaved; dense inputs
+        // lead with a skyline pass and the online aligned constructions (on other inputs
+        // those lose to the greedy orders and the skyline, and their time is better spent
+        // in the improvement stage).
         let mut order: Vec<Job> = Vec::new();
         if dense {
             order.push(Job::Skyline(0));
@@ -1960,9 +1961,6 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
         }
         order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
-        if !dense && n > EXACT_MAX_ITEMS {
-            order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
-        }
         let jobs = order.len();
         let next = AtomicUsize::new(0);
         // The slowest finished job of each kind estimates the next one of that kind (greedy
