@@ -1260,9 +1260,9 @@ impl Reach {
 }
 
 /// Items a window of the improvement stage holds at most, about (see `improve`).
-const WINDOW_ITEMS: u64 = 2048;
+const WINDOW_ITEMS: u64 = 4096;
 /// Placed items one window re-placement may visit, about (see `improve`).
-const WINDOW_WORK: u64 = 400_000;
+const WINDOW_WORK: u64 = 1_000_000;
 
 /// The improvement stage from `off` (see the module documentation); `pairs` is
 /// [`Problem::overlapping_pairs`].
