@@ -1428,11 +1428,11 @@ impl Job {
     }
 }
 
-/// A whole-instance construction of the portfolio (skyline, online aligned).
+/// A construction of the portfolio.
 struct Built {
     /// Position in the job order (breaks ties).
     job: usize,
-    name: &'static str,
+    name: String,
     off: Vec<u64>,
     high: u64,
 }
@@ -1477,6 +1477,7 @@ fn skyline_on(
     let mut noise = noise;
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
+    const NIL: u32 = u32::MAX;
     let n = p.len();
     if p.ivs.len() != n || n == 0 {
         return None;
@@ -1487,30 +1488,56 @@ fn skyline_on(
     for i in 0..n {
         by_start[p.ivs[i].0 as usize].push(i as u32);
     }
-    let mut starts: BTreeSet<u32> = BTreeSet::new();
+    // `skip[x]`: towards the first rank ≥ x with unplaced items (`r` when none); lists only
+    // empty, so a rank, once skipped, stays skipped (path halving keeps the walks short).
+    let mut skip: Vec<u32> = (0..=r as u32).collect();
     for (s, list) in by_start.iter_mut().enumerate() {
-        if !list.is_empty() {
+        if list.is_empty() {
+            if s < r {
+                skip[s] = s as u32 + 1;
+            }
+        } else {
             list.sort_unstable_by_key(|&i| (p.ivs[i as usize].1, p.size[i as usize]));
-            starts.insert(s as u32);
         }
     }
-    // Skyline segments: start -> (end, height); heap of (height, start) with lazy deletion.
-    let mut seg: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+    let next_start = |skip: &mut Vec<u32>, x: usize| -> usize {
+        let mut x = x;
+        while skip[x] as usize != x {
+            let nx = skip[skip[x] as usize];
+            skip[x] = nx;
+            x = nx as usize;
+        }
+        x
+    };
+    // Skyline segments partition [0, r): a segment starting at `a` (`on[a]`) ends at
+    // `end[a]` (the next one's start) at height `height[a]`; `prev[a]` is the start of the
+    // one before (`NIL` for the first). Heap of (height, start) with lazy deletion.
+    let mut on = vec![false; r + 1];
+    let mut end = vec![0u32; r + 1];
+    let mut height = vec![0u64; r + 1];
+    let mut prev = vec![NIL; r + 1];
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
-    match floor {
-        Some(f) if f.len() == r && r > 0 => {
-            let mut a = 0;
-            for k in 1..=r {
-                if k == r || f[k] != f[a] {
-                    seg.insert(a as u32, (k as u32, f[a]));
-                    heap.push(Reverse((f[a], a as u32)));
-                    a = k;
+    {
+        let mut set = |a: usize, b: usize, h: u64, pv: u32, heap: &mut BinaryHeap<Reverse<(u64, u32)>>| {
+            on[a] = true;
+            end[a] = b as u32;
+            height[a] = h;
+            prev[a] = pv;
+            heap.push(Reverse((h, a as u32)));
+        };
+        match floor {
+            Some(f) if f.len() == r && r > 0 => {
+                let mut a = 0;
+                let mut pv = NIL;
+                for k in 1..=r {
+                    if k == r || f[k] != f[a] {
+                        set(a, k, f[a], pv, &mut heap);
+                        pv = a as u32;
+                        a = k;
+                    }
                 }
             }
-        }
-        _ => {
-            seg.insert(0, (p.ranks, 0));
-            heap.push(Reverse((0, 0)));
+            _ => set(0, r, 0, NIL, &mut heap),
         }
     }
     let mut off = vec![0u64; n];
@@ -1519,22 +1546,24 @@ fn skyline_on(
     let mut steps = 0u32;
     while left > 0 {
         let Some(Reverse((h, a))) = heap.pop() else { break };
-        match seg.get(&a) {
-            Some(&(_, sh)) if sh == h => {}
-            _ => continue,
+        let a = a as usize;
+        if !on[a] || height[a] != h {
+            continue;
         }
         steps = steps.wrapping_add(1);
         if steps.is_multiple_of(512) && Instant::now() > deadline {
             return None;
         }
-        let b = seg[&a].0;
-        let left_h = seg.range(..a).next_back().map(|(_, &(_, lh))| lh);
-        let right_h = seg.get(&b).map(|&(_, rh)| rh);
+        let b = end[a] as usize;
+        let left_h = (prev[a] != NIL).then(|| height[prev[a] as usize]);
+        let right_h = (b < r).then(|| height[b]);
         // The candidate: earliest start in [a, b), longest ending by b.
         let mut pick: Option<(u32, usize)> = None;
-        for (scanned, &st) in starts.range(a..b).enumerate() {
-            let list = &by_start[st as usize];
-            let k = list.partition_point(|&i| p.ivs[i as usize].1 <= b);
+        let mut st = next_start(&mut skip, a);
+        let mut scanned = 0;
+        while st < b {
+            let list = &by_start[st];
+            let k = list.partition_point(|&i| p.ivs[i as usize].1 as usize <= b);
             if k > 0 {
                 let choice = match rule {
                     // The largest.
@@ -1548,7 +1577,7 @@ fn skyline_on(
                         .unwrap_or(k - 1),
                     // One that ends where the valley ends (the largest), else the largest.
                     4 => {
-                        let exact = list[..k].partition_point(|&i| p.ivs[i as usize].1 < b);
+                        let exact = list[..k].partition_point(|&i| (p.ivs[i as usize].1 as usize) < b);
                         let from = if exact < k { exact } else { 0 };
                         (from..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1)
                     }
@@ -1560,9 +1589,9 @@ fn skyline_on(
                             let i = list[j] as usize;
                             let (s0, e0) = p.ivs[i];
                             let top = h + p.size[i];
-                            let fit = 2 * u8::from(e0 == b)
-                                + u8::from(s0 == a && Some(top) == left_h)
-                                + u8::from(e0 == b && Some(top) == right_h);
+                            let fit = 2 * u8::from(e0 as usize == b)
+                                + u8::from(s0 as usize == a && Some(top) == left_h)
+                                + u8::from(e0 as usize == b && Some(top) == right_h);
                             (fit, p.size[i], j)
                         })
                         .unwrap_or(k - 1),
@@ -1579,88 +1608,105 @@ fn skyline_on(
                     }
                     None => choice,
                 };
-                pick = Some((st, choice));
+                pick = Some((st as u32, choice));
                 break;
             }
             if scanned >= 64 {
                 break;
             }
+            scanned += 1;
+            st = next_start(&mut skip, st + 1);
         }
         match pick {
             Some((st, k)) => {
                 let i = by_start[st as usize].remove(k) as usize;
                 if by_start[st as usize].is_empty() {
-                    starts.remove(&st);
+                    skip[st as usize] = st + 1;
                 }
                 left -= 1;
-                let (s, e) = p.ivs[i];
+                let (s, e) = (p.ivs[i].0 as usize, p.ivs[i].1 as usize);
                 off[i] = h;
                 let top = h + p.size[i];
                 high = high.max(top);
-                // Split [a, b) into [a, s), [s, e) at top, [e, b).
-                seg.remove(&a);
+                // Split [a, b) into [a, s) at h, [s, e) at top, [e, b) at h; then merge
+                // [s, e) with neighbours of its height.
+                let before = prev[a];
+                on[a] = false;
+                let mut pv = before;
                 if a < s {
-                    seg.insert(a, (s, h));
-                    heap.push(Reverse((h, a)));
+                    on[a] = true;
+                    end[a] = s as u32;
+                    height[a] = h;
+                    prev[a] = before;
+                    heap.push(Reverse((h, a as u32)));
+                    pv = a as u32;
                 }
-                seg.insert(s, (e, top));
-                heap.push(Reverse((top, s)));
+                let (mut ms, mut me) = (s, e);
+                let mut mprev = pv;
+                if pv != NIL && height[pv as usize] == top {
+                    on[pv as usize] = false;
+                    ms = pv as usize;
+                    mprev = prev[pv as usize];
+                }
                 if e < b {
-                    seg.insert(e, (b, h));
-                    heap.push(Reverse((h, e)));
+                    on[e] = true;
+                    end[e] = b as u32;
+                    height[e] = h;
+                    heap.push(Reverse((h, e as u32)));
+                } else if b < r && height[b] == top {
+                    on[b] = false;
+                    me = end[b] as usize;
                 }
-                // Merge the new segment with equal neighbours.
-                let mut ms = s;
-                let mut me = e;
-                if let Some((&ps, &(_, ph))) = seg.range(..s).next_back()
-                    && ph == top
-                {
-                    seg.remove(&ps);
-                    ms = ps;
+                on[ms] = true;
+                end[ms] = me as u32;
+                height[ms] = top;
+                prev[ms] = mprev;
+                heap.push(Reverse((top, ms as u32)));
+                if e < b {
+                    prev[e] = ms as u32;
+                    if b < r {
+                        prev[b] = e as u32;
+                    }
+                } else if me < r {
+                    prev[me] = ms as u32;
                 }
-                if let Some(&(ne, nh)) = seg.get(&e)
-                    && nh == top
-                {
-                    seg.remove(&e);
-                    me = ne;
-                }
-                if ms != s {
-                    seg.remove(&s);
-                }
-                seg.insert(ms, (me, top));
-                heap.push(Reverse((top, ms)));
             }
             None => {
                 // Raise the valley to its lower neighbour and merge.
-                let left_n = seg.range(..a).next_back().map(|(&ps, &(_, ph))| (ps, ph));
-                let right_n = seg.get(&b).map(|&(ne, nh)| (ne, nh));
+                let left_n = (prev[a] != NIL).then(|| (prev[a] as usize, height[prev[a] as usize]));
+                let right_n = (b < r).then(|| (end[b] as usize, height[b]));
                 let target = match (left_n, right_n) {
                     (Some((_, lh)), Some((_, rh))) => lh.min(rh),
                     (Some((_, lh)), None) => lh,
                     (None, Some((_, rh))) => rh,
-                    (None, None) => {
-                        // Nothing fits anywhere: cannot happen while items are left, since
-                        // every item fits in the whole clock.
-                        return None;
-                    }
+                    // Nothing fits anywhere: cannot happen while items are left, since
+                    // every item fits in the whole clock.
+                    (None, None) => return None,
                 };
-                seg.remove(&a);
-                let mut ms = a;
-                let mut me = b;
+                on[a] = false;
+                let (mut ms, mut me) = (a, b);
+                let mut mprev = prev[a];
                 if let Some((ps, ph)) = left_n
                     && ph == target
                 {
-                    seg.remove(&ps);
+                    on[ps] = false;
                     ms = ps;
+                    mprev = prev[ps];
                 }
                 if let Some((ne, nh)) = right_n
                     && nh == target
                 {
-                    seg.remove(&b);
+                    on[b] = false;
                     me = ne;
                 }
-                seg.insert(ms, (me, target));
-                heap.push(Reverse((target, ms)));
+                on[ms] = true;
+                end[ms] = me as u32;
+                height[ms] = target;
+                prev[ms] = mprev;
+                heap.push(Reverse((target, ms as u32)));
+                if me < r {
+                    prev[me] = ms as u32;
+                }
             }
         }
     }
@@ -1852,6 +1898,26 @@ fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy, stop: Option
     Some(Run { strategy, off, window_high, crossing_high })
 }
 
+/// How much higher than the lowest construction of the portfolio one earlier in the job
+/// order may be and still be preferred as the start (see `place`).
+const START_TIE: f64 = 0.01;
+
+/// Offers a construction: it becomes the incumbent when lower.
+fn offer(
+    best_high: &mut u64,
+    best_off: &mut Vec<u64>,
+    strategy: &mut String,
+    high: u64,
+    off: Vec<u64>,
+    name: String,
+) {
+    if high < *best_high {
+        *best_high = high;
+        *best_off = off;
+        *strategy = name;
+    }
+}
+
 /// What one greedy pass over `n` items with `pairs` overlapping pairs is expected to take
 /// (measured on the development machine: ~1 µs per item and ~22 ns per pair; a scheduling
 /// estimate, not a limit).
@@ -1944,13 +2010,13 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         // SKYLINE_RULES; single-interval problems only), interleaved most useful first.
         let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
         // Jobs, most useful first: greedy orders and skyline rules interleaved; dense inputs
-        // lead with a skyline pass and the online aligned constructions (on other inputs
+        // lead with the online aligned constructions and a skyline pass (on other inputs
         // those lose to the greedy orders and the skyline, and their time is better spent
         // in the improvement stage).
         let mut order: Vec<Job> = Vec::new();
         if dense {
-            order.push(Job::Skyline(0));
             order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
+            order.push(Job::Skyline(0));
         }
         order.push(Job::Greedy(0));
         if with_skyline && !dense {
@@ -1963,15 +2029,11 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
         let jobs = order.len();
         let next = AtomicUsize::new(0);
-        // The slowest finished job of each kind estimates the next one of that kind (greedy
-        // and skyline stand in for each other until one has finished). Known costs seed it: the
-        // greedy estimate on dense inputs, ~3 µs per item for a skyline pass there, ~2 µs
-        // per item for an aligned pass.
-        let estimate_ns = [
-            AtomicU64::new(if dense { greedy_pass.as_nanos() as u64 } else { 0 }),
-            AtomicU64::new(if dense { 3_000 * n as u64 } else { 0 }),
-            AtomicU64::new(2_000 * n as u64),
-        ];
+        // The slowest finished job of each kind estimates the next one of that kind; until
+        // one has finished, the cost model does: a greedy pass from the pairs of items live
+        // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one.
+        let modelled_ns = [greedy_pass.as_nanos() as u64, 1_000 * n as u64, 2_000 * n as u64];
+        let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
         let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
         // Whole-instance constructions.
         let whole: Mutex<Vec<Built>> = Mutex::new(Vec::new());
@@ -1984,8 +2046,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 }
                 let kind = order[k].kind();
                 let est = Duration::from_nanos(match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
-                    // Greedy and skyline passes stand in for each other (aligned ones are seeded).
-                    0 => estimate_ns[1 - kind.min(1)].load(AtomicOrdering::Relaxed),
+                    0 => modelled_ns[kind],
                     e => e,
                 });
                 if k > 0 && Instant::now() + est > portfolio_deadline {
@@ -2015,21 +2076,14 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 };
                 estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                 if let Some((name, off, high)) = done {
+                    let name = name.to_string();
                     whole.lock().expect("portfolio worker panicked").push(Built { job: k, name, off, high });
                 }
             }
         });
         sky_estimate = Duration::from_nanos(estimate_ns[1].load(AtomicOrdering::Relaxed));
         greedy_estimate = Duration::from_nanos(estimate_ns[0].load(AtomicOrdering::Relaxed));
-        let mut whole = whole.into_inner().expect("portfolio worker panicked");
-        whole.sort_by_key(|x| (x.high, x.job));
-        if let Some(b) = whole.into_iter().next()
-            && b.high < best_high
-        {
-            best_high = b.high;
-            best_off = b.off;
-            strategy = b.name.to_string();
-        }
+        let mut built = whole.into_inner().expect("portfolio worker panicked");
         let mut runs = runs.into_inner().expect("portfolio worker panicked");
         strategies_run = runs.len();
         if !runs.is_empty() {
@@ -2047,21 +2101,30 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 let i = i as usize;
                 off[i] = runs[chosen[d.window[i] as usize]].off[i];
             }
-            if high < best_high {
-                best_high = high;
-                best_off = off;
-                let mut names: Vec<&str> = Vec::new();
-                for &k in &chosen {
-                    let name = runs[k].strategy.name();
-                    if !names.contains(&name) {
-                        names.push(name);
-                    }
+            let mut names: Vec<&str> = Vec::new();
+            for &k in &chosen {
+                let name = runs[k].strategy.name();
+                if !names.contains(&name) {
+                    names.push(name);
                 }
-                strategy = if names.len() == 1 {
-                    names[0].to_string()
-                } else {
-                    format!("mixed({})", names.join(","))
-                };
+            }
+            let name =
+                if names.len() == 1 { names[0].to_string() } else { format!("mixed({})", names.join(",")) };
+            let job = order.iter().position(|j| matches!(j, Job::Greedy(0))).unwrap_or(0);
+            built.push(Built { job, name, off, high });
+        }
+        // The start for what follows: the lowest construction, except that one within
+        // `START_TIE` of it that comes earlier in the job order is preferred (the order puts
+        // the constructions the improvement stage does best from first; footprints that
+        // close are within what that stage changes).
+        if let Some(low) = built.iter().map(|b| b.high).min() {
+            let within = low.saturating_add((low as f64 * START_TIE) as u64);
+            if let Some(k) = (0..built.len())
+                .filter(|&k| built[k].high <= within)
+                .min_by_key(|&k| (built[k].job, built[k].high))
+            {
+                let b = built.swap_remove(k);
+                offer(&mut best_high, &mut best_off, &mut strategy, b.high, b.off, b.name);
             }
         }
     }
@@ -2096,12 +2159,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             opts.seed ^ 0x636f_6e74,
             threads.clamp(1, 8),
         );
-        if let Some((off, high)) = found
-            && high < best_high
-        {
-            best_high = high;
-            best_off = off;
-            strategy = format!("contour({attempts})");
+        if let Some((off, high)) = found {
+            offer(&mut best_high, &mut best_off, &mut strategy, high, off, format!("contour({attempts})"));
         }
     }
     // Randomised skyline restarts for a quarter of what is left (single-interval problems).
@@ -2134,11 +2193,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             best
         });
         for (off, high, restarts) in results.into_iter().flatten() {
-            if high < best_high {
-                best_high = high;
-                best_off = off;
-                strategy = format!("skyline-restarts({restarts})");
-            }
+            let name = format!("skyline-restarts({restarts})");
+            offer(&mut best_high, &mut best_off, &mut strategy, high, off, name);
         }
     }
     if best_high > lb && n <= EXACT_MAX_ITEMS {
@@ -2486,6 +2542,242 @@ mod repack_tests {
                 .map(|(start, life, size)| Buffer { start, end: start + life, size, group: None })
                 .collect();
             check(&b, 40, seed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod skyline_tests {
+    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// The skyline as first written (ordered maps), kept to check the array version against.
+    fn skyline_on_reference(
+        p: &Problem,
+        rule: u8,
+        noise: Option<(f64, &mut Rng)>,
+        deadline: Instant,
+        floor: Option<&[u64]>,
+    ) -> Option<(Vec<u64>, u64)> {
+        let mut noise = noise;
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let n = p.len();
+        if p.ivs.len() != n || n == 0 {
+            return None;
+        }
+        let r = p.ranks as usize;
+        // Unplaced items by start rank, each list sorted by (end, size).
+        let mut by_start: Vec<Vec<u32>> = vec![Vec::new(); r + 1];
+        for i in 0..n {
+            by_start[p.ivs[i].0 as usize].push(i as u32);
+        }
+        let mut starts: BTreeSet<u32> = BTreeSet::new();
+        for (s, list) in by_start.iter_mut().enumerate() {
+            if !list.is_empty() {
+                list.sort_unstable_by_key(|&i| (p.ivs[i as usize].1, p.size[i as usize]));
+                starts.insert(s as u32);
+            }
+        }
+        // Skyline segments: start -> (end, height); heap of (height, start) with lazy deletion.
+        let mut seg: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+        let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
+        match floor {
+            Some(f) if f.len() == r && r > 0 => {
+                let mut a = 0;
+                for k in 1..=r {
+                    if k == r || f[k] != f[a] {
+                        seg.insert(a as u32, (k as u32, f[a]));
+                        heap.push(Reverse((f[a], a as u32)));
+                        a = k;
+                    }
+                }
+            }
+            _ => {
+                seg.insert(0, (p.ranks, 0));
+                heap.push(Reverse((0, 0)));
+            }
+        }
+        let mut off = vec![0u64; n];
+        let mut high = 0u64;
+        let mut left = n;
+        let mut steps = 0u32;
+        while left > 0 {
+            let Some(Reverse((h, a))) = heap.pop() else { break };
+            match seg.get(&a) {
+                Some(&(_, sh)) if sh == h => {}
+                _ => continue,
+            }
+            steps = steps.wrapping_add(1);
+            if steps.is_multiple_of(512) && Instant::now() > deadline {
+                return None;
+            }
+            let b = seg[&a].0;
+            let left_h = seg.range(..a).next_back().map(|(_, &(_, lh))| lh);
+            let right_h = seg.get(&b).map(|&(_, rh)| rh);
+            // The candidate: earliest start in [a, b), longest ending by b.
+            let mut pick: Option<(u32, usize)> = None;
+            for (scanned, &st) in starts.range(a..b).enumerate() {
+                let list = &by_start[st as usize];
+                let k = list.partition_point(|&i| p.ivs[i as usize].1 <= b);
+                if k > 0 {
+                    let choice = match rule {
+                        // The largest.
+                        1 => (0..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1),
+                        // The largest area (size × lifetime).
+                        3 => (0..k)
+                            .max_by_key(|&j| {
+                                let i = list[j] as usize;
+                                (p.size[i] as u128 * (p.ivs[i].1 - p.ivs[i].0) as u128, j)
+                            })
+                            .unwrap_or(k - 1),
+                        // One that ends where the valley ends (the largest), else the largest.
+                        4 => {
+                            let exact = list[..k].partition_point(|&i| p.ivs[i as usize].1 < b);
+                            let from = if exact < k { exact } else { 0 };
+                            (from..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1)
+                        }
+                        // The best fit: ends where the valley ends, and whose top meets the
+                        // neighbour at the left (when it starts at the valley's start) or at
+                        // the right (when it ends at the valley's end); then the largest.
+                        5 => (0..k)
+                            .max_by_key(|&j| {
+                                let i = list[j] as usize;
+                                let (s0, e0) = p.ivs[i];
+                                let top = h + p.size[i];
+                                let fit = 2 * u8::from(e0 == b)
+                                    + u8::from(s0 == a && Some(top) == left_h)
+                                    + u8::from(e0 == b && Some(top) == right_h);
+                                (fit, p.size[i], j)
+                            })
+                            .unwrap_or(k - 1),
+                        // The longest (ties: the largest).
+                        _ => k - 1,
+                    };
+                    let choice = match noise.as_mut() {
+                        Some((q, rng)) => {
+                            if rng.unit() < *q {
+                                rng.below(k as u64) as usize
+                            } else {
+                                choice
+                            }
+                        }
+                        None => choice,
+                    };
+                    pick = Some((st, choice));
+                    break;
+                }
+                if scanned >= 64 {
+                    break;
+                }
+            }
+            match pick {
+                Some((st, k)) => {
+                    let i = by_start[st as usize].remove(k) as usize;
+                    if by_start[st as usize].is_empty() {
+                        starts.remove(&st);
+                    }
+                    left -= 1;
+                    let (s, e) = p.ivs[i];
+                    off[i] = h;
+                    let top = h + p.size[i];
+                    high = high.max(top);
+                    // Split [a, b) into [a, s), [s, e) at top, [e, b).
+                    seg.remove(&a);
+                    if a < s {
+                        seg.insert(a, (s, h));
+                        heap.push(Reverse((h, a)));
+                    }
+                    seg.insert(s, (e, top));
+                    heap.push(Reverse((top, s)));
+                    if e < b {
+                        seg.insert(e, (b, h));
+                        heap.push(Reverse((h, e)));
+                    }
+                    // Merge the new segment with equal neighbours.
+                    let mut ms = s;
+                    let mut me = e;
+                    if let Some((&ps, &(_, ph))) = seg.range(..s).next_back()
+                        && ph == top
+                    {
+                        seg.remove(&ps);
+                        ms = ps;
+                    }
+                    if let Some(&(ne, nh)) = seg.get(&e)
+                        && nh == top
+                    {
+                        seg.remove(&e);
+                        me = ne;
+                    }
+                    if ms != s {
+                        seg.remove(&s);
+                    }
+                    seg.insert(ms, (me, top));
+                    heap.push(Reverse((top, ms)));
+                }
+                None => {
+                    // Raise the valley to its lower neighbour and merge.
+                    let left_n = seg.range(..a).next_back().map(|(&ps, &(_, ph))| (ps, ph));
+                    let right_n = seg.get(&b).map(|&(ne, nh)| (ne, nh));
+                    let target = match (left_n, right_n) {
+                        (Some((_, lh)), Some((_, rh))) => lh.min(rh),
+                        (Some((_, lh)), None) => lh,
+                        (None, Some((_, rh))) => rh,
+                        (None, None) => {
+                            // Nothing fits anywhere: cannot happen while items are left, since
+                            // every item fits in the whole clock.
+                            return None;
+                        }
+                    };
+                    seg.remove(&a);
+                    let mut ms = a;
+                    let mut me = b;
+                    if let Some((ps, ph)) = left_n
+                        && ph == target
+                    {
+                        seg.remove(&ps);
+                        ms = ps;
+                    }
+                    if let Some((ne, nh)) = right_n
+                        && nh == target
+                    {
+                        seg.remove(&b);
+                        me = ne;
+                    }
+                    seg.insert(ms, (me, target));
+                    heap.push(Reverse((target, ms)));
+                }
+            }
+        }
+        Some((off, high))
+    }
+
+    /// The array-based skyline places exactly as the reference does, for every rule, with
+    /// and without noise and floors.
+    #[test]
+    fn skyline_matches_the_reference() {
+        let far = Instant::now() + Duration::from_secs(60);
+        for seed in 1..=6u64 {
+            for b in [
+                crate::workload::random(3000, seed),
+                crate::workload::random_uniform(3000, seed),
+                crate::workload::packed(500, seed),
+            ] {
+                let p = Problem::build(&b).unwrap();
+                let mut frng = Rng::new(seed);
+                let floor: Vec<u64> = (0..p.ranks).map(|_| frng.below(1 << 20)).collect();
+                for rule in [1u8, 3, 4, 5, 0] {
+                    for fl in [None, Some(&floor[..])] {
+                        let a = skyline_on(&p, rule, None, far, fl);
+                        let r = skyline_on_reference(&p, rule, None, far, fl);
+                        assert_eq!(a, r, "rule {rule} seed {seed}");
+                        let (mut x, mut y) = (Rng::new(seed), Rng::new(seed));
+                        let a = skyline_on(&p, rule, Some((0.1, &mut x)), far, fl);
+                        let r = skyline_on_reference(&p, rule, Some((0.1, &mut y)), far, fl);
+                        assert_eq!(a, r, "rule {rule} seed {seed} with noise");
+                    }
+                }
+            }
         }
     }
 }
