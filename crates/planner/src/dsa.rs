@@ -813,63 +813,107 @@ fn sort_items(p: &Problem, items: &mut [u32], order: Order, noise: f64, rng: &mu
 // ------------------------------------------------------------------------------------------
 // The online best-fit floor.
 
-/// Online best-fit in clock order over each item's hull. Returns offsets and footprint.
-fn online_best_fit(p: &Problem) -> (Vec<u64>, u64) {
-    let n = p.len();
-    let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * n);
-    for i in 0..n {
+/// The clock events of an online sweep over the items' hulls: (rank, start?, item), ends
+/// before starts at the same rank.
+fn clock_events(p: &Problem) -> Vec<(u32, bool, u32)> {
+    let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * p.len());
+    for i in 0..p.len() {
         events.push((p.hull[i].0, true, i as u32));
         events.push((p.hull[i].1, false, i as u32));
     }
-    // Ends (false) sort before starts (true) at the same rank.
     events.sort_unstable();
-    let mut off = vec![0u64; n];
-    let mut by_off: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut by_len: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut top = 0u64;
-    for (_, is_start, i) in events {
-        let i = i as usize;
-        let size = p.size[i];
-        if is_start {
-            if let Some(&(len, o)) = by_len.range((size, 0)..).next() {
-                by_len.remove(&(len, o));
-                by_off.remove(&o);
-                if len > size {
-                    by_len.insert((len - size, o + size));
-                    by_off.insert(o + size, len - size);
-                }
-                off[i] = o;
-            } else if let Some((&o, &len)) = by_off.last_key_value()
-                && o + len == top
-            {
-                by_len.remove(&(len, o));
-                by_off.remove(&o);
-                off[i] = o;
-                top = o + size;
-            } else {
-                off[i] = top;
-                top += size;
-            }
-        } else {
-            let (mut o, mut len) = (off[i], size);
-            if let Some((&po, &pl)) = by_off.range(..o).next_back()
-                && po + pl == o
-            {
-                by_off.remove(&po);
-                by_len.remove(&(pl, po));
-                o = po;
-                len += pl;
-            }
-            if let Some(&nl) = by_off.get(&(o + len)) {
-                by_off.remove(&(o + len));
-                by_len.remove(&(nl, o + len));
-                len += nl;
-            }
-            by_off.insert(o, len);
-            by_len.insert((len, o));
+    events
+}
+
+/// The free space of an online sweep: gaps below `top` by offset and by (length, offset).
+#[derive(Default)]
+struct FreeSpace {
+    by_off: BTreeMap<u64, u64>,
+    by_len: BTreeSet<(u64, u64)>,
+    top: u64,
+}
+
+impl FreeSpace {
+    /// Gaps of at least `size` bytes, smallest first: (length, offset).
+    fn fitting(&self, size: u64) -> impl Iterator<Item = &(u64, u64)> {
+        self.by_len.range((size, 0)..)
+    }
+
+    fn insert(&mut self, o: u64, len: u64) {
+        self.by_off.insert(o, len);
+        self.by_len.insert((len, o));
+    }
+
+    fn remove(&mut self, o: u64, len: u64) {
+        self.by_off.remove(&o);
+        self.by_len.remove(&(len, o));
+    }
+
+    /// Takes `[at, at + size)` out of the gap `[o, o + len)`.
+    fn take(&mut self, o: u64, len: u64, at: u64, size: u64) {
+        self.remove(o, len);
+        if at > o {
+            self.insert(o, at - o);
+        }
+        if at + size < o + len {
+            self.insert(at + size, o + len - at - size);
         }
     }
-    (off, top)
+
+    /// Where an item that fits in no gap goes: the gap that ends at the top, else the top.
+    fn above(&mut self, size: u64) -> u64 {
+        match self.by_off.last_key_value().map(|(&o, &len)| (o, len)) {
+            Some((o, len)) if o + len == self.top => {
+                self.remove(o, len);
+                self.top = o + size;
+                o
+            }
+            _ => {
+                self.top += size;
+                self.top - size
+            }
+        }
+    }
+
+    /// Frees `[o, o + size)`, merged with the gaps it touches.
+    fn free(&mut self, o: u64, size: u64) {
+        let (mut o, mut len) = (o, size);
+        if let Some((&po, &pl)) = self.by_off.range(..o).next_back()
+            && po + pl == o
+        {
+            self.remove(po, pl);
+            o = po;
+            len += pl;
+        }
+        if let Some(&nl) = self.by_off.get(&(o + len)) {
+            self.remove(o + len, nl);
+            len += nl;
+        }
+        self.insert(o, len);
+    }
+}
+
+/// Online best-fit in clock order over each item's hull. Returns offsets and footprint.
+fn online_best_fit(p: &Problem) -> (Vec<u64>, u64) {
+    let mut off = vec![0u64; p.len()];
+    let mut free = FreeSpace::default();
+    for (_, is_start, i) in clock_events(p) {
+        let i = i as usize;
+        let size = p.size[i];
+        if !is_start {
+            free.free(off[i], size);
+            continue;
+        }
+        let fit = free.fitting(size).next().copied();
+        off[i] = match fit {
+            Some((len, o)) => {
+                free.take(o, len, o, size);
+                o
+            }
+            None => free.above(size),
+        };
+    }
+    (off, free.top)
 }
 
 /// Online placement in clock order like [`online_best_fit`], choosing among the `k` smallest
@@ -877,94 +921,54 @@ fn online_best_fit(p: &Problem) -> (Vec<u64>, u64) {
 /// item whose end is closest to its own (space freed together coalesces), scored by the
 /// gap's leftover relative to the item plus `weight` × the end distance in mean lifetimes.
 fn online_aligned(p: &Problem, k: usize, weight: f64) -> (Vec<u64>, u64) {
-    let n = p.len();
-    let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * n);
-    for i in 0..n {
-        events.push((p.hull[i].0, true, i as u32));
-        events.push((p.hull[i].1, false, i as u32));
-    }
-    events.sort_unstable();
     let mean = p.mean_span().max(1) as f64;
-    let mut off = vec![0u64; n];
-    let mut by_off: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut by_len: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut off = vec![0u64; p.len()];
+    let mut free = FreeSpace::default();
     // Live items by offset: (top, end rank).
     let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
-    let mut top = 0u64;
     let mut cands: Vec<(u64, u64)> = Vec::with_capacity(k);
-    for (_, is_start, i) in events {
+    for (_, is_start, i) in clock_events(p) {
         let i = i as usize;
         let size = p.size[i];
         let end = p.hull[i].1;
-        if is_start {
-            cands.clear();
-            cands.extend(by_len.range((size, 0)..).take(k).copied());
-            let mut best: Option<(f64, u64, u64, u64)> = None; // score, gap len, gap off, item off
-            for &(len, o) in &cands {
-                let waste = (len - size) as f64 / size as f64;
-                // Bottom: next to the item below (its top is `o`); top: next to the one above.
-                let below = if o == 0 {
-                    None
-                } else {
-                    live.range(..o).next_back().filter(|(_, v)| v.0 == o).map(|(_, v)| v.1)
-                };
-                let above = live.get(&(o + len)).map(|v| v.1);
-                for (at, nb) in [(o, below), (o + len - size, above)] {
-                    let dist = nb.map_or(mean * 4.0, |e| (e as f64 - end as f64).abs());
-                    let score = waste + weight * dist / mean;
-                    if best.is_none_or(|b| score < b.0) {
-                        best = Some((score, len, o, at));
-                    }
-                }
-                if len == size {
-                    break;
-                }
-            }
-            if let Some((_, len, o, at)) = best {
-                by_len.remove(&(len, o));
-                by_off.remove(&o);
-                if at > o {
-                    by_len.insert((at - o, o));
-                    by_off.insert(o, at - o);
-                }
-                if at + size < o + len {
-                    by_len.insert((o + len - at - size, at + size));
-                    by_off.insert(at + size, o + len - at - size);
-                }
-                off[i] = at;
-            } else if let Some((&o, &len)) = by_off.last_key_value()
-                && o + len == top
-            {
-                by_len.remove(&(len, o));
-                by_off.remove(&o);
-                off[i] = o;
-                top = o + size;
-            } else {
-                off[i] = top;
-                top += size;
-            }
-            live.insert(off[i], (off[i] + size, end));
-        } else {
+        if !is_start {
             live.remove(&off[i]);
-            let (mut o, mut len) = (off[i], size);
-            if let Some((&po, &pl)) = by_off.range(..o).next_back()
-                && po + pl == o
-            {
-                by_off.remove(&po);
-                by_len.remove(&(pl, po));
-                o = po;
-                len += pl;
-            }
-            if let Some(&nl) = by_off.get(&(o + len)) {
-                by_off.remove(&(o + len));
-                by_len.remove(&(nl, o + len));
-                len += nl;
-            }
-            by_off.insert(o, len);
-            by_len.insert((len, o));
+            free.free(off[i], size);
+            continue;
         }
+        cands.clear();
+        cands.extend(free.fitting(size).take(k).copied());
+        let mut best: Option<(f64, u64, u64, u64)> = None; // score, gap len, gap off, item off
+        for &(len, o) in &cands {
+            let waste = (len - size) as f64 / size as f64;
+            // Bottom: next to the item below (its top is `o`); top: next to the one above.
+            let below = if o == 0 {
+                None
+            } else {
+                live.range(..o).next_back().filter(|(_, v)| v.0 == o).map(|(_, v)| v.1)
+            };
+            let above = live.get(&(o + len)).map(|v| v.1);
+            for (at, nb) in [(o, below), (o + len - size, above)] {
+                let dist = nb.map_or(mean * 4.0, |e| (e as f64 - end as f64).abs());
+                let score = waste + weight * dist / mean;
+                if best.is_none_or(|b| score < b.0) {
+                    best = Some((score, len, o, at));
+                }
+            }
+            if len == size {
+                break;
+            }
+        }
+        off[i] = match best {
+            Some((_, len, o, at)) => {
+                free.take(o, len, at, size);
+                at
+            }
+            None => free.above(size),
+        };
+        live.insert(off[i], (off[i] + size, end));
     }
-    (off, top)
+    (off, free.top)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1483,21 +1487,13 @@ fn skyline_on(
         return None;
     }
     let r = p.ranks as usize;
-    // Unplaced items by start rank, each list sorted by (end, size).
-    let mut by_start: Vec<Vec<u32>> = vec![Vec::new(); r + 1];
-    for i in 0..n {
-        by_start[p.ivs[i].0 as usize].push(i as u32);
-    }
+    let mut by_start = unplaced_by_start(p);
     // `skip[x]`: towards the first rank ≥ x with unplaced items (`r` when none); lists only
     // empty, so a rank, once skipped, stays skipped (path halving keeps the walks short).
     let mut skip: Vec<u32> = (0..=r as u32).collect();
-    for (s, list) in by_start.iter_mut().enumerate() {
+    for (s, list) in by_start.iter().enumerate().take(r) {
         if list.is_empty() {
-            if s < r {
-                skip[s] = s as u32 + 1;
-            }
-        } else {
-            list.sort_unstable_by_key(|&i| (p.ivs[i as usize].1, p.size[i as usize]));
+            skip[s] = s as u32 + 1;
         }
     }
     let next_start = |skip: &mut Vec<u32>, x: usize| -> usize {
@@ -1565,49 +1561,8 @@ fn skyline_on(
             let list = &by_start[st];
             let k = list.partition_point(|&i| p.ivs[i as usize].1 as usize <= b);
             if k > 0 {
-                let choice = match rule {
-                    // The largest.
-                    1 => (0..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1),
-                    // The largest area (size × lifetime).
-                    3 => (0..k)
-                        .max_by_key(|&j| {
-                            let i = list[j] as usize;
-                            (p.size[i] as u128 * (p.ivs[i].1 - p.ivs[i].0) as u128, j)
-                        })
-                        .unwrap_or(k - 1),
-                    // One that ends where the valley ends (the largest), else the largest.
-                    4 => {
-                        let exact = list[..k].partition_point(|&i| (p.ivs[i as usize].1 as usize) < b);
-                        let from = if exact < k { exact } else { 0 };
-                        (from..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1)
-                    }
-                    // The best fit: ends where the valley ends, and whose top meets the
-                    // neighbour at the left (when it starts at the valley's start) or at
-                    // the right (when it ends at the valley's end); then the largest.
-                    5 => (0..k)
-                        .max_by_key(|&j| {
-                            let i = list[j] as usize;
-                            let (s0, e0) = p.ivs[i];
-                            let top = h + p.size[i];
-                            let fit = 2 * u8::from(e0 as usize == b)
-                                + u8::from(s0 as usize == a && Some(top) == left_h)
-                                + u8::from(e0 as usize == b && Some(top) == right_h);
-                            (fit, p.size[i], j)
-                        })
-                        .unwrap_or(k - 1),
-                    // The longest (ties: the largest).
-                    _ => k - 1,
-                };
-                let choice = match noise.as_mut() {
-                    Some((q, rng)) => {
-                        if rng.unit() < *q {
-                            rng.below(k as u64) as usize
-                        } else {
-                            choice
-                        }
-                    }
-                    None => choice,
-                };
+                let choice = skyline_pick(p, list, k, rule, h, a, b, left_h, right_h);
+                let choice = with_noise(choice, k, &mut noise);
                 pick = Some((st as u32, choice));
                 break;
             }
@@ -1711,6 +1666,79 @@ fn skyline_on(
         }
     }
     Some((off, high))
+}
+
+/// Items by start rank (one list per rank and one past the last), each list sorted by (end,
+/// size): the skyline's unplaced items.
+fn unplaced_by_start(p: &Problem) -> Vec<Vec<u32>> {
+    let mut by_start: Vec<Vec<u32>> = vec![Vec::new(); p.ranks as usize + 1];
+    for i in 0..p.len() {
+        by_start[p.ivs[i].0 as usize].push(i as u32);
+    }
+    for list in &mut by_start {
+        list.sort_unstable_by_key(|&i| (p.ivs[i as usize].1, p.size[i as usize]));
+    }
+    by_start
+}
+
+/// The skyline's pick among `list[..k]` (the unplaced items starting at one rank that end by
+/// `b`, sorted by end then size) for the valley `[a, b)` at height `h` whose neighbours are
+/// at `left_h` and `right_h`: 1 the largest, 3 the largest size × lifetime, 4 one that ends
+/// at `b` (the largest) else the largest, 5 the best fit (ends at `b`, and its top meets the
+/// left neighbour when it starts at `a` or the right one when it ends at `b`; then the
+/// largest), other values the longest (ties: the largest).
+#[allow(clippy::too_many_arguments)]
+fn skyline_pick(
+    p: &Problem,
+    list: &[u32],
+    k: usize,
+    rule: u8,
+    h: u64,
+    a: usize,
+    b: usize,
+    left_h: Option<u64>,
+    right_h: Option<u64>,
+) -> usize {
+    match rule {
+        1 => (0..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1),
+        3 => (0..k)
+            .max_by_key(|&j| {
+                let i = list[j] as usize;
+                (p.size[i] as u128 * (p.ivs[i].1 - p.ivs[i].0) as u128, j)
+            })
+            .unwrap_or(k - 1),
+        4 => {
+            let exact = list[..k].partition_point(|&i| (p.ivs[i as usize].1 as usize) < b);
+            let from = if exact < k { exact } else { 0 };
+            (from..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1)
+        }
+        5 => (0..k)
+            .max_by_key(|&j| {
+                let i = list[j] as usize;
+                let (s0, e0) = (p.ivs[i].0 as usize, p.ivs[i].1 as usize);
+                let top = h + p.size[i];
+                let fit = 2 * u8::from(e0 == b)
+                    + u8::from(s0 == a && Some(top) == left_h)
+                    + u8::from(e0 == b && Some(top) == right_h);
+                (fit, p.size[i], j)
+            })
+            .unwrap_or(k - 1),
+        _ => k - 1,
+    }
+}
+
+/// `choice`, or with probability `q` of `noise` a uniform pick among `k`.
+fn with_noise(choice: usize, k: usize, noise: &mut Option<(f64, &mut Rng)>) -> usize {
+    match noise.as_mut() {
+        Some((q, rng)) => {
+            if rng.unit() < *q {
+                rng.below(k as u64) as usize
+            } else {
+                choice
+            }
+        }
+        None => choice,
+    }
 }
 
 /// A coarser instance: buffers with one lifetime stacked into one, buffers handing over to
@@ -2567,18 +2595,9 @@ mod skyline_tests {
             return None;
         }
         let r = p.ranks as usize;
-        // Unplaced items by start rank, each list sorted by (end, size).
-        let mut by_start: Vec<Vec<u32>> = vec![Vec::new(); r + 1];
-        for i in 0..n {
-            by_start[p.ivs[i].0 as usize].push(i as u32);
-        }
-        let mut starts: BTreeSet<u32> = BTreeSet::new();
-        for (s, list) in by_start.iter_mut().enumerate() {
-            if !list.is_empty() {
-                list.sort_unstable_by_key(|&i| (p.ivs[i as usize].1, p.size[i as usize]));
-                starts.insert(s as u32);
-            }
-        }
+        let mut by_start = unplaced_by_start(p);
+        let mut starts: BTreeSet<u32> =
+            (0..by_start.len() as u32).filter(|&s| !by_start[s as usize].is_empty()).collect();
         // Skyline segments: start -> (end, height); heap of (height, start) with lazy deletion.
         let mut seg: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
         let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
@@ -2621,49 +2640,8 @@ mod skyline_tests {
                 let list = &by_start[st as usize];
                 let k = list.partition_point(|&i| p.ivs[i as usize].1 <= b);
                 if k > 0 {
-                    let choice = match rule {
-                        // The largest.
-                        1 => (0..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1),
-                        // The largest area (size × lifetime).
-                        3 => (0..k)
-                            .max_by_key(|&j| {
-                                let i = list[j] as usize;
-                                (p.size[i] as u128 * (p.ivs[i].1 - p.ivs[i].0) as u128, j)
-                            })
-                            .unwrap_or(k - 1),
-                        // One that ends where the valley ends (the largest), else the largest.
-                        4 => {
-                            let exact = list[..k].partition_point(|&i| p.ivs[i as usize].1 < b);
-                            let from = if exact < k { exact } else { 0 };
-                            (from..k).max_by_key(|&j| (p.size[list[j] as usize], j)).unwrap_or(k - 1)
-                        }
-                        // The best fit: ends where the valley ends, and whose top meets the
-                        // neighbour at the left (when it starts at the valley's start) or at
-                        // the right (when it ends at the valley's end); then the largest.
-                        5 => (0..k)
-                            .max_by_key(|&j| {
-                                let i = list[j] as usize;
-                                let (s0, e0) = p.ivs[i];
-                                let top = h + p.size[i];
-                                let fit = 2 * u8::from(e0 == b)
-                                    + u8::from(s0 == a && Some(top) == left_h)
-                                    + u8::from(e0 == b && Some(top) == right_h);
-                                (fit, p.size[i], j)
-                            })
-                            .unwrap_or(k - 1),
-                        // The longest (ties: the largest).
-                        _ => k - 1,
-                    };
-                    let choice = match noise.as_mut() {
-                        Some((q, rng)) => {
-                            if rng.unit() < *q {
-                                rng.below(k as u64) as usize
-                            } else {
-                                choice
-                            }
-                        }
-                        None => choice,
-                    };
+                    let choice = skyline_pick(p, list, k, rule, h, a as usize, b as usize, left_h, right_h);
+                    let choice = with_noise(choice, k, &mut noise);
                     pick = Some((st, choice));
                     break;
                 }
