@@ -1480,8 +1480,6 @@ fn skyline_on(
 ) -> Option<(Vec<u64>, u64)> {
     let mut noise = noise;
     use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    const NIL: u32 = u32::MAX;
     let n = p.len();
     if p.ivs.len() != n || n == 0 {
         return None;
@@ -1505,54 +1503,38 @@ fn skyline_on(
         }
         x
     };
-    // Skyline segments partition [0, r): a segment starting at `a` (`on[a]`) ends at
-    // `end[a]` (the next one's start) at height `height[a]`; `prev[a]` is the start of the
-    // one before (`NIL` for the first). Heap of (height, start) with lazy deletion.
-    let mut on = vec![false; r + 1];
-    let mut end = vec![0u32; r + 1];
-    let mut height = vec![0u64; r + 1];
-    let mut prev = vec![NIL; r + 1];
-    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
-    {
-        let mut set = |a: usize, b: usize, h: u64, pv: u32, heap: &mut BinaryHeap<Reverse<(u64, u32)>>| {
-            on[a] = true;
-            end[a] = b as u32;
-            height[a] = h;
-            prev[a] = pv;
-            heap.push(Reverse((h, a as u32)));
-        };
-        match floor {
-            Some(f) if f.len() == r && r > 0 => {
-                let mut a = 0;
-                let mut pv = NIL;
-                for k in 1..=r {
-                    if k == r || f[k] != f[a] {
-                        set(a, k, f[a], pv, &mut heap);
-                        pv = a as u32;
-                        a = k;
-                    }
+    let mut seg = Segments::new(r);
+    match floor {
+        Some(f) if f.len() == r && r > 0 => {
+            let mut a = 0;
+            let mut pv = NIL;
+            for k in 1..=r {
+                if k == r || f[k] != f[a] {
+                    seg.set(a, k, f[a], pv);
+                    pv = a as u32;
+                    a = k;
                 }
             }
-            _ => set(0, r, 0, NIL, &mut heap),
         }
+        _ => seg.set(0, r, 0, NIL),
     }
     let mut off = vec![0u64; n];
     let mut high = 0u64;
     let mut left = n;
     let mut steps = 0u32;
     while left > 0 {
-        let Some(Reverse((h, a))) = heap.pop() else { break };
+        let Some(Reverse((h, a))) = seg.heap.pop() else { break };
         let a = a as usize;
-        if !on[a] || height[a] != h {
+        if !seg.on[a] || seg.height[a] != h {
             continue;
         }
         steps = steps.wrapping_add(1);
         if steps.is_multiple_of(512) && Instant::now() > deadline {
             return None;
         }
-        let b = end[a] as usize;
-        let left_h = (prev[a] != NIL).then(|| height[prev[a] as usize]);
-        let right_h = (b < r).then(|| height[b]);
+        let b = seg.end[a] as usize;
+        let left_h = (seg.prev[a] != NIL).then(|| seg.height[seg.prev[a] as usize]);
+        let right_h = (b < r).then(|| seg.height[b]);
         // The candidate: earliest start in [a, b), longest ending by b.
         let mut pick: Option<(u32, usize)> = None;
         let mut st = next_start(&mut skip, a);
@@ -1585,51 +1567,40 @@ fn skyline_on(
                 high = high.max(top);
                 // Split [a, b) into [a, s) at h, [s, e) at top, [e, b) at h; then merge
                 // [s, e) with neighbours of its height.
-                let before = prev[a];
-                on[a] = false;
+                let before = seg.prev[a];
+                seg.on[a] = false;
                 let mut pv = before;
                 if a < s {
-                    on[a] = true;
-                    end[a] = s as u32;
-                    height[a] = h;
-                    prev[a] = before;
-                    heap.push(Reverse((h, a as u32)));
+                    seg.set(a, s, h, before);
                     pv = a as u32;
                 }
-                let (mut ms, mut me) = (s, e);
-                let mut mprev = pv;
-                if pv != NIL && height[pv as usize] == top {
-                    on[pv as usize] = false;
+                let (mut ms, mut me, mut mprev) = (s, e, pv);
+                if pv != NIL && seg.height[pv as usize] == top {
+                    seg.on[pv as usize] = false;
                     ms = pv as usize;
-                    mprev = prev[pv as usize];
+                    mprev = seg.prev[pv as usize];
                 }
                 if e < b {
-                    on[e] = true;
-                    end[e] = b as u32;
-                    height[e] = h;
-                    heap.push(Reverse((h, e as u32)));
-                } else if b < r && height[b] == top {
-                    on[b] = false;
-                    me = end[b] as usize;
+                    seg.set(e, b, h, NIL);
+                } else if b < r && seg.height[b] == top {
+                    seg.on[b] = false;
+                    me = seg.end[b] as usize;
                 }
-                on[ms] = true;
-                end[ms] = me as u32;
-                height[ms] = top;
-                prev[ms] = mprev;
-                heap.push(Reverse((top, ms as u32)));
+                seg.set(ms, me, top, mprev);
                 if e < b {
-                    prev[e] = ms as u32;
+                    seg.prev[e] = ms as u32;
                     if b < r {
-                        prev[b] = e as u32;
+                        seg.prev[b] = e as u32;
                     }
                 } else if me < r {
-                    prev[me] = ms as u32;
+                    seg.prev[me] = ms as u32;
                 }
             }
             None => {
                 // Raise the valley to its lower neighbour and merge.
-                let left_n = (prev[a] != NIL).then(|| (prev[a] as usize, height[prev[a] as usize]));
-                let right_n = (b < r).then(|| (end[b] as usize, height[b]));
+                let left_n =
+                    (seg.prev[a] != NIL).then(|| (seg.prev[a] as usize, seg.height[seg.prev[a] as usize]));
+                let right_n = (b < r).then(|| (seg.end[b] as usize, seg.height[b]));
                 let target = match (left_n, right_n) {
                     (Some((_, lh)), Some((_, rh))) => lh.min(rh),
                     (Some((_, lh)), None) => lh,
@@ -1638,34 +1609,65 @@ fn skyline_on(
                     // every item fits in the whole clock.
                     (None, None) => return None,
                 };
-                on[a] = false;
-                let (mut ms, mut me) = (a, b);
-                let mut mprev = prev[a];
+                seg.on[a] = false;
+                let (mut ms, mut me, mut mprev) = (a, b, seg.prev[a]);
                 if let Some((ps, ph)) = left_n
                     && ph == target
                 {
-                    on[ps] = false;
+                    seg.on[ps] = false;
                     ms = ps;
-                    mprev = prev[ps];
+                    mprev = seg.prev[ps];
                 }
                 if let Some((ne, nh)) = right_n
                     && nh == target
                 {
-                    on[b] = false;
+                    seg.on[b] = false;
                     me = ne;
                 }
-                on[ms] = true;
-                end[ms] = me as u32;
-                height[ms] = target;
-                prev[ms] = mprev;
-                heap.push(Reverse((target, ms as u32)));
+                seg.set(ms, me, target, mprev);
                 if me < r {
-                    prev[me] = ms as u32;
+                    seg.prev[me] = ms as u32;
                 }
             }
         }
     }
     Some((off, high))
+}
+
+/// No segment (before the first).
+const NIL: u32 = u32::MAX;
+
+/// The skyline's segments: they partition the ranks; the one starting at `a` (`on[a]`) ends
+/// at `end[a]` (the next one's start) at `height[a]`, and `prev[a]` is the start of the one
+/// before (`NIL` for the first). A heap of (height, start), with stale entries skipped when
+/// popped, finds the lowest.
+struct Segments {
+    on: Vec<bool>,
+    end: Vec<u32>,
+    height: Vec<u64>,
+    prev: Vec<u32>,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
+}
+
+impl Segments {
+    fn new(ranks: usize) -> Segments {
+        Segments {
+            on: vec![false; ranks + 1],
+            end: vec![0; ranks + 1],
+            height: vec![0; ranks + 1],
+            prev: vec![NIL; ranks + 1],
+            heap: std::collections::BinaryHeap::new(),
+        }
+    }
+
+    /// Makes `[a, b)` one segment at height `h` after the one starting at `prev`.
+    fn set(&mut self, a: usize, b: usize, h: u64, prev: u32) {
+        self.on[a] = true;
+        self.end[a] = b as u32;
+        self.height[a] = h;
+        self.prev[a] = prev;
+        self.heap.push(std::cmp::Reverse((h, a as u32)));
+    }
 }
 
 /// Items by start rank (one list per rank and one past the last), each list sorted by (end,
