@@ -1,5 +1,5 @@
 //! `cargo bench -p graphpool-planner`: planning time on generated pipeline schedules and
-//! random / tightly packed buffer lists up to 100k buffers. Ratios are printed by
+//! random / dense / tightly packed buffer lists up to 100k buffers. Ratios are printed by
 //! `cargo run --release -p graphpool-planner --example figures`.
 
 use std::time::Duration;
@@ -32,6 +32,8 @@ fn bench(c: &mut Criterion) {
         ("random_100k".into(), workload::random(100_000, 1)),
         ("uniform_10k".into(), workload::random_uniform(10_000, 1)),
         ("uniform_100k".into(), workload::random_uniform(100_000, 1)),
+        ("dense_10k".into(), workload::random_dense(10_000, 1)),
+        ("dense_100k".into(), workload::random_dense(100_000, 1)),
         ("packed_10k".into(), workload::packed(10_000, 1)),
     ];
     let mut group = c.benchmark_group("place");
