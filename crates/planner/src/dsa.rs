@@ -9,10 +9,15 @@
 //!    clock, `O(n log n)`), reported with every placement;
 //! 2. an **online best-fit floor**: buffers in start order, freed extents coalesced, the
 //!    smallest free extent that fits taken (`O(n log n)`) — what a caching allocator would do;
+//!    and its **aligned** variant (next to the live buffer that ends closest to the placed
+//!    one), the leading construction on *dense* inputs, where one greedy pass (whose cost
+//!    grows with the pairs of buffers live together) would not fit in the budget;
 //! 3. **skyline** constructions (bottom-up: fill the lowest valley of the skyline with an
 //!    item that starts at its left edge; three pick rules), then a **portfolio of greedy
 //!    orders** (breadth, size, lifetime, size × lifetime, start) × (best-fit, lowest offset),
-//!    run on all cores and time-boxed, keeping the best per window;
+//!    run on all cores and time-boxed (costs from a model until a job of the kind has
+//!    finished), keeping the best per window; the start for what follows is the lowest
+//!    construction or one within 1% of it that comes earlier in the job order;
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. **coarsening** (single-interval problems): buffers with one lifetime stacked into one,
@@ -1991,10 +1996,10 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let pairs = p.overlapping_pairs();
     // A greedy pass costs in proportion to the pairs of items live together (each gap query
     // visits the placed items live with its item); the skyline and the online constructions
-    // do not. Inputs where one greedy pass would take most of the budget are *dense*: a
-    // skyline pass leads, the greedy orders run only where the estimate says they fit, and
-    // the constructions get 70% of the budget (the improvement stage's windows hold few
-    // items there and gain little).
+    // do not. Inputs where one greedy pass would take most of the budget are *dense*: the
+    // online aligned constructions and a skyline pass lead, the greedy orders run only where
+    // the estimate says they fit, and the constructions get 70% of the budget (the
+    // improvement stage's windows hold few items there and gain little).
     let greedy_pass = greedy_pass_estimate(n, pairs);
     let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > budget.mul_f64(0.7);
     let share = if dense { 0.7 } else { 0.4 };
