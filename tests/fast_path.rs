@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
-use graphpool::client::{ClientError, FdConnection};
+use graphpool::client::{ClientError, Clients, FdConnection};
 use graphpool_proto::v1 as pb;
 use tonic::Code;
 
@@ -36,6 +36,15 @@ fn field_of(e: ClientError) -> (Code, String) {
         (code, _, Some(pb::error_detail::Detail::Field(f))) => (code, f.field),
         other => panic!("expected a field violation, got {other:?}"),
     }
+}
+
+/// One allocate and release over the fast path, so the daemon's own first-use fds are open
+/// before a test takes its fd baseline.
+async fn warm_up(d: &Daemon, c: &mut Clients) {
+    let s = attach(c, "warm", 0, "").await.unwrap();
+    let mut conn = d.fd_conn();
+    let (g, _fd) = conn.allocate(alloc_req(s.id, MIB, "")).unwrap();
+    conn.release(s.id, g.grant_id).unwrap();
 }
 
 fn own_fds() -> usize {
@@ -256,13 +265,7 @@ fn child_fast_path_churn() {
 async fn client_killed_mid_request_is_reclaimed() {
     let d = start("");
     let mut c = d.clients().await;
-    // Warm the daemon's own fds up (first connections) before the baseline.
-    {
-        let s = attach(&mut c, "warm", 0, "").await.unwrap();
-        let mut conn = d.fd_conn();
-        let (g, _fd) = conn.allocate(alloc_req(s.id, MIB, "")).unwrap();
-        conn.release(s.id, g.grant_id).unwrap();
-    }
+    warm_up(&d, &mut c).await;
     wait_until(Duration::from_secs(2), || {
         let mut c = c.clone();
         async move {
@@ -359,12 +362,7 @@ fn child_fast_path_fd_churn() {
 async fn fast_path_leaks_no_fds_on_either_side() {
     let d = start("[guards]\nmax_grants_per_session = 4");
     let mut c = d.clients().await;
-    {
-        let s = attach(&mut c, "warm", 0, "").await.unwrap();
-        let mut conn = d.fd_conn();
-        let (g, _fd) = conn.allocate(alloc_req(s.id, MIB, "")).unwrap();
-        conn.release(s.id, g.grant_id).unwrap();
-    }
+    warm_up(&d, &mut c).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let baseline = d.open_fds();
     run_child(
