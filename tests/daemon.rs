@@ -67,16 +67,16 @@ async fn allocate_map_release_round_trip() {
 fn child_maps_inherited_fd() {
     let Ok(fd) = std::env::var("GP_CHILD_FD") else { return };
     let fd: i32 = fd.parse().unwrap();
-    let len: usize = std::env::var("GP_CHILD_LEN").unwrap().parse().unwrap();
+    let len: usize = child_arg("GP_CHILD_LEN");
     // SAFETY: the parent passed this fd to us open.
     let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     let mut m = Mapping::new(&owned, len);
     assert_eq!(&m.bytes()[..5], b"hello");
     m.bytes()[len - 5..].copy_from_slice(b"world");
     // Holding the session and grant ids is not enough to get the fd.
-    let fd_socket = std::env::var("GP_CHILD_FD_SOCKET").unwrap();
-    let session: u64 = std::env::var("GP_CHILD_SESSION").unwrap().parse().unwrap();
-    let grant: u64 = std::env::var("GP_CHILD_GRANT").unwrap().parse().unwrap();
+    let fd_socket = child_arg::<String>("GP_CHILD_FD_SOCKET");
+    let session: u64 = child_arg("GP_CHILD_SESSION");
+    let grant: u64 = child_arg("GP_CHILD_GRANT");
     let mut conn = graphpool::client::FdConnection::connect(std::path::Path::new(&fd_socket)).unwrap();
     match conn.fetch(session, grant) {
         Err(ClientError::FdRefused { code: 7, .. }) => println!("CHILD-REFUSED"),

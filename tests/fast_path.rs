@@ -202,8 +202,8 @@ async fn bad_fields_on_the_fast_path_name_the_field() {
 #[test]
 fn child_fast_path_foreign() {
     let Ok(fd_socket) = std::env::var("GP_FOREIGN_FD_SOCKET") else { return };
-    let session: u64 = std::env::var("GP_FOREIGN_SESSION").unwrap().parse().unwrap();
-    let grant: u64 = std::env::var("GP_FOREIGN_GRANT").unwrap().parse().unwrap();
+    let session: u64 = child_arg("GP_FOREIGN_SESSION");
+    let grant: u64 = child_arg("GP_FOREIGN_GRANT");
     let mut conn = FdConnection::connect(Path::new(&fd_socket)).unwrap();
     let (code, message, detail) = refused(conn.allocate(alloc_req(session, MIB, "")).unwrap_err());
     assert_eq!(code, Code::PermissionDenied, "{message}");
@@ -242,7 +242,7 @@ async fn foreign_process_cannot_use_a_session_on_the_fast_path() {
 #[test]
 fn child_fast_path_churn() {
     let Ok(socket) = std::env::var("GP_CHURN_SOCKET") else { return };
-    let fd_socket = std::env::var("GP_CHURN_FD_SOCKET").unwrap();
+    let fd_socket = child_arg::<String>("GP_CHURN_FD_SOCKET");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut c = rt.block_on(graphpool::client::connect(Path::new(&socket))).unwrap();
     let s = rt.block_on(attach(&mut c, "victim", 9, "")).unwrap();
@@ -319,7 +319,7 @@ async fn client_killed_mid_request_is_reclaimed() {
 #[test]
 fn child_fast_path_fd_churn() {
     let Ok(socket) = std::env::var("GP_LEAK_SOCKET") else { return };
-    let fd_socket = std::path::PathBuf::from(std::env::var("GP_LEAK_FD_SOCKET").unwrap());
+    let fd_socket = std::path::PathBuf::from(child_arg::<String>("GP_LEAK_FD_SOCKET"));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut c = rt.block_on(graphpool::client::connect(Path::new(&socket))).unwrap();
     let mine = own_fds();

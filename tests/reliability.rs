@@ -194,8 +194,8 @@ async fn daemon_restart_keeps_mappings_and_rebuilds_the_ledger() {
 #[test]
 fn child_churn() {
     let Ok(socket) = std::env::var("GP_CHURN_SOCKET") else { return };
-    let rank: u32 = std::env::var("GP_CHURN_RANK").unwrap().parse().unwrap();
-    let fd_socket = std::env::var("GP_CHURN_FD_SOCKET").unwrap();
+    let rank: u32 = child_arg("GP_CHURN_RANK");
+    let fd_socket = child_arg::<String>("GP_CHURN_FD_SOCKET");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut c = connect(Path::new(&socket)).await.unwrap();
@@ -329,9 +329,9 @@ fn child_foreign() {
             assert_eq!(libc::setuid(65534), 0);
         }
     }
-    let fd_socket = std::env::var("GP_FOREIGN_FD_SOCKET").unwrap();
-    let session: u64 = std::env::var("GP_FOREIGN_SESSION").unwrap().parse().unwrap();
-    let grant: u64 = std::env::var("GP_FOREIGN_GRANT").unwrap().parse().unwrap();
+    let fd_socket = child_arg::<String>("GP_FOREIGN_FD_SOCKET");
+    let session: u64 = child_arg("GP_FOREIGN_SESSION");
+    let grant: u64 = child_arg("GP_FOREIGN_GRANT");
     let mut conn = FdConnection::connect(Path::new(&fd_socket)).unwrap();
     match conn.fetch(session, grant) {
         Err(ClientError::FdRefused { code: 7, .. }) => {}
@@ -436,8 +436,8 @@ async fn released_memory_is_never_handed_to_another_session() {
 #[test]
 fn child_fetch_foreign_fd() {
     let Ok(fd_socket) = std::env::var("GP_LOGCHILD_FD_SOCKET") else { return };
-    let session: u64 = std::env::var("GP_LOGCHILD_SESSION").unwrap().parse().unwrap();
-    let grant: u64 = std::env::var("GP_LOGCHILD_GRANT").unwrap().parse().unwrap();
+    let session: u64 = child_arg("GP_LOGCHILD_SESSION");
+    let grant: u64 = child_arg("GP_LOGCHILD_GRANT");
     let mut conn = FdConnection::connect(Path::new(&fd_socket)).unwrap();
     assert!(matches!(conn.fetch(session, grant), Err(ClientError::FdRefused { code: 7, .. })));
     println!("LOGCHILD-OK");

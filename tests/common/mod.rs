@@ -217,6 +217,17 @@ pub fn child_test(test_name: &str, env: &[(&str, String)]) -> Command {
     cmd
 }
 
+/// An argument the parent passed to a child test in its environment, parsed.
+#[allow(dead_code)]
+pub fn child_arg<T: std::str::FromStr>(name: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    let raw =
+        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run this child through run_child"));
+    raw.parse().unwrap_or_else(|e| panic!("{name}={raw:?}: {e:?}"))
+}
+
 /// Runs a child test (see [`child_test`]) to completion and asserts that it succeeded and
 /// printed every one of `markers`; returns its stdout.
 #[allow(dead_code)]
