@@ -54,7 +54,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use crate::rng::Rng;
@@ -149,7 +149,8 @@ impl Strategy {
 #[derive(Debug, Clone)]
 pub struct PlaceOptions {
     /// Upper bound on planning time. The portfolio skips strategies that would not finish
-    /// in time (the first always runs) and the improvement stage stops at the deadline.
+    /// in time, every stage stops at the deadline, and the online best-fit floor (always
+    /// built) is the answer when nothing else finished.
     pub time_budget: Duration,
     /// Worker threads for the portfolio (0 = all cores).
     pub threads: usize,
@@ -925,14 +926,18 @@ fn online_best_fit(p: &Problem) -> (Vec<u64>, u64) {
 /// free gaps that fit: the item goes to the bottom or the top of a gap, next to the live
 /// item whose end is closest to its own (space freed together coalesces), scored by the
 /// gap's leftover relative to the item plus `weight` × the end distance in mean lifetimes.
-fn online_aligned(p: &Problem, k: usize, weight: f64) -> (Vec<u64>, u64) {
+/// `None` when `stop()` says so (asked every 4096 clock events).
+fn online_aligned(p: &Problem, k: usize, weight: f64, stop: impl Fn() -> bool) -> Option<(Vec<u64>, u64)> {
     let mean = p.mean_span().max(1) as f64;
     let mut off = vec![0u64; p.len()];
     let mut free = FreeSpace::default();
     // Live items by offset: (top, end rank).
     let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
     let mut cands: Vec<(u64, u64)> = Vec::with_capacity(k);
-    for (_, is_start, i) in clock_events(p) {
+    for (step, (_, is_start, i)) in clock_events(p).into_iter().enumerate() {
+        if step % 4096 == 4095 && stop() {
+            return None;
+        }
         let i = i as usize;
         let size = p.size[i];
         let end = p.hull[i].1;
@@ -973,7 +978,7 @@ fn online_aligned(p: &Problem, k: usize, weight: f64) -> (Vec<u64>, u64) {
         };
         live.insert(off[i], (off[i] + size, end));
     }
-    (off, free.top)
+    Some((off, free.top))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1909,7 +1914,7 @@ struct Run {
 }
 
 /// One portfolio run, or `None` when `stop` (if any) passes first.
-fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy, stop: Option<Instant>) -> Option<Run> {
+fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy, stop: impl Fn() -> bool) -> Option<Run> {
     let mut index = Index::new(p);
     let mut off = vec![0u64; p.len()];
     let mut crossing = d.crossing.clone();
@@ -1919,7 +1924,7 @@ fn run_strategy(p: &Problem, d: &Decomposition, strategy: Strategy, stop: Option
     let mut rest = d.rest.clone();
     sort_items(p, &mut rest, strategy.order, 0.0, &mut rng);
     for chunk in rest.chunks(256) {
-        if stop.is_some_and(|t| Instant::now() > t) {
+        if stop() {
             return None;
         }
         greedy(p, chunk, strategy.fit, &mut index, &mut off);
@@ -2070,6 +2075,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let modelled_ns = [greedy_pass.as_nanos() as u64, 1_000 * n as u64, 2_000 * n as u64];
         let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
         let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
+        let built_any = AtomicBool::new(false);
         // Whole-instance constructions.
         let whole: Mutex<Vec<Built>> = Mutex::new(Vec::new());
         let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
@@ -2088,6 +2094,12 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                     continue;
                 }
                 let t = Instant::now();
+                // Jobs stop at the deadline; the first one only once another construction
+                // than the online floor exists (every plan gets one, and on a machine slower
+                // than the cost model a long first pass does not overrun for nothing).
+                let guaranteed = k == 0 && !coarse_placed;
+                let stop =
+                    || Instant::now() > deadline && (!guaranteed || built_any.load(AtomicOrdering::Relaxed));
                 let done = match order[k] {
                     Job::Skyline(j) => {
                         let (rule, name) = SKYLINE_RULES[j];
@@ -2095,15 +2107,11 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                     }
                     Job::Aligned(j) => {
                         let (candidates, weight, name) = ALIGNED_VARIANTS[j];
-                        let (off, high) = online_aligned(&p, candidates, weight);
-                        Some((name, off, high))
+                        online_aligned(&p, candidates, weight, stop).map(|(off, high)| (name, off, high))
                     }
                     Job::Greedy(j) => {
-                        // The first job always finishes (every plan gets one greedy pass)
-                        // unless the coarse instance gave one or the input is dense; the
-                        // others stop at the deadline.
-                        let stop = (k > 0 || coarse_placed || dense).then_some(deadline);
                         let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
+                        built_any.store(true, AtomicOrdering::Relaxed);
                         estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                         runs.lock().expect("portfolio worker panicked").push(run);
                         continue;
@@ -2111,6 +2119,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 };
                 estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                 if let Some((name, off, high)) = done {
+                    built_any.store(true, AtomicOrdering::Relaxed);
                     let name = name.to_string();
                     whole.lock().expect("portfolio worker panicked").push(Built { job: k, name, off, high });
                 }
@@ -2362,7 +2371,7 @@ mod timing {
             let d = decompose(&p, lb);
             for s in [Strategy::PORTFOLIO[0], Strategy::PORTFOLIO[1]] {
                 let t = Instant::now();
-                let run = run_strategy(&p, &d, s, None).unwrap();
+                let run = run_strategy(&p, &d, s, || false).unwrap();
                 let high = run.window_high.iter().copied().max().unwrap_or(0).max(run.crossing_high);
                 println!(
                     "{name} {} {:.1}ms ratio {:.4}",
@@ -2424,12 +2433,43 @@ mod density_tests {
                 .map(|&(s, l, z, g)| Buffer { start: s, end: s + l, size: z, group: g })
                 .collect();
             let p = Problem::build(&b).unwrap();
-            let (off, high) = online_aligned(&p, candidates, weight);
+            let (off, high) = online_aligned(&p, candidates, weight, || false).unwrap();
             let offsets: Vec<u64> =
                 p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
             prop_assert!(verify(&b, &offsets).is_ok());
             prop_assert!(high >= p.lower_bound());
             prop_assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap_or(0));
+        }
+    }
+
+    /// With no budget at all every plan still gets its first greedy pass (the online floor
+    /// alone can be far off: 1.8 × the bound on interleaved schedules), alias groups
+    /// included; a pass told to stop gives nothing.
+    #[test]
+    fn the_first_greedy_pass_finishes_when_nothing_else_was_built() {
+        let b = crate::workload::random(5_000, 3);
+        for multi in [false, true] {
+            // Alias groups make items with several intervals (no skyline for those).
+            let b: Vec<Buffer> = b
+                .iter()
+                .enumerate()
+                .map(|(k, x)| Buffer { group: (multi && k % 50 == 0).then_some(k as u32 % 7), ..*x })
+                .collect();
+            let opts = PlaceOptions {
+                time_budget: Duration::ZERO,
+                scaled_budget_per_item: None,
+                ..PlaceOptions::default()
+            };
+            let placed = place(&b, &opts).unwrap();
+            // No budget makes any single-interval input dense (a greedy pass does not fit):
+            // the aligned construction leads there.
+            let first = if multi { super::Strategy::PORTFOLIO[0].name() } else { ALIGNED_VARIANTS[0].2 };
+            assert_eq!(placed.strategy, first, "multi-interval: {multi}");
+            assert!(placed.footprint < placed.floor_footprint);
+            verify(&b, &placed.offsets).unwrap();
+            let p = Problem::build(&b).unwrap();
+            let d = decompose(&p, p.lower_bound());
+            assert!(run_strategy(&p, &d, super::Strategy::PORTFOLIO[0], || true).is_none());
         }
     }
 
