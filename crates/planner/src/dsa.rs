@@ -159,8 +159,10 @@ pub struct PlaceOptions {
     /// Seed of the improvement stage's perturbations (plans are reproducible for a seed,
     /// except where the deadline cuts the search short).
     pub seed: u64,
-    /// Cap the budget at `scaled_budget_per_item` × items + 5 ms, so small problems return
-    /// quickly (8 µs per item: 10k buffers ≤ ~85 ms, 100k ≤ ~0.8 s). `None`: no cap.
+    /// Cap the budget at `scaled_budget_per_item` × buffers + 5 ms for lists without alias
+    /// groups, so small problems return quickly (8 µs per buffer: 10k buffers ≤ ~85 ms, 100k
+    /// ≤ ~0.8 s); with alias groups (schedules) the search gets the whole budget and stops
+    /// when the plan reaches the bound. `None`: no cap.
     pub scaled_budget_per_item: Option<Duration>,
 }
 
@@ -508,9 +510,11 @@ impl Problem {
     /// the group's offset `o`). With `w_X` ≤ the size of every member of `X`, the ranges
     /// `[o_X, o_X + w_X)` of a clique (items pairwise in conflict) are then pairwise
     /// disjoint and all lie in `[0, footprint)`, so `Σ w_X ≤ footprint` for every valid
-    /// placement. Any clique gives a valid bound, so this one is grown greedily and stops
-    /// with what it has after [`ALIAS_BOUND_WORK`] interval comparisons (deterministic: the
-    /// bound does not depend on the machine's speed).
+    /// placement. Any clique gives a valid bound: this one is the heavier of a greedy clique
+    /// (stopped after [`ALIAS_BOUND_WORK`] interval comparisons) and, up to
+    /// [`CLIQUE_MAX_ITEMS`] items, a search on the conflict graph
+    /// ([`ConflictGraph::heavy_clique`]); both deterministic, so the bound does not depend on
+    /// the machine's speed.
     ///
     /// Without multi-interval items a clique of intervals has a common point (Helly), so
     /// this is never above the live bound and is skipped.
@@ -519,6 +523,49 @@ impl Problem {
         if self.ivs.len() == n {
             return 0;
         }
+        let greedy = self.greedy_clique();
+        match self.conflict_graph() {
+            Some(graph) => greedy.max(graph.heavy_clique(&self.wmin, &self.life)),
+            None => greedy,
+        }
+    }
+
+    /// The conflict graph (items live at a common rank), built by a sweep over the
+    /// intervals; `None` above [`CLIQUE_MAX_ITEMS`] items or when the sweep would visit more
+    /// than [`ALIAS_BOUND_WORK`] pairs of intervals.
+    fn conflict_graph(&self) -> Option<ConflictGraph> {
+        let n = self.len();
+        if n > CLIQUE_MAX_ITEMS {
+            return None;
+        }
+        let mut graph = ConflictGraph::new(n);
+        let mut ivs: Vec<(u32, u32, u32)> = Vec::with_capacity(self.ivs.len());
+        for i in 0..n {
+            ivs.extend(self.ivs(i).iter().map(|&(s, e)| (s, e, i as u32)));
+        }
+        ivs.sort_unstable();
+        // Intervals live at the current start: (end, item).
+        let mut active: Vec<(u32, u32)> = Vec::new();
+        let mut work = 0u64;
+        for &(s, e, i) in &ivs {
+            active.retain(|&(end, _)| end > s);
+            work += active.len() as u64 + 1;
+            if work > ALIAS_BOUND_WORK {
+                return None;
+            }
+            for &(_, j) in &active {
+                if j != i {
+                    graph.connect(i as usize, j as usize);
+                }
+            }
+            active.push((e, i));
+        }
+        Some(graph)
+    }
+
+    /// The greedy clique of [`Problem::alias_bound`] (no conflict graph needed).
+    fn greedy_clique(&self) -> u64 {
+        let n = self.len();
         // Greedy clique: items in order of weight × lifetime (long, large groups first),
         // each taken when it conflicts with every item taken so far. The item that blocked
         // the previous candidate is tried first (it usually blocks the next one too).
@@ -585,6 +632,129 @@ impl Problem {
         (total / self.ivs.len() as u64).max(1) as u32
     }
 }
+
+/// Items up to which [`Problem::alias_bound`] builds the conflict graph and searches it
+/// (its bitsets take `n² / 8` bytes: 2 MiB at this size).
+const CLIQUE_MAX_ITEMS: usize = 4096;
+
+/// Items in conflict (live at a common rank), one bitset row per item.
+struct ConflictGraph {
+    n: usize,
+    words: usize,
+    rows: Vec<u64>,
+}
+
+impl ConflictGraph {
+    fn new(n: usize) -> ConflictGraph {
+        let words = n.div_ceil(64);
+        ConflictGraph { n, words, rows: vec![0; n * words] }
+    }
+
+    fn connect(&mut self, a: usize, b: usize) {
+        self.rows[a * self.words + b / 64] |= 1 << (b % 64);
+        self.rows[b * self.words + a / 64] |= 1 << (a % 64);
+    }
+
+    fn adjacent(&self, a: usize, b: usize) -> bool {
+        self.rows[a * self.words + b / 64] >> (b % 64) & 1 == 1
+    }
+
+    /// The items in conflict with `a`.
+    fn neighbours(&self, a: usize) -> impl Iterator<Item = usize> + '_ {
+        self.rows[a * self.words..(a + 1) * self.words].iter().enumerate().flat_map(|(k, &word)| {
+            let mut bits = word;
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    k * 64 + b
+                })
+            })
+        })
+    }
+
+    /// The weight of a heavy clique (weights `w`; `life` orders the first attempt). Each
+    /// attempt builds a clique greedily in some order — weight × lifetime, weight, weight of
+    /// the item and its neighbours, then those with random noise — and improves it by swaps:
+    /// an item outside comes in when it outweighs the members it does not conflict with,
+    /// which leave, and the clique is filled up again; until no swap gains. Attempts stop
+    /// after [`CLIQUE_WORK`] adjacency tests (deterministic: the bound does not depend on the
+    /// machine's speed). Any clique is a valid bound (see [`Problem::alias_bound`]).
+    fn heavy_clique(&self, w: &[u64], life: &[u64]) -> u64 {
+        let n = self.n;
+        let around: Vec<f64> =
+            (0..n).map(|i| (w[i] + self.neighbours(i).map(|j| w[j]).sum::<u64>()) as f64).collect();
+        let mut rng = Rng::new(0x636c_6971_7565);
+        let mut member = vec![false; n];
+        let mut clique: Vec<usize> = Vec::new();
+        let mut work = 0u64;
+        let mut best = 0u64;
+        for attempt in 0..MAX_CLIQUE_ATTEMPTS {
+            if work > CLIQUE_WORK {
+                break;
+            }
+            let key = |i: usize| match attempt % 3 {
+                0 => w[i] as f64 * life[i] as f64,
+                1 => w[i] as f64,
+                _ => around[i],
+            };
+            let mut keyed: Vec<(f64, usize)> =
+                (0..n).map(|i| (if attempt < 3 { key(i) } else { key(i) * (0.5 + rng.unit()) }, i)).collect();
+            keyed.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let order: Vec<usize> = keyed.into_iter().map(|(_, i)| i).collect();
+            member.iter_mut().for_each(|m| *m = false);
+            clique.clear();
+            let mut weight = 0u64;
+            let fill = |clique: &mut Vec<usize>, member: &mut [bool], weight: &mut u64, work: &mut u64| {
+                for &x in &order {
+                    if !member[x] {
+                        *work += clique.len() as u64;
+                        if clique.iter().all(|&y| self.adjacent(x, y)) {
+                            clique.push(x);
+                            member[x] = true;
+                            *weight += w[x];
+                        }
+                    }
+                }
+            };
+            fill(&mut clique, &mut member, &mut weight, &mut work);
+            let mut gained = true;
+            while gained && work <= CLIQUE_WORK {
+                gained = false;
+                for &x in &order {
+                    if member[x] {
+                        continue;
+                    }
+                    work += clique.len() as u64;
+                    let lost: u64 = clique.iter().filter(|&&y| !self.adjacent(x, y)).map(|&y| w[y]).sum();
+                    if w[x] > lost {
+                        for &y in &clique {
+                            if !self.adjacent(x, y) {
+                                member[y] = false;
+                            }
+                        }
+                        clique.retain(|&y| member[y]);
+                        clique.push(x);
+                        member[x] = true;
+                        weight = weight - lost + w[x];
+                        fill(&mut clique, &mut member, &mut weight, &mut work);
+                        gained = true;
+                    }
+                }
+            }
+            best = best.max(weight);
+        }
+        best
+    }
+}
+
+/// Clique attempts of [`ConflictGraph::heavy_clique`] at most (three plain orders, the
+/// rest with noise).
+const MAX_CLIQUE_ATTEMPTS: usize = 32;
+
+/// Adjacency tests of [`ConflictGraph::heavy_clique`] after which no attempt starts (about
+/// 10 ms).
+const CLIQUE_WORK: u64 = 8_000_000;
 
 /// No placement of `buffers` fits in fewer bytes: the larger of [`live_bound`] and the
 /// alias bound (a clique of pairwise conflicting alias groups; see [`Placement::lower_bound`]).
@@ -1993,7 +2163,11 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let p = Problem::build(buffers)?;
     let n = p.len();
     let mut budget = opts.time_budget;
-    if let Some(per) = opts.scaled_budget_per_item {
+    // The cap is for plain lists: with alias groups (schedules) the search needs the time
+    // and stops early anyway when the plan reaches the bound.
+    if let Some(per) = opts.scaled_budget_per_item
+        && p.ivs.len() == n
+    {
         budget = budget.min(per * p.ivs.len() as u32 + Duration::from_millis(5));
     }
     let deadline = began + budget;
@@ -2076,13 +2250,15 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
         let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
         let built_any = AtomicBool::new(false);
+        let at_bound = AtomicBool::new(false);
         // Whole-instance constructions.
         let whole: Mutex<Vec<Built>> = Mutex::new(Vec::new());
         let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
         run_workers(workers, |_| {
             loop {
                 let k = next.fetch_add(1, AtomicOrdering::Relaxed);
-                if k >= jobs {
+                // Nothing is lower than the bound: once a construction reaches it, no job starts.
+                if k >= jobs || at_bound.load(AtomicOrdering::Relaxed) {
                     break;
                 }
                 let kind = order[k].kind();
@@ -2112,6 +2288,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                     Job::Greedy(j) => {
                         let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
                         built_any.store(true, AtomicOrdering::Relaxed);
+                        if run.window_high.iter().all(|&h| h <= lb) && run.crossing_high <= lb {
+                            at_bound.store(true, AtomicOrdering::Relaxed);
+                        }
                         estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                         runs.lock().expect("portfolio worker panicked").push(run);
                         continue;
@@ -2120,6 +2299,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
                 estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
                 if let Some((name, off, high)) = done {
                     built_any.store(true, AtomicOrdering::Relaxed);
+                    if high <= lb {
+                        at_bound.store(true, AtomicOrdering::Relaxed);
+                    }
                     let name = name.to_string();
                     whole.lock().expect("portfolio worker panicked").push(Built { job: k, name, off, high });
                 }
@@ -2804,5 +2986,93 @@ mod skyline_tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod alias_bound_tests {
+    use super::*;
+    use crate::pipeline::{LayerSpec, TensorSpec, schedule_buffers};
+    use crate::{Schedule, SchedulePlanInput};
+    use proptest::prelude::*;
+
+    /// The heaviest clique by brute force over subsets (small graphs).
+    fn brute_force_clique(g: &ConflictGraph, w: &[u64]) -> u64 {
+        let n = g.n;
+        let mut best = 0;
+        for mask in 0u32..(1 << n) {
+            let members: Vec<usize> = (0..n).filter(|&i| mask >> i & 1 == 1).collect();
+            if members.iter().all(|&a| members.iter().all(|&b| a == b || g.adjacent(a, b))) {
+                best = best.max(members.iter().map(|&i| w[i]).sum());
+            }
+        }
+        best
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// The clique search returns the weight of a clique (never above the heaviest one)
+        /// and never less than the greedy clique; the graph matches the pairwise test.
+        #[test]
+        fn heavy_clique_is_a_clique_and_beats_greedy(
+            raw in prop::collection::vec((0u64..30, 1u64..8, 1u64..64, prop::option::of(0u32..5)), 1..24),
+        ) {
+            let b: Vec<Buffer> =
+                raw.iter().map(|&(s, l, z, g)| Buffer { start: s, end: s + l, size: z, group: g }).collect();
+            let p = Problem::build(&b).unwrap();
+            prop_assume!(p.len() <= 14);
+            let g = p.conflict_graph().unwrap();
+            for a in 0..p.len() {
+                for c in 0..p.len() {
+                    prop_assert_eq!(g.adjacent(a, c), a != c && p.conflict(a, c));
+                }
+            }
+            let heavy = g.heavy_clique(&p.wmin, &p.life);
+            prop_assert!(heavy <= brute_force_clique(&g, &p.wmin));
+            prop_assert!(heavy >= p.greedy_clique());
+        }
+    }
+
+    fn layer(chunk: u32, saved_mib: u64, fws_mib: u64, bws_mib: u64) -> LayerSpec {
+        let hidden = |kept| TensorSpec {
+            name: "hidden".into(),
+            shape: vec![1024, 4, 5120],
+            dtype: "bf16".into(),
+            kept_for_backward: kept,
+        };
+        LayerSpec {
+            chunk,
+            layer: 0,
+            inputs: vec![hidden(false)],
+            outputs: vec![hidden(false)],
+            saved_bytes: saved_mib << 20,
+            forward_workspace_bytes: fws_mib << 20,
+            backward_workspace_bytes: bws_mib << 20,
+        }
+    }
+
+    /// Chunks of different sizes on interleaved 1F1B: the greedy clique (by weight ×
+    /// lifetime) stops short of the bound the placement reaches, the clique search finds it,
+    /// so the plan is proved optimal (and the search stops as soon as it is there).
+    #[test]
+    fn heterogeneous_interleaved_plans_are_proved_optimal() {
+        let input = SchedulePlanInput {
+            schedule: Schedule::Interleaved {
+                pp_size: 8,
+                pp_rank: 0,
+                num_microbatches: 16,
+                virtual_chunks: 2,
+            },
+            layers: vec![layer(0, 240, 0, 32), layer(1, 160, 40, 32)],
+        };
+        let buffers = schedule_buffers(&input).unwrap().buffers;
+        let p = Problem::build(&buffers).unwrap();
+        assert!(p.alias_bound() > p.greedy_clique().max(p.lower_bound()));
+        let opts = PlaceOptions { time_budget: Duration::from_secs(5), ..PlaceOptions::default() };
+        let placed = place(&buffers, &opts).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        assert_eq!(placed.footprint, placed.lower_bound, "{}", placed.strategy);
+        assert!(placed.elapsed < Duration::from_secs(4));
     }
 }
