@@ -9,11 +9,13 @@
 //! construction and the final footprint over the lower bound (which includes the alias
 //! bound); `vs-live` is the final footprint over the plain live bound (most bytes live at
 //! once). Rows named `budget=1s` run with the whole 1 s budget instead of the default cap
-//! of 8 µs per buffer + 5 ms.
+//! of 8 µs per buffer + 5 ms. Rows named `var-…` are schedules whose layers differ
+//! (`pipeline::varied_layers`, 4 layers per chunk, seeded), planned with the daemon's default
+//! budget of 200 ms.
 
 use std::time::Duration;
 
-use graphpool_planner::pipeline::{schedule_buffers, transformer_layers};
+use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers};
 use graphpool_planner::{PlaceOptions, Schedule, SchedulePlanInput, place, verify, workload};
 
 fn main() {
@@ -47,6 +49,33 @@ fn main() {
     for (name, schedule, chunks) in pipelines {
         let input = SchedulePlanInput { schedule, layers: transformer_layers(chunks, 9, 4096, 1, 1024) };
         cases.push((name.to_string(), schedule_buffers(&input).expect("valid schedule").buffers));
+    }
+    // Layers that differ (attention and MLP, workspaces, token and rotary inputs).
+    let varied = [
+        ("var-1f1b pp=4 r1 M=16", Schedule::OneFOneB { pp_size: 4, pp_rank: 1, num_microbatches: 16 }, 1),
+        ("var-1f1b pp=8 r0 M=64", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 64 }, 1),
+        (
+            "var-inter pp=4 v=2 r1 M=16",
+            Schedule::Interleaved { pp_size: 4, pp_rank: 1, num_microbatches: 16, virtual_chunks: 2 },
+            2,
+        ),
+        (
+            "var-inter pp=8 v=3 r2 M=64",
+            Schedule::Interleaved { pp_size: 8, pp_rank: 2, num_microbatches: 64, virtual_chunks: 3 },
+            3,
+        ),
+    ];
+    for (name, schedule, chunks) in varied {
+        for &seed in &seeds {
+            let input = SchedulePlanInput {
+                schedule: schedule.clone(),
+                layers: varied_layers(chunks, 4, 2048, 1, 2048, seed),
+            };
+            cases.push((
+                format!("{name} seed={seed}"),
+                schedule_buffers(&input).expect("valid schedule").buffers,
+            ));
+        }
     }
     for n in [1_000, 10_000, 100_000] {
         for &seed in &seeds {
@@ -82,6 +111,12 @@ fn main() {
             continue;
         }
         let mut opts = PlaceOptions { time_budget: Duration::from_secs(1), ..PlaceOptions::default() };
+        if name.starts_with("var-") {
+            // Schedules as a training rank plans them (`plan_schedule`): the daemon's
+            // default budget, uncapped.
+            opts.time_budget = Duration::from_millis(200);
+            opts.scaled_budget_per_item = None;
+        }
         if name.contains("budget=1s") {
             // The adversarial target is "within 1 s": the whole second, not the default cap.
             opts.scaled_budget_per_item = None;

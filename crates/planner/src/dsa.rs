@@ -159,10 +159,10 @@ pub struct PlaceOptions {
     /// Seed of the improvement stage's perturbations (plans are reproducible for a seed,
     /// except where the deadline cuts the search short).
     pub seed: u64,
-    /// Cap the budget at `scaled_budget_per_item` × buffers + 5 ms for lists without alias
-    /// groups, so small problems return quickly (8 µs per buffer: 10k buffers ≤ ~85 ms, 100k
-    /// ≤ ~0.8 s); with alias groups (schedules) the search gets the whole budget and stops
-    /// when the plan reaches the bound. `None`: no cap.
+    /// Cap the budget at `scaled_budget_per_item` × buffers + 5 ms, so small problems return
+    /// quickly (8 µs per buffer: 10k buffers ≤ ~85 ms, 100k ≤ ~0.8 s). `None`: no cap (what
+    /// [`crate::plan_schedule`] uses: a schedule's plan stops when it reaches the bound, and
+    /// one that does not needs the time).
     pub scaled_budget_per_item: Option<Duration>,
 }
 
@@ -1154,73 +1154,148 @@ fn online_aligned(p: &Problem, k: usize, weight: f64, stop: impl Fn() -> bool) -
 // ------------------------------------------------------------------------------------------
 // Exact search for tiny problems.
 
-/// Branch and bound over placement orders with lowest-offset placement. Every optimal
-/// placement is reached by lowest-offset placement in order of its offsets, so this is exact.
+/// Exact search over *canonical* placements: every item sits as low as it fits given the
+/// items placed before it, and items are placed in order of offset. Any placement can be
+/// lowered item by item until nothing can move down, and sorted by offset that one is
+/// canonical (an item's lower positions cannot be blocked by items above it, which start at
+/// or above its top where they conflict), so the search is complete. Pruned by the
+/// incumbent and by what must still fit above the last offset: at every rank, the bytes of
+/// placed items above it plus the unplaced bytes live there; a branch ends as soon as an
+/// unplaced item fits wholly below the last offset (nothing placed later can block that
+/// spot, and canonical order would need it higher); items at one offset that do not
+/// conflict go in index order. Returns a placement lower than `incumbent` (stopping at
+/// `lb`), or `None` when there is none. Exponential: for [`EXACT_MAX_ITEMS`] items at most.
 fn exact(p: &Problem, lb: u64, incumbent: u64) -> Option<Vec<u64>> {
     let n = p.len();
-    let overlap = |a: usize, b: usize| {
-        p.ivs(a).iter().any(|&(s1, e1)| p.ivs(b).iter().any(|&(s2, e2)| s1 < e2 && s2 < e1))
-    };
     let conflicts: Vec<Vec<usize>> =
-        (0..n).map(|a| (0..n).filter(|&b| b != a && overlap(a, b)).collect()).collect();
+        (0..n).map(|a| (0..n).filter(|&b| b != a && p.conflict(a, b)).collect()).collect();
+    let ranks = p.ranks as usize;
+    let mut unplaced = vec![0u64; ranks];
+    for i in 0..n {
+        for &(s, e) in p.ivs(i) {
+            for load in &mut unplaced[s as usize..e as usize] {
+                *load += p.size[i];
+            }
+        }
+    }
     struct Search<'a> {
         p: &'a Problem,
         conflicts: Vec<Vec<usize>>,
         placed: Vec<bool>,
         off: Vec<u64>,
+        unplaced: Vec<u64>,
+        above: Vec<u64>,
         best: u64,
         best_off: Option<Vec<u64>>,
         lb: u64,
     }
     impl Search<'_> {
+        /// Lowest offset where `i` fits beside the placed items.
         fn lowest(&self, i: usize) -> u64 {
             let size = self.p.size[i];
-            let mut cands: Vec<u64> = vec![0];
-            cands.extend(
-                self.conflicts[i].iter().filter(|&&j| self.placed[j]).map(|&j| self.off[j] + self.p.size[j]),
-            );
-            cands.sort_unstable();
-            for c in cands {
-                let free = self.conflicts[i].iter().filter(|&&j| self.placed[j]).all(|&j| {
-                    let (o, t) = (self.off[j], self.off[j] + self.p.size[j]);
-                    c + size <= o || c >= t
-                });
-                if free {
-                    return c;
+            let mut taken: Vec<(u64, u64)> = self.conflicts[i]
+                .iter()
+                .filter(|&&j| self.placed[j])
+                .map(|&j| (self.off[j], self.off[j] + self.p.size[j]))
+                .collect();
+            taken.sort_unstable();
+            let mut cur = 0;
+            for (o, t) in taken {
+                if o >= cur + size {
+                    return cur;
+                }
+                cur = cur.max(t);
+            }
+            cur
+        }
+
+        /// No placement below this from here: the tops so far, and at every rank the last
+        /// offset plus the placed bytes above it plus the unplaced bytes live there.
+        fn bound(&mut self, high: u64, last: u64) -> u64 {
+            self.above.iter_mut().for_each(|x| *x = 0);
+            for j in 0..self.p.len() {
+                let top = self.off[j] + self.p.size[j];
+                if self.placed[j] && top > last {
+                    let part = top - self.off[j].max(last);
+                    for &(s, e) in self.p.ivs(j) {
+                        for x in &mut self.above[s as usize..e as usize] {
+                            *x += part;
+                        }
+                    }
                 }
             }
-            unreachable!("the highest top is always free")
+            let need =
+                self.unplaced.iter().zip(&self.above).map(|(u, a)| if *u > 0 { last + a + u } else { 0 });
+            need.max().unwrap_or(0).max(high)
         }
-        fn dfs(&mut self, depth: usize, high: u64) {
+
+        fn dfs(&mut self, depth: usize, high: u64, last: u64, last_item: usize) {
             if self.best <= self.lb {
                 return;
             }
-            if depth == self.p.len() {
+            let n = self.p.len();
+            if depth == n {
                 if high < self.best {
                     self.best = high;
                     self.best_off = Some(self.off.clone());
                 }
                 return;
             }
-            for i in 0..self.p.len() {
+            if self.bound(high, last) >= self.best {
+                return;
+            }
+            let mut cands: Vec<(u64, std::cmp::Reverse<u64>, usize)> = Vec::new();
+            for i in 0..n {
                 if self.placed[i] {
                     continue;
                 }
                 let o = self.lowest(i);
-                let h = high.max(o + self.p.size[i]);
-                if h >= self.best {
+                if o + self.p.size[i] <= last {
+                    // It fits wholly below the last offset, where nothing placed from now
+                    // on can block it, yet canonical order puts it at or above that offset.
+                    return;
+                }
+                let symmetric =
+                    o == last && last_item < n && i < last_item && !self.conflicts[i].contains(&last_item);
+                if o < last || symmetric || o + self.p.size[i] >= self.best {
+                    continue;
+                }
+                cands.push((o, std::cmp::Reverse(self.p.size[i]), i));
+            }
+            cands.sort_unstable();
+            for (o, _, i) in cands {
+                if o + self.p.size[i] >= self.best {
                     continue;
                 }
                 self.placed[i] = true;
                 self.off[i] = o;
-                self.dfs(depth + 1, h);
+                for &(s, e) in self.p.ivs(i) {
+                    for load in &mut self.unplaced[s as usize..e as usize] {
+                        *load -= self.p.size[i];
+                    }
+                }
+                self.dfs(depth + 1, high.max(o + self.p.size[i]), o, i);
+                for &(s, e) in self.p.ivs(i) {
+                    for load in &mut self.unplaced[s as usize..e as usize] {
+                        *load += self.p.size[i];
+                    }
+                }
                 self.placed[i] = false;
             }
         }
     }
-    let mut s =
-        Search { p, conflicts, placed: vec![false; n], off: vec![0; n], best: incumbent, best_off: None, lb };
-    s.dfs(0, 0);
+    let mut s = Search {
+        p,
+        conflicts,
+        placed: vec![false; n],
+        off: vec![0; n],
+        unplaced,
+        above: vec![0; ranks],
+        best: incumbent,
+        best_off: None,
+        lb,
+    };
+    s.dfs(0, 0, 0, usize::MAX);
     s.best_off
 }
 
@@ -2163,11 +2238,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let p = Problem::build(buffers)?;
     let n = p.len();
     let mut budget = opts.time_budget;
-    // The cap is for plain lists: with alias groups (schedules) the search needs the time
-    // and stops early anyway when the plan reaches the bound.
-    if let Some(per) = opts.scaled_budget_per_item
-        && p.ivs.len() == n
-    {
+    if let Some(per) = opts.scaled_budget_per_item {
         budget = budget.min(per * p.ivs.len() as u32 + Duration::from_millis(5));
     }
     let deadline = began + budget;
@@ -2423,13 +2494,15 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             offer(&mut best_high, &mut best_off, &mut strategy, high, off, name);
         }
     }
-    if best_high > lb && n <= EXACT_MAX_ITEMS {
-        if let Some(off) = exact(&p, lb, best_high) {
-            best_high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
-            best_off = off;
-            strategy = "exact".to_string();
-        }
-    } else if best_high > lb && opts.improve {
+    if best_high > lb
+        && n <= EXACT_MAX_ITEMS
+        && let Some(off) = exact(&p, lb, best_high)
+    {
+        best_high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+        best_off = off;
+        strategy = "exact".to_string();
+    }
+    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve {
         // Independent chains (one per core, different seeds) from the same start; the
         // lowest result is kept (the search's outcome varies a lot between seeds).
         let chains = workers_for(threads.clamp(1, 8), deadline.saturating_duration_since(Instant::now()));

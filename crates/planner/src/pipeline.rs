@@ -557,9 +557,12 @@ pub fn plan_schedule(input: &SchedulePlanInput, opts: &PlaceOptions) -> Result<P
 }
 
 /// Places the buffers of a schedule built by [`schedule_buffers`] (for callers that look at
-/// them first, e.g. to bound their number).
+/// them first, e.g. to bound their number). The whole `opts.time_budget` is the search's
+/// (no [`PlaceOptions::scaled_budget_per_item`] cap): most schedules reach the bound within
+/// milliseconds and stop there; those that do not are worth the time.
 pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result<Plan, PlanError> {
-    let placement = dsa::place(&sb.buffers, opts)?;
+    let opts = PlaceOptions { scaled_budget_per_item: None, ..opts.clone() };
+    let placement = dsa::place(&sb.buffers, &opts)?;
     let total: u64 = sb.buffers.iter().map(|b| b.size).sum();
     let buffers = sb
         .buffers
@@ -616,6 +619,66 @@ pub fn transformer_layers(chunks: u32, layers: u32, seq: u64, batch: u64, hidden
                 saved_bytes: 10 * bytes,
                 forward_workspace_bytes: 4 * bytes,
                 backward_workspace_bytes: 4 * bytes,
+            });
+        }
+    }
+    out
+}
+
+/// A transformer-like stack whose layers differ, for tests and figures (seeded): `layers`
+/// layers per chunk alternating at random between attention (≈ 4–6 hidden states saved for
+/// backward, sometimes a rotary-embedding input of fp32 kept for backward) and MLP (≈ 8–12
+/// hidden states saved); each graph's workspace is none, 32 MiB, one or two hidden states;
+/// the hidden state `[seq, batch, hidden]` in bf16 is chained from layer to layer and kept
+/// for backward with probability 0.8; the first layer of chunk 0 takes int64 token ids
+/// (no gradient) with probability 0.3.
+pub fn varied_layers(
+    chunks: u32,
+    layers: u32,
+    seq: u64,
+    batch: u64,
+    hidden: u64,
+    seed: u64,
+) -> Vec<LayerSpec> {
+    let mut rng = crate::rng::Rng::new(seed ^ 0x7661_7269_6564);
+    let state = |kept| TensorSpec {
+        name: "hidden".to_string(),
+        shape: vec![seq, batch, hidden],
+        dtype: "bf16".to_string(),
+        kept_for_backward: kept,
+    };
+    let bytes = seq * batch * hidden * 2;
+    let mut out = Vec::new();
+    for c in 0..chunks {
+        for l in 0..layers {
+            let attention = rng.below(2) == 0;
+            let mut inputs = vec![state(rng.below(5) != 0)];
+            if c == 0 && l == 0 && rng.below(10) < 3 {
+                inputs = vec![TensorSpec {
+                    name: "tokens".to_string(),
+                    shape: vec![seq, batch],
+                    dtype: "int64".to_string(),
+                    kept_for_backward: false,
+                }];
+            } else if attention && rng.below(2) == 0 {
+                inputs.push(TensorSpec {
+                    name: "rope".to_string(),
+                    shape: vec![seq, 1, 1, 128],
+                    dtype: "fp32".to_string(),
+                    kept_for_backward: true,
+                });
+            }
+            let saved =
+                if attention { [4, 6][rng.below(2) as usize] } else { [8, 12][rng.below(2) as usize] };
+            let mut workspace = || [0, 32 << 20, bytes, 2 * bytes][rng.below(4) as usize];
+            out.push(LayerSpec {
+                chunk: c,
+                layer: l,
+                inputs,
+                outputs: vec![state(false)],
+                saved_bytes: saved * bytes,
+                forward_workspace_bytes: workspace(),
+                backward_workspace_bytes: workspace(),
             });
         }
     }
