@@ -1,0 +1,73 @@
+//! Plans random pipeline schedules whose layers differ and reports those above 1.001 × the
+//! lower bound.
+//!
+//! `cargo run --release -p graphpool-planner --example schedules -- [CASES] [BUDGET_MS]`
+//!
+//! Case `k` (1..=CASES, default 100) draws, from seed `k`: 1F1B or interleaved 1F1B; pipeline
+//! size 1, 2, 4, 8 or 16 (at least 2 when interleaved) and a rank; for 1F1B 1, 2, 3, pp,
+//! 2 pp, 4 pp + 1, 64, 128 or 256 microbatches, for interleaved 2–4 chunks and pp × 1, 2,
+//! 4 or 8 microbatches; 1–8 layers per chunk from `pipeline::varied_layers` with sequence
+//! 1024–8192, micro-batch 1–4 and hidden 1024–8192. Each is planned by `plan_schedule` with
+//! `BUDGET_MS` (default 200, the daemon's default) and verified.
+
+use std::time::{Duration, Instant};
+
+use graphpool_planner::pipeline::varied_layers;
+use graphpool_planner::rng::Rng;
+use graphpool_planner::{PlaceOptions, Schedule, SchedulePlanInput, plan_schedule, verify};
+
+fn main() {
+    let arg = |k: usize, default: u64| -> u64 {
+        std::env::args().nth(k).map_or(default, |v| v.parse().expect("usage: schedules [CASES] [BUDGET_MS]"))
+    };
+    let (cases, budget_ms) = (arg(1, 100), arg(2, 200));
+    let opts = PlaceOptions { time_budget: Duration::from_millis(budget_ms), ..PlaceOptions::default() };
+    let began = Instant::now();
+    let (mut above, mut worst, mut slowest) = (0, 1.0f64, Duration::ZERO);
+    for case in 1..=cases {
+        let mut rng = Rng::new(case);
+        let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
+        let pp = pick(&mut rng, &[1, 2, 4, 8, 16]) as u32;
+        let (schedule, chunks) = if rng.below(2) == 0 {
+            let m =
+                pick(&mut rng, &[1, 2, 3, pp as u64, 2 * pp as u64, 4 * pp as u64 + 1, 64, 128, 256]) as u32;
+            let rank = rng.below(pp as u64) as u32;
+            (Schedule::OneFOneB { pp_size: pp, pp_rank: rank, num_microbatches: m }, 1)
+        } else {
+            let pp = pp.max(2);
+            let v = pick(&mut rng, &[2, 3, 4]) as u32;
+            let m = pp * pick(&mut rng, &[1, 2, 4, 8]) as u32;
+            let rank = rng.below(pp as u64) as u32;
+            (Schedule::Interleaved { pp_size: pp, pp_rank: rank, num_microbatches: m, virtual_chunks: v }, v)
+        };
+        let layers = rng.range(1, 8) as u32;
+        let seq = pick(&mut rng, &[1024, 2048, 4096, 8192]);
+        let batch = pick(&mut rng, &[1, 2, 4]);
+        let hidden = pick(&mut rng, &[1024, 2048, 4096, 5120, 8192]);
+        let input = SchedulePlanInput {
+            schedule: schedule.clone(),
+            layers: varied_layers(chunks, layers, seq, batch, hidden, case),
+        };
+        let plan = plan_schedule(&input, &opts).expect("generated schedules are valid");
+        let buffers = graphpool_planner::pipeline::schedule_buffers(&input).expect("valid").buffers;
+        let offsets: Vec<u64> = plan.buffers.iter().map(|b| b.offset).collect();
+        verify(&buffers, &offsets).expect("valid placement");
+        worst = worst.max(plan.ratio());
+        slowest = slowest.max(plan.elapsed);
+        if plan.ratio() > 1.001 {
+            above += 1;
+            println!(
+                "case {case}: {schedule:?}, {layers} layers, {} buffers: {:.4} of the bound in {:.1} ms ({})",
+                plan.buffers.len(),
+                plan.ratio(),
+                plan.elapsed.as_secs_f64() * 1e3,
+                plan.strategy
+            );
+        }
+    }
+    println!(
+        "{cases} schedules, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}, slowest plan {:.1} ms ({:.1} s in all)",
+        slowest.as_secs_f64() * 1e3,
+        began.elapsed().as_secs_f64()
+    );
+}
