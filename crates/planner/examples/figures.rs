@@ -89,6 +89,11 @@ fn main() {
     }
     for n in [10_000, 100_000] {
         for &seed in &seeds {
+            cases.push((format!("usize n={n} seed={seed}"), workload::random_uniform_sizes(n, seed)));
+        }
+    }
+    for n in [10_000, 100_000] {
+        for &seed in &seeds {
             cases.push((format!("dense n={n} seed={seed}"), workload::random_dense(n, seed)));
         }
     }

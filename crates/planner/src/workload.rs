@@ -34,6 +34,21 @@ pub fn random_uniform(n: usize, seed: u64) -> Vec<Buffer> {
         .collect()
 }
 
+/// `n` random buffers of uniform sizes: starts uniform over `[0, n)`, lifetimes uniform in
+/// `1..=256` steps (about 128 buffers live at a time), sizes uniform in 1 KiB..=1 MiB
+/// rounded up to 512 bytes — few small buffers to fill the gaps the others leave.
+pub fn random_uniform_sizes(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed ^ 0x0075_7369_7a65);
+    (0..n)
+        .map(|_| {
+            let start = rng.below(n.max(1) as u64);
+            let life = rng.range(1, 256);
+            let size = rng.range(1 << 10, 1 << 20).div_ceil(512) * 512;
+            Buffer { start, end: start + life, size, group: None }
+        })
+        .collect()
+}
+
 /// `n` random buffers with long lifetimes: starts uniform over `[0, n)`, lifetimes
 /// log-uniform in `1..=n/10` steps (about 1400 buffers live at a time at `n` = 100k: every
 /// buffer overlaps thousands of others), sizes log-uniform in 1 KiB..=64 MiB rounded up to
