@@ -10,8 +10,9 @@
 //! 2. an **online best-fit floor**: buffers in start order, freed extents coalesced, the
 //!    smallest free extent that fits taken (`O(n log n)`) — what a caching allocator would do;
 //!    and its **aligned** variant (next to the live buffer that ends closest to the placed
-//!    one), the leading construction on *dense* inputs, where one greedy pass (whose cost
-//!    grows with the pairs of buffers live together) would not fit in the budget;
+//!    one), the best construction on lists of uniform sizes and the leading one on *dense*
+//!    inputs, where one greedy pass (whose cost grows with the pairs of buffers live
+//!    together) would not fit in the budget;
 //! 3. **skyline** constructions (bottom-up: fill the lowest valley of the skyline with an
 //!    item that starts at its left edge; three pick rules), then a **portfolio of greedy
 //!    orders** (breadth, size, lifetime, size × lifetime, start) × (best-fit, lowest offset),
