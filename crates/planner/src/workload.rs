@@ -8,45 +8,27 @@ use crate::rng::Rng;
 /// average), lifetimes log-uniform in `1..=1000` steps (about 145 buffers live at a time),
 /// sizes log-uniform in 1 KiB..=16 MiB rounded up to 512 bytes.
 pub fn random(n: usize, seed: u64) -> Vec<Buffer> {
-    let mut rng = Rng::new(seed);
-    (0..n)
-        .map(|_| {
-            let start = rng.below(n.max(1) as u64);
-            let life = rng.log_uniform(1, 1000);
-            let size = rng.log_uniform(1 << 10, 16 << 20).div_ceil(512) * 512;
-            Buffer { start, end: start + life, size, group: None }
-        })
-        .collect()
+    uniform_starts(n, Rng::new(seed), |rng| {
+        (rng.log_uniform(1, 1000), rng.log_uniform(1 << 10, 16 << 20).div_ceil(512) * 512)
+    })
 }
 
 /// `n` random buffers of the common benchmark form: starts uniform over `[0, n)`, lifetimes
 /// uniform in `1..=256` steps (about 128 buffers live at a time), sizes log-uniform in
 /// 4 KiB..=4 MiB rounded up to 512 bytes.
 pub fn random_uniform(n: usize, seed: u64) -> Vec<Buffer> {
-    let mut rng = Rng::new(seed ^ 0x5eed_0001);
-    (0..n)
-        .map(|_| {
-            let start = rng.below(n.max(1) as u64);
-            let life = rng.range(1, 256);
-            let size = rng.log_uniform(4 << 10, 4 << 20).div_ceil(512) * 512;
-            Buffer { start, end: start + life, size, group: None }
-        })
-        .collect()
+    uniform_starts(n, Rng::new(seed ^ 0x5eed_0001), |rng| {
+        (rng.range(1, 256), rng.log_uniform(4 << 10, 4 << 20).div_ceil(512) * 512)
+    })
 }
 
 /// `n` random buffers of uniform sizes: starts uniform over `[0, n)`, lifetimes uniform in
 /// `1..=256` steps (about 128 buffers live at a time), sizes uniform in 1 KiB..=1 MiB
 /// rounded up to 512 bytes — few small buffers to fill the gaps the others leave.
 pub fn random_uniform_sizes(n: usize, seed: u64) -> Vec<Buffer> {
-    let mut rng = Rng::new(seed ^ 0x0075_7369_7a65);
-    (0..n)
-        .map(|_| {
-            let start = rng.below(n.max(1) as u64);
-            let life = rng.range(1, 256);
-            let size = rng.range(1 << 10, 1 << 20).div_ceil(512) * 512;
-            Buffer { start, end: start + life, size, group: None }
-        })
-        .collect()
+    uniform_starts(n, Rng::new(seed ^ 0x0075_7369_7a65), |rng| {
+        (rng.range(1, 256), rng.range(1 << 10, 1 << 20).div_ceil(512) * 512)
+    })
 }
 
 /// `n` random buffers with long lifetimes: starts uniform over `[0, n)`, lifetimes
@@ -55,13 +37,19 @@ pub fn random_uniform_sizes(n: usize, seed: u64) -> Vec<Buffer> {
 /// 512 bytes. The case where a greedy pass, whose gap queries visit every buffer live with
 /// the one placed, costs far more than the skyline.
 pub fn random_dense(n: usize, seed: u64) -> Vec<Buffer> {
-    let mut rng = Rng::new(seed ^ 0xde05_e000);
     let longest = (n as u64 / 10).max(2);
+    uniform_starts(n, Rng::new(seed ^ 0xde05_e000), |rng| {
+        (rng.log_uniform(1, longest), rng.log_uniform(1 << 10, 64 << 20).div_ceil(512) * 512)
+    })
+}
+
+/// `n` buffers starting uniformly over `[0, n)` (one arrival per clock step on average),
+/// each with the (lifetime, size) `draw` gives.
+fn uniform_starts(n: usize, mut rng: Rng, mut draw: impl FnMut(&mut Rng) -> (u64, u64)) -> Vec<Buffer> {
     (0..n)
         .map(|_| {
             let start = rng.below(n.max(1) as u64);
-            let life = rng.log_uniform(1, longest);
-            let size = rng.log_uniform(1 << 10, 64 << 20).div_ceil(512) * 512;
+            let (life, size) = draw(&mut rng);
             Buffer { start, end: start + life, size, group: None }
         })
         .collect()
