@@ -1,12 +1,13 @@
 //! `cargo bench -p graphpool-planner`: planning time on generated pipeline schedules and
-//! random / dense / tightly packed buffer lists up to 100k buffers. Ratios are printed by
-//! `cargo run --release -p graphpool-planner --example figures`.
+//! random / dense / tightly packed buffer lists up to 100k buffers, and `plan_schedule` (what
+//! PlanCapture runs) on schedules with varied layers at the daemon's default budget. Ratios
+//! are printed by `cargo run --release -p graphpool-planner --example figures`.
 
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use graphpool_planner::pipeline::{schedule_buffers, transformer_layers};
-use graphpool_planner::{Buffer, PlaceOptions, Schedule, SchedulePlanInput, place, workload};
+use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers};
+use graphpool_planner::{Buffer, PlaceOptions, Schedule, SchedulePlanInput, place, plan_schedule, workload};
 
 fn pipeline(schedule: Schedule, chunks: u32) -> Vec<Buffer> {
     let input = SchedulePlanInput { schedule, layers: transformer_layers(chunks, 9, 4096, 1, 1024) };
@@ -32,6 +33,7 @@ fn bench(c: &mut Criterion) {
         ("random_100k".into(), workload::random(100_000, 1)),
         ("uniform_10k".into(), workload::random_uniform(10_000, 1)),
         ("uniform_100k".into(), workload::random_uniform(100_000, 1)),
+        ("usize_100k".into(), workload::random_uniform_sizes(100_000, 1)),
         ("dense_10k".into(), workload::random_dense(10_000, 1)),
         ("dense_100k".into(), workload::random_dense(100_000, 1)),
         ("packed_10k".into(), workload::packed(10_000, 1)),
@@ -40,6 +42,23 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10).measurement_time(Duration::from_secs(5));
     for (name, buffers) in &cases {
         group.bench_function(name.as_str(), |b| b.iter(|| place(buffers, &opts).expect("valid")));
+    }
+    group.finish();
+
+    let daemon = PlaceOptions { time_budget: Duration::from_millis(200), ..PlaceOptions::default() };
+    let schedules = [
+        ("varied_1f1b_pp8_r0_m64", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 64 }, 1),
+        (
+            "varied_interleaved_pp8_v3_r2_m64",
+            Schedule::Interleaved { pp_size: 8, pp_rank: 2, num_microbatches: 64, virtual_chunks: 3 },
+            3,
+        ),
+    ];
+    let mut group = c.benchmark_group("plan_schedule");
+    group.sample_size(10).measurement_time(Duration::from_secs(5));
+    for (name, schedule, chunks) in schedules {
+        let input = SchedulePlanInput { schedule, layers: varied_layers(chunks, 4, 2048, 1, 2048, 1) };
+        group.bench_function(name, |b| b.iter(|| plan_schedule(&input, &daemon).expect("valid")));
     }
     group.finish();
 }
