@@ -3,6 +3,8 @@ profiles are written by hand, as a profile recorded elsewhere would be)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import graphpool
@@ -71,3 +73,47 @@ def test_description_carries_the_overhead() -> None:
     desc = plan_description(schedule, _profiles(2), OVERHEAD)
     assert desc["overhead"] == OVERHEAD
     assert [layer["layer"] for layer in desc["layers"]] == [0, 1]
+
+
+def test_a_long_plan_outlives_the_client_timeout(daemon: object, job_id: str) -> None:
+    """A schedule whose plan stays above its lower bound is searched for the whole time
+    budget; the call waits for it beyond the client's own timeout instead of failing."""
+    from graphpool._proto.graphpool.v1 import plan_pb2
+
+    def tensor(name: str, shape: list[int], dtype: str, kept: bool = False) -> Any:
+        return plan_pb2.TensorSpec(name=name, shape=shape, dtype=dtype, kept_for_backward=kept)
+
+    hidden = [256, 1, 128]
+    layers = [
+        # Small activations beside 32 MiB workspaces: 36 groups, planned 1.0108 × the bound.
+        plan_pb2.LayerSpec(
+            chunk=0,
+            layer=0,
+            inputs=[tensor("tokens", [256, 1], "int64")],
+            outputs=[tensor("hidden", hidden, "bf16")],
+            saved_bytes=512 * 1024,
+            forward_workspace_bytes=32 * MiB,
+            backward_workspace_bytes=32 * MiB,
+        ),
+        plan_pb2.LayerSpec(
+            chunk=0,
+            layer=1,
+            inputs=[tensor("hidden", hidden, "bf16", True), tensor("rope", [256, 1, 1, 128], "fp32", True)],
+            outputs=[tensor("hidden", hidden, "bf16")],
+            saved_bytes=256 * 1024,
+            forward_workspace_bytes=128 * 1024,
+            backward_workspace_bytes=0,
+        ),
+    ]
+    schedule = Schedule.one_f_one_b(pp_size=3, pp_rank=0, num_microbatches=4)
+    plan_input = plan_pb2.PlanInput(
+        schedule=plan_pb2.SchedulePlanInput(schedule=schedule.to_proto(), layers=layers), time_budget_ms=1500
+    )
+    client = graphpool.Client(daemon.socket, timeout=0.5)  # type: ignore[attr-defined]
+    try:
+        with client.attach(job_id, rank=0) as s:
+            plan = s.plan_capture(plan_input, reserve=False).plan
+    finally:
+        client.close()
+    assert plan.footprint_bytes > plan.lower_bound_bytes
+    assert plan.planning_seconds >= 1.0

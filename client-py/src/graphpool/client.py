@@ -503,11 +503,11 @@ class Client:
                 self._channel, self._pid = ch, os.getpid()
             return self._stub, self._admin
 
-    def _call(self, name: str, request: Any, *, admin: bool = False) -> Any:
+    def _call(self, name: str, request: Any, *, admin: bool = False, extra_time: float = 0.0) -> Any:
         stub, admin_stub = self._stubs()
         fn = getattr(admin_stub if admin else stub, name)
         try:
-            return fn(request, timeout=self.timeout)
+            return fn(request, timeout=self.timeout + extra_time)
         except grpc.RpcError as e:
             raise error_from_rpc(e, self.socket_path) from None
 
@@ -652,9 +652,11 @@ class Client:
 
     def plan_capture(self, session_id: int, plan_input: Any, reserve: bool = False) -> pb.PlanCaptureResponse:
         """Low level: ``PlanCapture`` with a ``graphpool.v1.PlanInput`` message; returns the raw
-        ``PlanCaptureResponse``."""
+        ``PlanCaptureResponse``. The call may take the client's timeout plus the input's
+        ``time_budget_ms`` (a schedule that does not reach its bound is searched that long)."""
         req = pb.PlanCaptureRequest(session_id=session_id, input=plan_input, reserve=reserve)
-        resp: pb.PlanCaptureResponse = self._call("PlanCapture", req)
+        budget = plan_input.time_budget_ms / 1000.0
+        resp: pb.PlanCaptureResponse = self._call("PlanCapture", req, extra_time=budget)
         return resp
 
     # -- node-wide queries -----------------------------------------------------------------------
