@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers};
+use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers, workspace_layers};
 use graphpool_planner::{PlaceOptions, Schedule, SchedulePlanInput, place, verify, workload};
 
 fn main() {
@@ -49,6 +49,18 @@ fn main() {
     for (name, schedule, chunks) in pipelines {
         let input = SchedulePlanInput { schedule, layers: transformer_layers(chunks, 9, 4096, 1, 1024) };
         cases.push((name.to_string(), schedule_buffers(&input).expect("valid schedule").buffers));
+    }
+    // Attention layers with a fixed 32 MiB workspace beside MLP layers with none, 1 MiB
+    // hidden states: one microbatch per slot (M = pp) against slots replayed twice (M = 2 pp).
+    for m in [4, 8] {
+        let input = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: m },
+            layers: workspace_layers(2, 1 << 20),
+        };
+        cases.push((
+            format!("ws-1f1b pp=4 r0 M={m}"),
+            schedule_buffers(&input).expect("valid schedule").buffers,
+        ));
     }
     // Layers that differ (attention and MLP, workspaces, token and rotary inputs).
     let varied = [

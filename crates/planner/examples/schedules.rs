@@ -9,14 +9,56 @@
 //! 4 or 8 microbatches; 1–8 layers per chunk from `pipeline::varied_layers` with sequence
 //! 1024–8192, micro-batch 1–4 and hidden 1024–8192. Each is planned by `plan_schedule` with
 //! `BUDGET_MS` (default 200, the daemon's default) and verified.
+//!
+//! `… --example schedules -- workspaces [BUDGET_MS]` sweeps 1F1B instead (pp 2 / 4 / 8 with
+//! ranks 0, 2, 3, 7 where they exist, M 4, 8, 16, 33, 2 or 4 layers, hidden states of 1, 2,
+//! 8 or 32 MiB) over layers alternating attention with 32 MiB workspaces (4 hidden states
+//! saved) and MLP without (8 saved).
 
 use std::time::{Duration, Instant};
 
-use graphpool_planner::pipeline::varied_layers;
+use graphpool_planner::pipeline::{varied_layers, workspace_layers};
 use graphpool_planner::rng::Rng;
 use graphpool_planner::{PlaceOptions, Schedule, SchedulePlanInput, plan_schedule, verify};
 
+fn workspaces(budget_ms: u64) {
+    let opts = PlaceOptions { time_budget: Duration::from_millis(budget_ms), ..PlaceOptions::default() };
+    let (mut above, mut total, mut worst) = (0, 0, 1.0f64);
+    for (pp, rank) in [(2, 0), (4, 0), (4, 2), (8, 0), (8, 3), (8, 7)] {
+        for m in [4, 8, 16, 33] {
+            for layers in [2, 4] {
+                for mib in [1u64, 2, 8, 32] {
+                    let input = SchedulePlanInput {
+                        schedule: Schedule::OneFOneB { pp_size: pp, pp_rank: rank, num_microbatches: m },
+                        layers: workspace_layers(layers, mib << 20),
+                    };
+                    let plan = plan_schedule(&input, &opts).expect("valid schedule");
+                    total += 1;
+                    worst = worst.max(plan.ratio());
+                    if plan.ratio() > 1.001 {
+                        above += 1;
+                        println!(
+                            "pp {pp} rank {rank} M {m}, {layers} layers, hidden {mib} MiB: {:.4} of the bound ({} slots, {} MiB over it)",
+                            plan.ratio(),
+                            plan.slots,
+                            (plan.footprint - plan.lower_bound) >> 20
+                        );
+                    }
+                }
+            }
+        }
+    }
+    println!("{total} schedules, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}");
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("workspaces") {
+        let budget_ms = std::env::args()
+            .nth(2)
+            .map_or(200, |v| v.parse().expect("usage: schedules workspaces [BUDGET_MS]"));
+        workspaces(budget_ms);
+        return;
+    }
     let arg = |k: usize, default: u64| -> u64 {
         std::env::args().nth(k).map_or(default, |v| v.parse().expect("usage: schedules [CASES] [BUDGET_MS]"))
     };

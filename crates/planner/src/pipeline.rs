@@ -685,6 +685,34 @@ pub fn varied_layers(
     out
 }
 
+/// `layers` layers alternating attention (fixed 32 MiB forward and backward workspaces, 4
+/// hidden states saved) and MLP (no workspace, 8 saved), hidden state of `hidden_bytes` in
+/// bf16 chained from layer to layer and kept for backward: layers whose workspaces differ
+/// and do not scale with the activations (for figures).
+pub fn workspace_layers(layers: u32, hidden_bytes: u64) -> Vec<LayerSpec> {
+    let hidden = TensorSpec {
+        name: "hidden".to_string(),
+        shape: vec![(hidden_bytes / 2048).max(1), 1, 1024],
+        dtype: "bf16".to_string(),
+        kept_for_backward: true,
+    };
+    (0..layers)
+        .map(|layer| {
+            let attention = layer % 2 == 0;
+            let workspace = if attention { 32 << 20 } else { 0 };
+            LayerSpec {
+                chunk: 0,
+                layer,
+                inputs: vec![hidden.clone()],
+                outputs: vec![TensorSpec { kept_for_backward: false, ..hidden.clone() }],
+                saved_bytes: if attention { 4 * hidden_bytes } else { 8 * hidden_bytes },
+                forward_workspace_bytes: workspace,
+                backward_workspace_bytes: workspace,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
