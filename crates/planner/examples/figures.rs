@@ -16,7 +16,14 @@
 use std::time::Duration;
 
 use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers, workspace_layers};
-use graphpool_planner::{PlaceOptions, Schedule, SchedulePlanInput, place, verify, workload};
+use graphpool_planner::{
+    Buffer, LayerSpec, PlaceOptions, Schedule, SchedulePlanInput, place, verify, workload,
+};
+
+/// The buffers of `schedule` over `layers`.
+fn buffers_of(schedule: Schedule, layers: Vec<LayerSpec>) -> Vec<Buffer> {
+    schedule_buffers(&SchedulePlanInput { schedule, layers }).expect("valid schedule").buffers
+}
 
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
@@ -30,7 +37,7 @@ fn main() {
     };
     let budget_ms: Option<u64> =
         std::env::var("FIGURES_BUDGET_MS").ok().map(|v| v.parse().expect("FIGURES_BUDGET_MS: milliseconds"));
-    let mut cases: Vec<(String, Vec<graphpool_planner::Buffer>)> = Vec::new();
+    let mut cases: Vec<(String, Vec<Buffer>)> = Vec::new();
     let pipelines = [
         ("1f1b pp=8 rank=0 M=8", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 8 }, 1),
         ("1f1b pp=8 rank=0 M=128", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 128 }, 1),
@@ -47,20 +54,13 @@ fn main() {
         ),
     ];
     for (name, schedule, chunks) in pipelines {
-        let input = SchedulePlanInput { schedule, layers: transformer_layers(chunks, 9, 4096, 1, 1024) };
-        cases.push((name.to_string(), schedule_buffers(&input).expect("valid schedule").buffers));
+        cases.push((name.to_string(), buffers_of(schedule, transformer_layers(chunks, 9, 4096, 1, 1024))));
     }
     // Attention layers with a fixed 32 MiB workspace beside MLP layers with none, 1 MiB
     // hidden states: one microbatch per slot (M = pp) against slots replayed twice (M = 2 pp).
     for m in [4, 8] {
-        let input = SchedulePlanInput {
-            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: m },
-            layers: workspace_layers(2, 1 << 20),
-        };
-        cases.push((
-            format!("ws-1f1b pp=4 r0 M={m}"),
-            schedule_buffers(&input).expect("valid schedule").buffers,
-        ));
+        let schedule = Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: m };
+        cases.push((format!("ws-1f1b pp=4 r0 M={m}"), buffers_of(schedule, workspace_layers(2, 1 << 20))));
     }
     // Layers that differ (attention and MLP, workspaces, token and rotary inputs).
     let varied = [
@@ -79,14 +79,8 @@ fn main() {
     ];
     for (name, schedule, chunks) in varied {
         for &seed in &seeds {
-            let input = SchedulePlanInput {
-                schedule: schedule.clone(),
-                layers: varied_layers(chunks, 4, 2048, 1, 2048, seed),
-            };
-            cases.push((
-                format!("{name} seed={seed}"),
-                schedule_buffers(&input).expect("valid schedule").buffers,
-            ));
+            let layers = varied_layers(chunks, 4, 2048, 1, 2048, seed);
+            cases.push((format!("{name} seed={seed}"), buffers_of(schedule.clone(), layers)));
         }
     }
     for n in [1_000, 10_000, 100_000] {

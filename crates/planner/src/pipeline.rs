@@ -596,17 +596,17 @@ pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result
     })
 }
 
+/// The hidden state of the layer generators below: `shape` in bf16.
+fn hidden_state(shape: Vec<u64>, kept_for_backward: bool) -> TensorSpec {
+    TensorSpec { name: "hidden".to_string(), shape, dtype: "bf16".to_string(), kept_for_backward }
+}
+
 /// A transformer-like layer stack for examples, tests and benchmarks: `layers` layers per
 /// chunk, hidden state `[seq, batch, hidden]` in bf16 chained from layer to layer and kept
 /// for backward, `saved_bytes` ≈ 10 hidden states (attention and FFN activations) and
 /// workspaces of 4 hidden states.
 pub fn transformer_layers(chunks: u32, layers: u32, seq: u64, batch: u64, hidden: u64) -> Vec<LayerSpec> {
-    let h = TensorSpec {
-        name: "hidden".to_string(),
-        shape: vec![seq, batch, hidden],
-        dtype: "bf16".to_string(),
-        kept_for_backward: true,
-    };
+    let h = hidden_state(vec![seq, batch, hidden], true);
     let bytes = seq * batch * hidden * 2;
     let mut out = Vec::new();
     for c in 0..chunks {
@@ -615,7 +615,7 @@ pub fn transformer_layers(chunks: u32, layers: u32, seq: u64, batch: u64, hidden
                 chunk: c,
                 layer: l,
                 inputs: vec![h.clone()],
-                outputs: vec![TensorSpec { kept_for_backward: false, ..h.clone() }],
+                outputs: vec![hidden_state(h.shape.clone(), false)],
                 saved_bytes: 10 * bytes,
                 forward_workspace_bytes: 4 * bytes,
                 backward_workspace_bytes: 4 * bytes,
@@ -641,12 +641,7 @@ pub fn varied_layers(
     seed: u64,
 ) -> Vec<LayerSpec> {
     let mut rng = crate::rng::Rng::new(seed ^ 0x7661_7269_6564);
-    let state = |kept| TensorSpec {
-        name: "hidden".to_string(),
-        shape: vec![seq, batch, hidden],
-        dtype: "bf16".to_string(),
-        kept_for_backward: kept,
-    };
+    let state = |kept| hidden_state(vec![seq, batch, hidden], kept);
     let bytes = seq * batch * hidden * 2;
     let mut out = Vec::new();
     for c in 0..chunks {
@@ -690,12 +685,7 @@ pub fn varied_layers(
 /// bf16 chained from layer to layer and kept for backward: layers whose workspaces differ
 /// and do not scale with the activations (for figures).
 pub fn workspace_layers(layers: u32, hidden_bytes: u64) -> Vec<LayerSpec> {
-    let hidden = TensorSpec {
-        name: "hidden".to_string(),
-        shape: vec![(hidden_bytes / 2048).max(1), 1, 1024],
-        dtype: "bf16".to_string(),
-        kept_for_backward: true,
-    };
+    let shape = vec![(hidden_bytes / 2048).max(1), 1, 1024];
     (0..layers)
         .map(|layer| {
             let attention = layer % 2 == 0;
@@ -703,8 +693,8 @@ pub fn workspace_layers(layers: u32, hidden_bytes: u64) -> Vec<LayerSpec> {
             LayerSpec {
                 chunk: 0,
                 layer,
-                inputs: vec![hidden.clone()],
-                outputs: vec![TensorSpec { kept_for_backward: false, ..hidden.clone() }],
+                inputs: vec![hidden_state(shape.clone(), true)],
+                outputs: vec![hidden_state(shape.clone(), false)],
                 saved_bytes: if attention { 4 * hidden_bytes } else { 8 * hidden_bytes },
                 forward_workspace_bytes: workspace,
                 backward_workspace_bytes: workspace,
