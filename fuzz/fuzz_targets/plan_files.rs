@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use graphpool::cli::plan::{parse_buffers_csv, parse_schedule};
+use graphpool::cli::plan::{CsvOptions, parse_buffers_csv, parse_schedule};
 use graphpool_planner::PlaceOptions;
 use graphpool_planner::pipeline;
 use libfuzzer_sys::fuzz_target;
@@ -16,10 +16,17 @@ fuzz_target!(|data: &[u8]| {
     let opts = PlaceOptions { time_budget: Duration::from_millis(1), threads: 1, ..PlaceOptions::default() };
     match kind % 3 {
         0 => {
-            if let Ok(list) = parse_buffers_csv(Path::new("fuzz.csv"), text) {
-                if list.len() <= 64 {
-                    if let Ok(plan) = pipeline::plan_buffers(&list, &opts) {
+            let csv = CsvOptions { inclusive_end: text.len() % 2 == 1 };
+            if let Ok(list) = parse_buffers_csv(Path::new("fuzz.csv"), text, csv) {
+                if list.buffers.len() <= 64 {
+                    if let Ok(plan) = pipeline::plan_buffers(&list.buffers, &opts) {
                         assert!(plan.footprint >= plan.lower_bound);
+                        // A valid placement from the file is never below the lower bound.
+                        if let Some(Ok(given)) =
+                            list.offsets.as_ref().map(|o| pipeline::check_placement(&list.buffers, o))
+                        {
+                            assert!(given >= plan.lower_bound);
+                        }
                     }
                 }
             }

@@ -3,11 +3,14 @@
 //! Two inputs:
 //!
 //! - `--buffers FILE.csv`: a plain buffer list, for comparison with other allocators on the
-//!   same inputs. The first line is the header `buffer,start,end,size` (optionally with a
-//!   fifth column `alias_group`); then one buffer per line: a name, the first step it is
-//!   live, the first step it no longer is (`[start, end)`), and its size in bytes (a plain
-//!   count or a size such as `64MiB`). Buffers with the same non-empty `alias_group` share
-//!   one offset. Empty lines and lines starting with `#` are skipped; fields are not quoted.
+//!   same inputs. The first line is the header `buffer,start,end,size`, in any order, with
+//!   optional columns `alias_group` and `offset` (MiniMalloc's `id,lower,upper,size` names
+//!   are read too); then one buffer per line: a name, the first step it is live, the first
+//!   step it no longer is (`[start, end)`; with `--inclusive-end` the last step it is), and
+//!   its size in bytes (a plain count or a size such as `64MiB`). Buffers with the same
+//!   non-empty `alias_group` share one offset. An `offset` column is another allocator's
+//!   placement: it is checked and its footprint reported beside the plan's. Empty lines,
+//!   lines starting with `#` and a byte order mark are skipped; fields may be quoted.
 //!
 //! - `--schedule FILE.toml|FILE.json`: a pipeline schedule and the layers of every chunk,
 //!   the same content as the API's `SchedulePlanInput`:
@@ -54,8 +57,9 @@ use crate::units::{SizeDisplay, parse_size};
 /// Arguments of `graphpool plan`.
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
-    /// A buffer list: CSV with header `buffer,start,end,size` (optional 5th column
-    /// `alias_group`), one buffer per line, live over [start, end).
+    /// A buffer list: CSV with header `buffer,start,end,size` (optional columns `alias_group`
+    /// and `offset`, another allocator's placement to check), one buffer per line, live over
+    /// [start, end).
     #[arg(long, value_name = "FILE.csv", conflicts_with = "schedule", required_unless_present = "schedule")]
     pub buffers: Option<PathBuf>,
     /// A pipeline schedule with per-layer tensor specs, as TOML or JSON (by extension).
@@ -67,6 +71,10 @@ pub struct PlanArgs {
     /// Most time to spend planning, in milliseconds (small inputs finish sooner).
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub time_budget_ms: u64,
+    /// With --buffers: `end` is the last step a buffer is live, not the first it is not
+    /// (MiniMalloc's buffer,start,end,size files).
+    #[arg(long, requires = "buffers")]
+    pub inclusive_end: bool,
 }
 
 /// Why `graphpool plan` failed.
@@ -129,28 +137,74 @@ impl PlanCliError {
 pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
     let opts =
         PlaceOptions { time_budget: Duration::from_millis(args.time_budget_ms), ..PlaceOptions::default() };
-    let plan = match (&args.buffers, &args.schedule) {
+    let (plan, given) = match (&args.buffers, &args.schedule) {
         (Some(path), None) => {
             let text = read(path)?;
-            let buffers = parse_buffers_csv(path, &text)?;
-            pipeline::plan_buffers(&buffers, &opts)
-                .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?
+            let list = parse_buffers_csv(path, &text, CsvOptions { inclusive_end: args.inclusive_end })?;
+            let plan = pipeline::plan_buffers(&list.buffers, &opts)
+                .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?;
+            let given = list.offsets.map(|offsets| GivenPlacement::check(&list.buffers, &offsets));
+            (plan, given)
         }
         (None, Some(path)) => {
             let text = read(path)?;
             let desc = parse_schedule(path, &text)?;
-            pipeline::plan_schedule(&desc.input, &opts)
+            let plan = pipeline::plan_schedule(&desc.input, &opts)
                 .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?
-                .with_overhead(&desc.overhead.unwrap_or_default())
+                .with_overhead(&desc.overhead.unwrap_or_default());
+            (plan, None)
         }
         _ => return Err(PlanCliError::Usage),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan_json(&plan)).expect("a plan serializes"));
+        let mut value = plan_json(&plan);
+        if let Some(g) = &given {
+            value["given_offsets"] = g.json(plan.lower_bound);
+        }
+        println!("{}", serde_json::to_string_pretty(&value).expect("a plan serializes"));
     } else {
         print!("{}", report(&plan));
+        if let Some(g) = &given {
+            println!("{:<19} {}", "given offsets", g.describe(plan.lower_bound));
+        }
     }
     Ok(())
+}
+
+/// The placement an `offset` column gave, checked: for comparing another allocator's
+/// answer with the plan on the same buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GivenPlacement {
+    /// Its footprint (highest byte used), or why it is not a valid placement.
+    pub footprint: Result<u64, pipeline::PlacementError>,
+}
+
+impl GivenPlacement {
+    /// Checks `offsets` for `buffers`.
+    pub fn check(buffers: &[NamedBuffer], offsets: &[u64]) -> GivenPlacement {
+        GivenPlacement { footprint: pipeline::check_placement(buffers, offsets) }
+    }
+
+    /// One line for the report.
+    fn describe(&self, lower_bound: u64) -> String {
+        match &self.footprint {
+            Ok(f) => format!(
+                "footprint {} ({f} bytes), ratio {:.4}, valid",
+                SizeDisplay(*f),
+                *f as f64 / lower_bound.max(1) as f64
+            ),
+            Err(e) => format!("not a valid placement: {e}"),
+        }
+    }
+
+    fn json(&self, lower_bound: u64) -> serde_json::Value {
+        match &self.footprint {
+            Ok(f) => json!({
+                "valid": true, "footprint_bytes": f, "ratio": *f as f64 / lower_bound.max(1) as f64,
+            }),
+            Err(e) => json!({ "valid": false, "error": e.to_string() }),
+        }
+    }
 }
 
 fn read(path: &Path) -> Result<String, PlanCliError> {
@@ -200,93 +254,227 @@ pub fn parse_schedule(path: &Path, text: &str) -> Result<ScheduleDescription, Pl
     Ok(file.into())
 }
 
+/// A parsed `--buffers` file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferList {
+    /// The buffers, in file order.
+    pub buffers: Vec<NamedBuffer>,
+    /// Offsets from an `offset` column (another allocator's placement of the same buffers),
+    /// when the file has one.
+    pub offsets: Option<Vec<u64>>,
+}
+
+/// How to read a `--buffers` file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CsvOptions {
+    /// The `end` column is the last step a buffer is live (`[start, end]`), as in
+    /// MiniMalloc's `buffer,start,end,size` files, rather than the first it is not.
+    pub inclusive_end: bool,
+}
+
+/// A column of a `--buffers` file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Column {
+    Buffer,
+    Start,
+    End,
+    Size,
+    AliasGroup,
+    Offset,
+}
+
+impl Column {
+    /// The column's name in messages.
+    fn name(self) -> &'static str {
+        match self {
+            Column::Buffer => "buffer",
+            Column::Start => "start",
+            Column::End => "end",
+            Column::Size => "size",
+            Column::AliasGroup => "alias_group",
+            Column::Offset => "offset",
+        }
+    }
+
+    /// The column a header name stands for (case-insensitive; MiniMalloc's `id`, `lower`
+    /// and `upper` are accepted, `upper` exclusive like `end`).
+    fn parse(header: &str) -> Option<Column> {
+        Some(match header.to_ascii_lowercase().as_str() {
+            "buffer" | "id" | "buffer_id" | "name" => Column::Buffer,
+            "start" | "lower" | "begin" => Column::Start,
+            "end" | "upper" => Column::End,
+            "size" => Column::Size,
+            "alias_group" => Column::AliasGroup,
+            "offset" => Column::Offset,
+            _ => return None,
+        })
+    }
+}
+
+/// Splits one CSV record into fields (RFC 4180: a field may be quoted, `""` inside quotes
+/// is a quote), each trimmed of surrounding blanks.
+fn split_record(line: &str) -> Result<Vec<String>, String> {
+    let mut fields = Vec::new();
+    let mut chars = line.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
+            chars.next();
+        }
+        let mut field = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            loop {
+                match chars.next() {
+                    Some('"') if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        field.push('"');
+                    }
+                    Some('"') => break,
+                    Some(c) => field.push(c),
+                    None => return Err("a quoted field is not closed on its line".into()),
+                }
+            }
+            while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
+                chars.next();
+            }
+            if chars.peek().is_some_and(|c| *c != ',') {
+                return Err("text after a closing quote; quote the whole field".into());
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c == ',' {
+                    break;
+                }
+                if c == '"' {
+                    return Err(
+                        "a quote inside an unquoted field; quote the field and double the quote".into()
+                    );
+                }
+                field.push(c);
+                chars.next();
+            }
+            field.truncate(field.trim_end().len());
+        }
+        fields.push(field);
+        if chars.next().is_none() {
+            return Ok(fields);
+        }
+    }
+}
+
 /// Parses a buffer-list CSV (see the module documentation). Errors give the line number
 /// and the column at fault.
-pub fn parse_buffers_csv(path: &Path, text: &str) -> Result<Vec<NamedBuffer>, PlanCliError> {
+pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<BufferList, PlanCliError> {
     let err = |line: usize, field: &str, message: String| PlanCliError::Csv {
         path: path.to_path_buf(),
         line,
         field: field.to_string(),
         message,
     };
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end_matches('\r')));
     let (header_line, header) =
         lines.by_ref().find(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#')).ok_or_else(
             || err(1, "buffer", "the file is empty; start with the header buffer,start,end,size".into()),
         )?;
-    let columns: Vec<String> = header.split(',').map(|c| c.trim().to_ascii_lowercase()).collect();
-    let with_alias = match columns.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["buffer", "start", "end", "size"] => false,
-        ["buffer", "start", "end", "size", "alias_group"] => true,
-        _ => {
-            return Err(err(
+    let names = split_record(header).map_err(|m| err(header_line, "header", m))?;
+    let mut columns: Vec<Column> = Vec::with_capacity(names.len());
+    for name in &names {
+        let column = Column::parse(name).ok_or_else(|| {
+            err(
                 header_line,
                 "header",
                 format!(
-                    "is {header:?}; the first line must be buffer,start,end,size (optionally ,alias_group)"
+                    "unknown column {name:?}; the columns are buffer,start,end,size and optionally \
+                     alias_group and offset (MiniMalloc's id,lower,upper also read)"
                 ),
+            )
+        })?;
+        if columns.contains(&column) {
+            return Err(err(header_line, "header", format!("column {:?} appears twice", column.name())));
+        }
+        columns.push(column);
+    }
+    for required in [Column::Buffer, Column::Start, Column::End, Column::Size] {
+        if !columns.contains(&required) {
+            return Err(err(
+                header_line,
+                "header",
+                format!("no {:?} column; the header must name buffer,start,end,size", required.name()),
             ));
         }
-    };
-    let names = ["buffer", "start", "end", "size", "alias_group"];
-    let want = if with_alias { 5 } else { 4 };
+    }
+    let at = |c: Column| columns.iter().position(|&x| x == c);
+    let [buffer_at, start_at, end_at, size_at] =
+        [Column::Buffer, Column::Start, Column::End, Column::Size].map(|c| at(c).expect("checked above"));
+    let (alias_at, offset_at) = (at(Column::AliasGroup), at(Column::Offset));
+    let listed = columns.iter().map(|c| c.name()).collect::<Vec<_>>().join(",");
     let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut out = Vec::new();
+    let mut buffers = Vec::new();
+    let mut offsets = offset_at.map(|_| Vec::new());
     for (line, raw) in lines {
         let trimmed = raw.trim();
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        if raw.contains('"') {
+        let fields = split_record(raw).map_err(|m| err(line, "buffer", m))?;
+        if fields.len() != columns.len() {
+            let field = columns.get(fields.len().min(columns.len() - 1)).map_or("size", |c| c.name());
             return Err(err(
                 line,
-                "buffer",
-                "quoted fields are not supported; write names without quotes or commas".into(),
-            ));
-        }
-        let fields: Vec<&str> = raw.split(',').map(str::trim).collect();
-        if fields.len() != want {
-            let field = names.get(fields.len().min(want)).copied().unwrap_or("size");
-            return Err(err(
-                line,
-                if fields.len() < want { field } else { names[want - 1] },
+                field,
                 format!(
-                    "expected {want} comma-separated fields ({}), found {}",
-                    names[..want].join(","),
+                    "expected {} comma-separated fields ({listed}), found {}",
+                    columns.len(),
                     fields.len()
                 ),
             ));
         }
-        let name = fields[0];
+        let name = fields[buffer_at].as_str();
         if name.is_empty() {
             return Err(err(line, "buffer", "is empty; give every buffer a name".into()));
         }
         if let Some(first) = seen.insert(name.to_string(), line) {
             return Err(err(line, "buffer", format!("duplicate name {name:?} (first on line {first})")));
         }
-        let int = |k: usize| {
+        let int = |k: usize, column: Column, what: &str| {
             fields[k].parse::<u64>().map_err(|_| {
-                err(line, names[k], format!("expected a non-negative integer step, found {:?}", fields[k]))
+                err(
+                    line,
+                    column.name(),
+                    format!("expected a non-negative integer {what}, found {:?}", fields[k]),
+                )
             })
         };
-        let (start, end) = (int(1)?, int(2)?);
+        let start = int(start_at, Column::Start, "step")?;
+        let last = int(end_at, Column::End, "step")?;
+        let end = if opts.inclusive_end {
+            last.checked_add(1).ok_or_else(|| err(line, "end", format!("{last} is too large")))?
+        } else {
+            last
+        };
         if end <= start {
-            return Err(err(
-                line,
-                "end",
-                format!("is {end}, not after start {start}; buffers live over [start, end)"),
-            ));
+            let hint = if opts.inclusive_end {
+                "buffers live over [start, end] with --inclusive-end"
+            } else {
+                "buffers live over [start, end); if end is the last step a buffer is live (MiniMalloc's \
+                 buffer,start,end,size files), pass --inclusive-end"
+            };
+            return Err(err(line, "end", format!("is {last}, not after start {start}; {hint}")));
         }
-        let size = parse_size(fields[3]).map_err(|e| err(line, "size", e.to_string()))?;
-        out.push(NamedBuffer {
+        let size = parse_size(&fields[size_at]).map_err(|e| err(line, "size", e.to_string()))?;
+        if let (Some(k), Some(list)) = (offset_at, offsets.as_mut()) {
+            list.push(int(k, Column::Offset, "byte offset")?);
+        }
+        buffers.push(NamedBuffer {
             name: name.to_string(),
             start,
             end,
             size,
-            alias_group: if with_alias { fields[4].to_string() } else { String::new() },
+            alias_group: alias_at.map(|k| fields[k].clone()).unwrap_or_default(),
         });
     }
-    Ok(out)
+    Ok(BufferList { buffers, offsets })
 }
 
 /// The human-readable report.
@@ -349,7 +537,7 @@ mod tests {
     use super::*;
 
     fn csv(text: &str) -> Result<Vec<NamedBuffer>, PlanCliError> {
-        parse_buffers_csv(Path::new("t.csv"), text)
+        parse_buffers_csv(Path::new("t.csv"), text, CsvOptions::default()).map(|l| l.buffers)
     }
 
     fn line_field(e: PlanCliError) -> (usize, String) {
@@ -384,6 +572,70 @@ mod tests {
             (3, "buffer".into())
         );
         assert_eq!(line_field(csv("buffer,start,end,size\n,0,4,4\n").unwrap_err()), (2, "buffer".into()));
+    }
+
+    #[test]
+    fn reads_columns_by_name_in_any_order_and_other_allocators_headers() {
+        let b = csv("\u{feff}size,end,start,buffer\r\n64,4,0,a\r\n").unwrap();
+        assert_eq!((b[0].name.as_str(), b[0].start, b[0].end, b[0].size), ("a", 0, 4, 64));
+        // MiniMalloc's older header: `upper` is exclusive like `end`.
+        let b = csv("id,lower,upper,size\nb1,0,3,4\nb2,3,9,4\n").unwrap();
+        assert_eq!((b[1].name.as_str(), b[1].start, b[1].end), ("b2", 3, 9));
+        let e = csv("buffer,start,end,size,alignment\n").unwrap_err();
+        assert_eq!(line_field(e), (1, "header".into()));
+        let e = csv("buffer,start,end,size,start\n").unwrap_err();
+        assert!(e.to_string().contains("appears twice"), "{e}");
+        let e = csv("buffer,start,size\n").unwrap_err();
+        assert!(e.to_string().contains("no \"end\" column"), "{e}");
+    }
+
+    #[test]
+    fn reads_quoted_fields() {
+        let b = csv("buffer,start,end,size\n\"layer.0, \"\"attn\"\"\", 0, 4, \"16\"\n").unwrap();
+        assert_eq!(b[0].name, "layer.0, \"attn\"");
+        assert_eq!(b[0].size, 16);
+        assert_eq!(line_field(csv("buffer,start,end,size\n\"a,0,4,16\n").unwrap_err()), (2, "buffer".into()));
+        assert_eq!(
+            line_field(csv("buffer,start,end,size\na\"b,0,4,16\n").unwrap_err()),
+            (2, "buffer".into())
+        );
+    }
+
+    #[test]
+    fn inclusive_end_reads_the_last_live_step() {
+        let text = "buffer,start,end,size\na,0,3,4\nb,3,3,4\n";
+        let e = csv(text).unwrap_err();
+        assert!(e.to_string().contains("--inclusive-end"), "{e}");
+        let list = parse_buffers_csv(Path::new("t.csv"), text, CsvOptions { inclusive_end: true }).unwrap();
+        assert_eq!((list.buffers[0].end, list.buffers[1].end), (4, 4));
+        // Live together at step 3: they cannot share bytes.
+        let plan = pipeline::plan_buffers(&list.buffers, &PlaceOptions::default()).unwrap();
+        assert_eq!(plan.lower_bound, 8);
+    }
+
+    #[test]
+    fn an_offset_column_is_checked_against_the_plan() {
+        let text = "buffer,start,end,size,offset\na,0,4,16,0\nb,2,6,16,16\nc,4,8,32,32\n";
+        let list = parse_buffers_csv(Path::new("t.csv"), text, CsvOptions::default()).unwrap();
+        assert_eq!(list.offsets.as_deref(), Some(&[0, 16, 32][..]));
+        let plan = pipeline::plan_buffers(&list.buffers, &PlaceOptions::default()).unwrap();
+        let given = GivenPlacement::check(&list.buffers, list.offsets.as_ref().unwrap());
+        assert_eq!(given.footprint, Ok(64));
+        assert!(given.describe(plan.lower_bound).contains("valid"));
+        assert_eq!(given.json(plan.lower_bound)["footprint_bytes"], 64);
+        // b and c overlap in memory while both live.
+        let given = GivenPlacement::check(&list.buffers, &[0, 16, 20]);
+        assert!(
+            matches!(&given.footprint, Err(pipeline::PlacementError::Overlap { a, b }) if a == "b" && b == "c")
+        );
+        assert_eq!(given.json(plan.lower_bound)["valid"], false);
+        let e = parse_buffers_csv(
+            Path::new("t.csv"),
+            "buffer,start,end,size,offset\na,0,4,16,x\n",
+            CsvOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(line_field(e), (2, "offset".into()));
     }
 
     #[test]

@@ -9,9 +9,9 @@
 //! construction and the final footprint over the lower bound (which includes the alias
 //! bound); `vs-live` is the final footprint over the plain live bound (most bytes live at
 //! once). Rows named `budget=1s` run with the whole 1 s budget instead of the default cap
-//! of 8 µs per buffer + 5 ms. Rows named `var-…` are schedules whose layers differ
-//! (`pipeline::varied_layers`, 4 layers per chunk, seeded), planned with the daemon's default
-//! budget of 200 ms.
+//! of 8 µs per buffer + 5 ms, at least 60 ms. Rows named `var-…` are schedules whose
+//! layers differ (`pipeline::varied_layers`, 4 layers per chunk, seeded), planned with the
+//! daemon's default budget of 200 ms.
 
 use std::time::Duration;
 

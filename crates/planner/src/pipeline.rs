@@ -317,11 +317,10 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> PlanError {
     PlanError::Invalid { field: field.into(), message: message.into() }
 }
 
-/// Places a plain buffer list.
-pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, PlanError> {
+/// The planner's buffers for a named list (alias groups numbered in order of appearance).
+fn unnamed(list: &[NamedBuffer]) -> Vec<Buffer> {
     let mut groups: HashMap<&str, u32> = HashMap::new();
-    let buffers: Vec<Buffer> = list
-        .iter()
+    list.iter()
         .map(|b| {
             let group = (!b.alias_group.is_empty()).then(|| {
                 let next = groups.len() as u32;
@@ -329,7 +328,56 @@ pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, P
             });
             Buffer { start: b.start, end: b.end, size: b.size, group }
         })
-        .collect();
+        .collect()
+}
+
+/// Checks a placement of a named list made elsewhere (e.g. another allocator's offsets for
+/// the same buffers) and returns its footprint: the highest byte used.
+pub fn check_placement(list: &[NamedBuffer], offsets: &[u64]) -> Result<u64, PlacementError> {
+    let buffers = unnamed(list);
+    dsa::verify(&buffers, offsets).map_err(|e| {
+        let name = |i: usize| list[i].name.clone();
+        match e {
+            dsa::VerifyError::Count { expected, got } => PlacementError::Count { expected, got },
+            dsa::VerifyError::Overlap { a, b } => PlacementError::Overlap { a: name(a), b: name(b) },
+            dsa::VerifyError::Alias { a, b } => PlacementError::Alias { a: name(a), b: name(b) },
+        }
+    })?;
+    Ok(list.iter().zip(offsets).map(|(b, &o)| o.saturating_add(b.size)).max().unwrap_or(0))
+}
+
+/// Why a placement given for a named list is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// Not one offset per buffer.
+    #[error("{got} offsets for {expected} buffers")]
+    Count {
+        /// Buffers.
+        expected: usize,
+        /// Offsets.
+        got: usize,
+    },
+    /// Two buffers live at the same time share bytes.
+    #[error("buffers {a:?} and {b:?} are live at the same time and overlap in memory")]
+    Overlap {
+        /// One buffer.
+        a: String,
+        /// The other.
+        b: String,
+    },
+    /// Two buffers of one alias group at different offsets.
+    #[error("buffers {a:?} and {b:?} are in one alias group but at different offsets")]
+    Alias {
+        /// One buffer.
+        a: String,
+        /// The other.
+        b: String,
+    },
+}
+
+/// Places a plain buffer list.
+pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, PlanError> {
+    let buffers = unnamed(list);
     let placement = dsa::place(&buffers, opts)?;
     let total: u64 = list.iter().map(|b| b.size).sum();
     Ok(Plan {
