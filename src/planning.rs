@@ -77,18 +77,22 @@ fn missing(field: &str, hint: &'static str) -> PlanningError {
 }
 
 /// Plans `input`: validates it, places its buffers within the time budget
-/// (`input.time_budget_ms`, or `default_time_budget` when 0, at most [`MAX_TIME_BUDGET`])
-/// and returns the plan. Inputs that make more than `max_buffers` buffers are refused.
+/// (`input.time_budget_ms`, at most [`MAX_TIME_BUDGET`], used whole; or when 0
+/// `default_time_budget`, which buffer lists use in proportion to their size) and returns
+/// the plan. Inputs that make more than `max_buffers` buffers are refused.
 pub fn plan(
     input: &pb::PlanInput,
     default_time_budget: Duration,
     max_buffers: usize,
 ) -> Result<pb::Plan, PlanningError> {
-    let time_budget = match input.time_budget_ms {
-        0 => default_time_budget,
-        ms => Duration::from_millis(ms as u64).min(MAX_TIME_BUDGET),
+    let opts = match input.time_budget_ms {
+        0 => PlaceOptions { time_budget: default_time_budget, ..PlaceOptions::default() },
+        ms => PlaceOptions {
+            time_budget: Duration::from_millis(ms as u64).min(MAX_TIME_BUDGET),
+            scaled_budget_per_item: None,
+            ..PlaceOptions::default()
+        },
     };
-    let opts = PlaceOptions { time_budget, ..PlaceOptions::default() };
     let plan = match &input.input {
         None => return Err(missing("input", "send either `schedule` or `buffers`")),
         Some(pb::plan_input::Input::Buffers(list)) => {

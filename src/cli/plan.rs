@@ -68,11 +68,12 @@ pub struct PlanArgs {
     /// Print the plan as JSON, with every buffer's offset.
     #[arg(long)]
     pub json: bool,
-    /// Most time to spend planning, in milliseconds (small inputs finish sooner).
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
-    pub time_budget_ms: u64,
+    /// Time to spend planning, in milliseconds; plans at the lower bound stop sooner.
+    /// Without it: 1000, capped for buffer lists at 8 µs per buffer (at least 60 ms).
+    #[arg(long, value_name = "MS")]
+    pub time_budget_ms: Option<u64>,
     /// With --buffers: `end` is the last step a buffer is live, not the first it is not
-    /// (MiniMalloc's buffer,start,end,size files).
+    /// (for traces that record the last use).
     #[arg(long, requires = "buffers")]
     pub inclusive_end: bool,
 }
@@ -135,8 +136,15 @@ impl PlanCliError {
 
 /// Runs `graphpool plan`: reads the input, plans it and prints the report to stdout.
 pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
-    let opts =
-        PlaceOptions { time_budget: Duration::from_millis(args.time_budget_ms), ..PlaceOptions::default() };
+    // A budget given is the plan's to use; the default one is capped by the list's size.
+    let opts = match args.time_budget_ms {
+        Some(ms) => PlaceOptions {
+            time_budget: Duration::from_millis(ms),
+            scaled_budget_per_item: None,
+            ..PlaceOptions::default()
+        },
+        None => PlaceOptions::default(),
+    };
     let (plan, given) = match (&args.buffers, &args.schedule) {
         (Some(path), None) => {
             let text = read(path)?;
@@ -267,8 +275,8 @@ pub struct BufferList {
 /// How to read a `--buffers` file.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CsvOptions {
-    /// The `end` column is the last step a buffer is live (`[start, end]`), as in
-    /// MiniMalloc's `buffer,start,end,size` files, rather than the first it is not.
+    /// The `end` column is the last step a buffer is live (`[start, end]`, as traces that
+    /// record the last use have it), rather than the first it is not.
     pub inclusive_end: bool,
 }
 
@@ -457,8 +465,8 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
             let hint = if opts.inclusive_end {
                 "buffers live over [start, end] with --inclusive-end"
             } else {
-                "buffers live over [start, end); if end is the last step a buffer is live (MiniMalloc's \
-                 buffer,start,end,size files), pass --inclusive-end"
+                "buffers live over [start, end); if end is the last step a buffer is live, pass \
+                 --inclusive-end"
             };
             return Err(err(line, "end", format!("is {last}, not after start {start}; {hint}")));
         }

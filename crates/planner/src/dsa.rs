@@ -24,8 +24,11 @@
 //! 5. **coarsening** (single-interval problems): buffers with one lifetime stacked into one,
 //!    buffers handing over to one of equal size chained into one, and the coarse instance
 //!    planned by this same engine when that removes a tenth of the items (see `coarsen`);
-//!    then a fixed-height **contour search** with backjumping and a bisection of the target
-//!    height (`crate::contour`), when a few skyline passes fit in its share;
+//!    then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete **canonical search** at the
+//!    lower bound (`crate::canonical`, MiniMalloc-style inference, dominance and
+//!    decomposition; 15% of what is left), and a fixed-height **contour search** with
+//!    backjumping and a bisection of the target height (`crate::contour`), when a few
+//!    skyline passes fit in its share;
 //! 6. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
 //!    time left (single-interval problems), then windows of the clock around a buffer that defines
 //!    the footprint (a random stretch of its lifetime when that is long) are taken out with
@@ -63,6 +66,10 @@ use crate::rng::Rng;
 
 /// Interval comparisons the alias bound may spend growing its clique (about 20 ms).
 pub const ALIAS_BOUND_WORK: u64 = 40_000_000;
+
+/// Items the canonical search ([`crate::canonical`]) takes at most: each node costs
+/// O(items + their lifetimes), and beyond a few thousand items the search rarely finishes.
+pub const CANONICAL_MAX_ITEMS: usize = 2000;
 
 /// The least budget [`PlaceOptions::scaled_budget_per_item`] caps to: small lists that are
 /// hard to pack (MiniMalloc's and TelaMalloc's benchmark traces of ~400 buffers) lose 4–10%
@@ -2461,6 +2468,18 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
         if best_high > lb && pass * 4 <= share {
             solve_coarse(&c, share, opts, &mut best_high, &mut best_off, &mut strategy);
+        }
+    }
+    // Complete canonical search at the bound (single-interval problems of at most
+    // CANONICAL_MAX_ITEMS items) for 15% of what is left: tight instances, where the
+    // constructions stop a few percent short, it places at the bound in milliseconds.
+    if best_high > lb && n > EXACT_MAX_ITEMS && n <= CANONICAL_MAX_ITEMS && opts.improve && p.ivs.len() == n {
+        let now = Instant::now();
+        let until = now + deadline.saturating_duration_since(now).mul_f64(0.15);
+        let items = crate::contour::Items { ivs: &p.ivs, size: &p.size, ranks: p.ranks };
+        if let crate::canonical::Outcome::Fits(off) = crate::canonical::fits_restarting(&items, lb, until) {
+            let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+            offer(&mut best_high, &mut best_off, &mut strategy, high, off, "canonical".to_string());
         }
     }
     // Fixed-height contour search (single-interval problems) for 40% of what is left,

@@ -6,6 +6,7 @@
 //! - [`dsa`]: the offset engine (dynamic storage allocation) with its lower bound.
 //! - [`workload`]: generated workloads for benchmarks and tests.
 
+pub(crate) mod canonical;
 pub(crate) mod contour;
 pub mod dsa;
 pub mod pipeline;

@@ -1,0 +1,510 @@
+//! Complete search over canonical placements (in the style of MiniMalloc) for
+//! single-interval items: does everything fit under a capacity `C`? The planner asks it at
+//! the lower bound, where the constructions often stop a few percent short of a placement
+//! that exists (tight traces: every rank nearly full).
+//!
+//! **Canonical placements.** Sort a valid placement by (offset, priority) and let every
+//! item drop as low as it goes, in that order: each then sits on the highest top among the
+//! items before it that are live with it (or at 0), and the order is unchanged. So it is
+//! enough to place items one at a time in that order, each at its *floor* — the highest top
+//! among the placed items live with it — and to branch on which item comes next: the
+//! search is complete (items at one offset are never live together, so they go in priority
+//! order).
+//!
+//! **Inference.** Offsets never decrease along the order, so once the last item went to the
+//! *level* `L` the free bytes below `L` are lost: at every rank, the unplaced items live
+//! there stack from the lowest of their floors (or `L`) up, and that plus their bytes must
+//! fit under `C`. Placing an item at `o` keeps this at every rank exactly when `o + B ≤ C`,
+//! `B` being the most unplaced bytes at any rank. A node is dead when an unplaced item's
+//! floor plus its size exceeds `C`, or when an item below the level has no unplaced item live
+//! with it to lift it.
+//!
+//! **Dominance.** Nothing goes at or above the lowest top of an unplaced item: that item fits
+//! wholly below, and dropping it there gives a placement that another branch reaches.
+//!
+//! **Decomposition.** When no unplaced item spans a boundary between two ranks, the items
+//! on either side never meet: each side is searched on its own (from level 0), and a side
+//! that does not fit fails the node without trying the other side's alternatives.
+//!
+//! Candidates are tried lowest floor first, then by a static priority; restarts cycle
+//! through three priorities (most bytes live at the item's busiest rank, lifetime, size ×
+//! lifetime, in different precedence) with a node limit that doubles each round. The search
+//! is deterministic but for its deadline.
+
+use std::time::Instant;
+
+use crate::contour::Items;
+
+/// What a search at one capacity found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// A placement whose every item ends at or below the capacity.
+    Fits(Vec<u64>),
+    /// Nothing fits under the capacity (the search finished).
+    Infeasible,
+    /// The deadline came first.
+    Unknown,
+}
+
+/// Static orders of the items (the tie-break after the floor): by the most bytes live at
+/// any rank of the item ("total"), its lifetime in ranks ("width") and size × lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    TotalWidthArea,
+    WidthAreaTotal,
+    TotalAreaWidth,
+}
+
+impl Order {
+    pub(crate) const ALL: [Order; 3] = [Order::TotalWidthArea, Order::WidthAreaTotal, Order::TotalAreaWidth];
+}
+
+/// Round robin over the orders with a node limit that doubles each round (a bad early
+/// choice costs one round, not the whole budget). Deterministic but for the deadline.
+pub(crate) fn fits_restarting(items: &Items<'_>, capacity: u64, deadline: Instant) -> Outcome {
+    let mut limit = items.size.len() as u64 * 2;
+    loop {
+        for order in Order::ALL {
+            match fits(items, capacity, deadline, order, limit) {
+                Outcome::Unknown if Instant::now() < deadline => {}
+                other => return other,
+            }
+        }
+        limit = limit.saturating_mul(2);
+    }
+}
+
+/// The items live together with each item (compressed sparse rows).
+struct Neighbours {
+    start: Vec<u32>,
+    list: Vec<u32>,
+}
+
+impl Neighbours {
+    fn new(items: &Items<'_>) -> Neighbours {
+        let n = items.size.len();
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_unstable_by_key(|&i| items.ivs[i as usize].0);
+        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut active: Vec<u32> = Vec::new();
+        for &i in &order {
+            let (s, _) = items.ivs[i as usize];
+            active.retain(|&j| items.ivs[j as usize].1 > s);
+            for &j in &active {
+                lists[i as usize].push(j);
+                lists[j as usize].push(i);
+            }
+            active.push(i);
+        }
+        let mut start = Vec::with_capacity(n + 1);
+        let mut list = Vec::new();
+        for l in &lists {
+            start.push(list.len() as u32);
+            list.extend_from_slice(l);
+        }
+        start.push(list.len() as u32);
+        Neighbours { start, list }
+    }
+
+    fn of(&self, i: usize) -> &[u32] {
+        &self.list[self.start[i] as usize..self.start[i + 1] as usize]
+    }
+}
+
+/// Decides whether `items` fit under `capacity` (see the module documentation), trying
+/// candidates in `order`; gives up at `deadline` or after `node_limit` nodes.
+pub(crate) fn fits(
+    items: &Items<'_>,
+    capacity: u64,
+    deadline: Instant,
+    order: Order,
+    node_limit: u64,
+) -> Outcome {
+    let n = items.size.len();
+    if n == 0 {
+        return Outcome::Fits(Vec::new());
+    }
+    if items.size.iter().any(|&z| z > capacity) {
+        return Outcome::Infeasible;
+    }
+    let ranks = items.ranks as usize;
+    let mut load = vec![0u64; ranks];
+    let mut cut = vec![0u32; ranks.saturating_sub(1)];
+    for (i, &(s, e)) in items.ivs.iter().enumerate() {
+        for l in &mut load[s as usize..e as usize] {
+            *l += items.size[i];
+        }
+        for c in &mut cut[s as usize..(e as usize - 1)] {
+            *c += 1;
+        }
+    }
+    if load.iter().any(|&l| l > capacity) {
+        return Outcome::Infeasible;
+    }
+    // Priority rank of each item: the order of candidates at one floor, and the order
+    // items at one offset are placed in.
+    let total: Vec<u64> = items
+        .ivs
+        .iter()
+        .map(|&(s, e)| load[s as usize..e as usize].iter().copied().max().unwrap_or(0))
+        .collect();
+    let mut by_priority: Vec<u32> = (0..n as u32).collect();
+    by_priority.sort_unstable_by_key(|&i| {
+        let i = i as usize;
+        let (s, e) = items.ivs[i];
+        let (t, w, a) = (total[i], (e - s) as u64, items.size[i] * (e - s) as u64);
+        let key = match order {
+            Order::TotalWidthArea => (t, w, a),
+            Order::WidthAreaTotal => (w, a, t),
+            Order::TotalAreaWidth => (t, a, w),
+        };
+        (std::cmp::Reverse(key), i)
+    });
+    let mut rank = vec![0u32; n];
+    for (r, &i) in by_priority.iter().enumerate() {
+        rank[i as usize] = r as u32;
+    }
+    let nb = Neighbours::new(items);
+    let open = (0..n).map(|i| nb.of(i).len() as u32).collect();
+    let mut solver = Solver {
+        items,
+        capacity,
+        deadline,
+        node_limit,
+        nodes: 0,
+        nb,
+        rank,
+        load,
+        floor: vec![0; n],
+        placed: vec![false; n],
+        open,
+        cut,
+        off: vec![0; n],
+        undo: Vec::new(),
+        lowest: vec![0; ranks],
+    };
+    let all: Vec<u32> = (0..n as u32).collect();
+    match solver.decompose(&all, 0, ranks) {
+        Status::Fits => Outcome::Fits(solver.off),
+        Status::NotFound => Outcome::Infeasible,
+        Status::Stopped => Outcome::Unknown,
+    }
+}
+
+/// Whether a (sub)search found a placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Fits,
+    NotFound,
+    /// Deadline or node limit.
+    Stopped,
+}
+
+/// The search state (see the module documentation).
+struct Solver<'a, 'b> {
+    items: &'a Items<'b>,
+    capacity: u64,
+    deadline: Instant,
+    node_limit: u64,
+    nodes: u64,
+    nb: Neighbours,
+    /// Priority rank of each item (the order of candidates at one floor).
+    rank: Vec<u32>,
+    /// Bytes of unplaced items live at each clock rank.
+    load: Vec<u64>,
+    floor: Vec<u64>,
+    placed: Vec<bool>,
+    /// Unplaced items live with each item.
+    open: Vec<u32>,
+    /// Unplaced items live at both sides of each boundary (between ranks `b` and `b + 1`).
+    cut: Vec<u32>,
+    off: Vec<u64>,
+    /// (item, floor before) for every floor raised.
+    undo: Vec<(u32, u64)>,
+    lowest: Vec<u64>,
+}
+
+impl Solver<'_, '_> {
+    fn place(&mut self, j: usize) -> usize {
+        let o = self.floor[j];
+        let z = self.items.size[j];
+        let top = o + z;
+        self.off[j] = o;
+        self.placed[j] = true;
+        let (s, e) = self.items.ivs[j];
+        for l in &mut self.load[s as usize..e as usize] {
+            *l -= z;
+        }
+        for c in &mut self.cut[s as usize..(e as usize - 1)] {
+            *c -= 1;
+        }
+        let mark = self.undo.len();
+        for &k in self.nb.of(j) {
+            let k = k as usize;
+            self.open[k] -= 1;
+            if !self.placed[k] && self.floor[k] < top {
+                self.undo.push((k as u32, self.floor[k]));
+                self.floor[k] = top;
+            }
+        }
+        mark
+    }
+
+    fn unplace(&mut self, j: usize, mark: usize) {
+        let z = self.items.size[j];
+        self.placed[j] = false;
+        let (s, e) = self.items.ivs[j];
+        for l in &mut self.load[s as usize..e as usize] {
+            *l += z;
+        }
+        for c in &mut self.cut[s as usize..(e as usize - 1)] {
+            *c += 1;
+        }
+        for &k in self.nb.of(j) {
+            self.open[k as usize] += 1;
+        }
+        while self.undo.len() > mark {
+            let (k, f) = self.undo.pop().expect("undo entry");
+            self.floor[k as usize] = f;
+        }
+    }
+
+    /// The candidates of a node of the partition `part` (ranks `lo..hi`) at `level` after
+    /// `last`, best first; `None` when the node is dead.
+    fn candidates(&mut self, part: &[u32], lo: usize, hi: usize, level: u64, last: u32) -> Option<Vec<u32>> {
+        let c = self.capacity;
+        let most = self.load[lo..hi].iter().copied().max().unwrap_or(0);
+        let mut ceiling = c.checked_sub(most)?;
+        // Nothing may go at or above the lowest top of an unplaced item first (that item fits
+        // wholly below; dropping it there gives a placement another branch reaches).
+        let lowest = &mut self.lowest[lo..hi];
+        lowest.fill(u64::MAX);
+        for &j in part {
+            let j = j as usize;
+            if self.placed[j] {
+                continue;
+            }
+            let f = self.floor[j];
+            let top = f + self.items.size[j];
+            if top > c || (f < level && self.open[j] == 0) {
+                return None;
+            }
+            ceiling = ceiling.min(top - 1);
+            let (s, e) = self.items.ivs[j];
+            for x in &mut lowest[s as usize - lo..e as usize - lo] {
+                *x = (*x).min(f);
+            }
+        }
+        // At every rank, the unplaced items live there stack from the lowest of their
+        // floors (and the level) up.
+        for (t, &x) in lowest.iter().enumerate() {
+            if x != u64::MAX && x.max(level) + self.load[lo + t] > c {
+                return None;
+            }
+        }
+        let mut out: Vec<u32> = part
+            .iter()
+            .copied()
+            .filter(|&j| {
+                let j = j as usize;
+                let f = self.floor[j];
+                !self.placed[j]
+                    && f >= level
+                    && f <= ceiling
+                    && !(f == level && last != u32::MAX && self.rank[j] < self.rank[last as usize])
+            })
+            .collect();
+        out.sort_unstable_by_key(|&j| (self.floor[j as usize], self.rank[j as usize]));
+        Some(out)
+    }
+
+    /// Places the unplaced items of `part` (ranks `lo..hi`), canonically from level 0.
+    fn solve_part(&mut self, part: &[u32], lo: usize, hi: usize) -> Status {
+        self.search(part, lo, hi, 0, u32::MAX)
+    }
+
+    fn search(&mut self, part: &[u32], lo: usize, hi: usize, level: u64, last: u32) -> Status {
+        self.nodes += 1;
+        if self.nodes >= self.node_limit || Instant::now() > self.deadline {
+            return Status::Stopped;
+        }
+        if part.iter().all(|&j| self.placed[j as usize]) {
+            return Status::Fits;
+        }
+        let Some(candidates) = self.candidates(part, lo, hi, level, last) else {
+            return Status::NotFound;
+        };
+        for j in candidates {
+            let j = j as usize;
+            let o = self.floor[j];
+            let mark = self.place(j);
+            // Boundaries inside the partition no unplaced item spans any more split it.
+            let (s, e) = self.items.ivs[j];
+            let split = ((s as usize).max(lo)..(e as usize - 1).min(hi - 1)).any(|b| self.cut[b] == 0);
+            let status =
+                if split { self.decompose(part, lo, hi) } else { self.search(part, lo, hi, o, j as u32) };
+            if status == Status::Fits {
+                return Status::Fits;
+            }
+            self.unplace(j, mark);
+            if status == Status::Stopped {
+                return Status::Stopped;
+            }
+        }
+        Status::NotFound
+    }
+
+    /// Solves the pieces of `part` between boundaries no unplaced item spans, one after the
+    /// other (they share no rank, so a failed piece fails the node): all fit, or nothing of
+    /// them is kept.
+    fn decompose(&mut self, part: &[u32], lo: usize, hi: usize) -> Status {
+        let mut bounds = vec![lo];
+        bounds.extend((lo..hi - 1).filter(|&b| self.cut[b] == 0).map(|b| b + 1));
+        bounds.push(hi);
+        let saved = (
+            self.floor.clone(),
+            self.load.clone(),
+            self.placed.clone(),
+            self.open.clone(),
+            self.cut.clone(),
+            self.undo.len(),
+        );
+        for w in bounds.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let piece: Vec<u32> = part
+                .iter()
+                .copied()
+                .filter(|&j| {
+                    let (s, e) = self.items.ivs[j as usize];
+                    !self.placed[j as usize] && s as usize >= a && e as usize <= b
+                })
+                .collect();
+            if piece.is_empty() {
+                continue;
+            }
+            let status = self.solve_part(&piece, a, b);
+            if status != Status::Fits {
+                let (floor, load, placed, open, cut, undo) = saved;
+                (self.floor, self.load, self.placed, self.open, self.cut) = (floor, load, placed, open, cut);
+                self.undo.truncate(undo);
+                return status;
+            }
+        }
+        Status::Fits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    fn run(ivs: &[(u32, u32)], size: &[u64], capacity: u64) -> Outcome {
+        let ranks = ivs.iter().map(|x| x.1).max().unwrap_or(0);
+        let items = Items { ivs, size, ranks };
+        fits_restarting(&items, capacity, Instant::now() + Duration::from_secs(10))
+    }
+
+    /// A placement that fits: every item under the capacity, no two live together sharing
+    /// a byte.
+    fn valid(ivs: &[(u32, u32)], size: &[u64], capacity: u64, off: &[u64]) -> bool {
+        (0..ivs.len()).all(|i| {
+            off[i] + size[i] <= capacity
+                && (0..i).all(|j| {
+                    let live = ivs[i].0 < ivs[j].1 && ivs[j].0 < ivs[i].1;
+                    !live || off[i] + size[i] <= off[j] || off[j] + size[j] <= off[i]
+                })
+        })
+    }
+
+    /// The optimum by brute force: every order, each item as low as it fits.
+    fn optimum(ivs: &[(u32, u32)], size: &[u64]) -> u64 {
+        fn rec(ivs: &[(u32, u32)], size: &[u64], placed: &mut Vec<(usize, u64)>, best: &mut u64) {
+            let high = placed.iter().map(|&(i, o)| o + size[i]).max().unwrap_or(0);
+            if high >= *best {
+                return;
+            }
+            if placed.len() == ivs.len() {
+                *best = high;
+                return;
+            }
+            for i in 0..ivs.len() {
+                if placed.iter().any(|&(j, _)| j == i) {
+                    continue;
+                }
+                let live: Vec<(usize, u64)> = placed
+                    .iter()
+                    .copied()
+                    .filter(|&(j, _)| ivs[i].0 < ivs[j].1 && ivs[j].0 < ivs[i].1)
+                    .collect();
+                let mut spots: Vec<u64> = live.iter().map(|&(j, o)| o + size[j]).collect();
+                spots.push(0);
+                spots.sort_unstable();
+                let o = spots
+                    .into_iter()
+                    .find(|&c| live.iter().all(|&(j, o)| c + size[i] <= o || c >= o + size[j]))
+                    .expect("the top is free");
+                placed.push((i, o));
+                rec(ivs, size, placed, best);
+                placed.pop();
+            }
+        }
+        let mut best = u64::MAX;
+        rec(ivs, size, &mut Vec::new(), &mut best);
+        best
+    }
+
+    #[test]
+    fn decides_small_cases() {
+        // Five 4-byte buffers: 12 bytes fit (b1 and b2 share an offset), 11 do not.
+        let ivs = [(0, 1), (1, 3), (0, 3), (3, 4), (0, 4)];
+        match run(&ivs, &[4; 5], 12) {
+            Outcome::Fits(off) => assert!(valid(&ivs, &[4; 5], 12, &off)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(run(&ivs, &[4; 5], 11), Outcome::Infeasible);
+        // Three buffers live together need their sum.
+        let ivs = [(0, 4), (1, 5), (2, 6)];
+        assert!(matches!(run(&ivs, &[1, 2, 3], 6), Outcome::Fits(_)));
+        assert_eq!(run(&ivs, &[1, 2, 3], 5), Outcome::Infeasible);
+    }
+
+    /// Tilings (every rank exactly full at the bound) fit at the bound: 100 pieces in
+    /// well under a second.
+    #[test]
+    fn tilings_fit_at_their_bound() {
+        for seed in 1..=3 {
+            let bufs = crate::workload::packed(100, seed);
+            let mut times: Vec<u64> = bufs.iter().flat_map(|b| [b.start, b.end]).collect();
+            times.sort_unstable();
+            times.dedup();
+            let r = |t: u64| times.binary_search(&t).expect("a time of the list") as u32;
+            let ivs: Vec<(u32, u32)> = bufs.iter().map(|b| (r(b.start), r(b.end))).collect();
+            let size: Vec<u64> = bufs.iter().map(|b| b.size).collect();
+            let items = Items { ivs: &ivs, size: &size, ranks: times.len() as u32 };
+            match fits_restarting(&items, 1 << 32, Instant::now() + Duration::from_secs(5)) {
+                Outcome::Fits(off) => assert!(valid(&ivs, &size, 1 << 32, &off), "seed {seed}"),
+                other => panic!("seed {seed}: {other:?}"),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Sound and complete: a placement at the optimum, and a proof that one byte less
+        /// does not fit.
+        #[test]
+        fn agrees_with_brute_force(raw in prop::collection::vec((0u32..12, 1u32..6, 1u64..9), 1..8)) {
+            let ivs: Vec<(u32, u32)> = raw.iter().map(|&(s, l, _)| (s, s + l)).collect();
+            let size: Vec<u64> = raw.iter().map(|&(_, _, z)| z).collect();
+            let best = optimum(&ivs, &size);
+            match run(&ivs, &size, best) {
+                Outcome::Fits(off) => prop_assert!(valid(&ivs, &size, best, &off)),
+                other => prop_assert!(false, "{:?} at the optimum {}", other, best),
+            }
+            prop_assert_eq!(run(&ivs, &size, best - 1), Outcome::Infeasible);
+        }
+    }
+}
