@@ -302,6 +302,36 @@ mod tests {
         }
     }
 
+    /// A budget the caller gives is used whole on a list that does not reach its bound; the
+    /// default one is capped by the list's size (8 µs per buffer, at least 60 ms).
+    #[test]
+    fn a_budget_given_is_used_whole_and_the_default_is_capped() {
+        let list = graphpool_planner::workload::random_uniform_sizes(3000, 2);
+        let buffers = pb::BufferList {
+            buffers: list
+                .iter()
+                .enumerate()
+                .map(|(k, b)| pb::BufferSpec {
+                    name: format!("b{k}"),
+                    start: b.start,
+                    end: b.end,
+                    size_bytes: b.size,
+                    alias_group: String::new(),
+                })
+                .collect(),
+        };
+        let input = |ms| pb::PlanInput {
+            input: Some(pb::plan_input::Input::Buffers(buffers.clone())),
+            time_budget_ms: ms,
+        };
+        let given = plan(&input(400), Duration::from_secs(1), 10_000).unwrap();
+        if given.footprint_bytes > given.lower_bound_bytes {
+            assert!(given.planning_seconds >= 0.35, "{} s", given.planning_seconds);
+        }
+        let default = plan(&input(0), Duration::from_secs(1), 10_000).unwrap();
+        assert!(default.planning_seconds < 0.3, "{} s", default.planning_seconds);
+    }
+
     #[test]
     fn plans_a_schedule() {
         let p = plan(&one_f_one_b(8, 0, 16), Duration::from_millis(200), 100_000).unwrap();
