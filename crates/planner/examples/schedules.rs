@@ -8,7 +8,8 @@
 //! 2 pp, 4 pp + 1, 64, 128 or 256 microbatches, for interleaved 2–4 chunks and pp × 1, 2,
 //! 4 or 8 microbatches; 1–8 layers per chunk from `pipeline::varied_layers` with sequence
 //! 1024–8192, micro-batch 1–4 and hidden 1024–8192. Each is planned by `plan_schedule` with
-//! `BUDGET_MS` (default 200, the daemon's default) and verified.
+//! `BUDGET_MS` (default 200, the daemon's default) and verified; plans that take over 1.25 ×
+//! the budget are listed too.
 //!
 //! `… --example schedules -- workspaces [BUDGET_MS]` sweeps 1F1B instead (pp 2 / 4 / 8 with
 //! ranks 0, 2, 3, 7 where they exist, M 4, 8, 16, 33, 2 or 4 layers, hidden states of 1, 2,
@@ -96,6 +97,13 @@ fn main() {
         verify(&buffers, &offsets).expect("valid placement");
         worst = worst.max(plan.ratio());
         slowest = slowest.max(plan.elapsed);
+        if plan.elapsed > opts.time_budget.mul_f64(1.25) {
+            println!(
+                "case {case}: {schedule:?}, {layers} layers, {} buffers: planned in {:.1} ms",
+                buffers.len(),
+                plan.elapsed.as_secs_f64() * 1e3
+            );
+        }
         if plan.ratio() > 1.001 {
             above += 1;
             println!(

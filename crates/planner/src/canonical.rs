@@ -33,7 +33,25 @@
 
 use std::time::Instant;
 
-use crate::contour::Items;
+/// The problem: items with one or more disjoint intervals (alias groups) of compressed
+/// clock ranks, and sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Items<'a> {
+    /// Item `i`'s intervals are `ivs[ivp[i]..ivp[i + 1]]`.
+    pub ivp: &'a [u32],
+    pub ivs: &'a [(u32, u32)],
+    /// First and last-plus-one rank of each item's intervals.
+    pub hull: &'a [(u32, u32)],
+    pub size: &'a [u64],
+    /// Ranks of the clock.
+    pub ranks: u32,
+}
+
+impl Items<'_> {
+    fn ivs(&self, i: usize) -> &[(u32, u32)] {
+        &self.ivs[self.ivp[i] as usize..self.ivp[i + 1] as usize]
+    }
+}
 
 /// What a search at one capacity found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,17 +79,47 @@ impl Order {
 
 /// Round robin over the orders with a node limit that doubles each round (a bad early
 /// choice costs one round, not the whole budget). Deterministic but for the deadline.
-pub(crate) fn fits_restarting(items: &Items<'_>, capacity: u64, deadline: Instant) -> Outcome {
-    let mut limit = items.size.len() as u64 * 2;
+pub(crate) fn fits_restarting(prep: &Prepared<'_>, capacity: u64, deadline: Instant) -> Outcome {
+    let mut limit = prep.items.size.len() as u64 * 2;
     loop {
         for order in Order::ALL {
-            match fits(items, capacity, deadline, order, limit) {
+            match fits(prep, capacity, deadline, order, limit) {
                 Outcome::Unknown if Instant::now() < deadline => {}
                 other => return other,
             }
         }
         limit = limit.saturating_mul(2);
     }
+}
+
+/// Bisects the capacities between `lower` (a lower bound) and `upper` (the footprint of a
+/// placement known) until `deadline`: first `lower` itself, then midpoints. A capacity that
+/// fits lowers the upper end to the placement found; one proved infeasible raises the lower
+/// end; the first undecided one ends the search. Returns the lowest placement found with
+/// its footprint, and the proved lower bound (`lower` or higher).
+pub(crate) fn search(
+    items: &Items<'_>,
+    lower: u64,
+    upper: u64,
+    deadline: Instant,
+) -> (Option<(Vec<u64>, u64)>, u64) {
+    let prep = Prepared::new(items);
+    let (mut lo, mut hi) = (lower, upper);
+    let mut best = None;
+    let mut first = true;
+    while lo < hi && Instant::now() < deadline {
+        let capacity = if first { lo } else { lo + (hi - lo) / 2 };
+        first = false;
+        match fits_restarting(&prep, capacity, deadline) {
+            Outcome::Fits(off) => {
+                hi = (0..items.size.len()).map(|i| off[i] + items.size[i]).max().unwrap_or(0);
+                best = Some((off, hi));
+            }
+            Outcome::Infeasible => lo = capacity + 1,
+            Outcome::Unknown => break,
+        }
+    }
+    (best, lo)
 }
 
 /// The items live together with each item (compressed sparse rows).
@@ -83,22 +131,27 @@ struct Neighbours {
 impl Neighbours {
     fn new(items: &Items<'_>) -> Neighbours {
         let n = items.size.len();
-        let mut order: Vec<u32> = (0..n as u32).collect();
-        order.sort_unstable_by_key(|&i| items.ivs[i as usize].0);
+        // Intervals by start; an interval meets the active ones that end after it starts.
+        let mut order: Vec<(u32, u32, u32)> =
+            (0..n).flat_map(|i| items.ivs(i).iter().map(move |&(s, e)| (s, e, i as u32))).collect();
+        order.sort_unstable();
         let mut lists: Vec<Vec<u32>> = vec![Vec::new(); n];
-        let mut active: Vec<u32> = Vec::new();
-        for &i in &order {
-            let (s, _) = items.ivs[i as usize];
-            active.retain(|&j| items.ivs[j as usize].1 > s);
-            for &j in &active {
-                lists[i as usize].push(j);
-                lists[j as usize].push(i);
+        let mut active: Vec<(u32, u32)> = Vec::new();
+        for &(s, e, i) in &order {
+            active.retain(|&(end, _)| end > s);
+            for &(_, j) in &active {
+                if j != i {
+                    lists[i as usize].push(j);
+                    lists[j as usize].push(i);
+                }
             }
-            active.push(i);
+            active.push((e, i));
         }
         let mut start = Vec::with_capacity(n + 1);
         let mut list = Vec::new();
-        for l in &lists {
+        for l in &mut lists {
+            l.sort_unstable();
+            l.dedup();
             start.push(list.len() as u32);
             list.extend_from_slice(l);
         }
@@ -111,48 +164,72 @@ impl Neighbours {
     }
 }
 
-/// Decides whether `items` fit under `capacity` (see the module documentation), trying
-/// candidates in `order`; gives up at `deadline` or after `node_limit` nodes.
+/// What every search of one problem shares: the neighbours, the bytes at every rank and
+/// the boundaries each item spans, and the keys of the static orders.
+pub(crate) struct Prepared<'a> {
+    items: &'a Items<'a>,
+    nb: Neighbours,
+    load: Vec<u64>,
+    cut: Vec<u32>,
+    total: Vec<u64>,
+    width: Vec<u64>,
+}
+
+impl<'a> Prepared<'a> {
+    pub(crate) fn new(items: &'a Items<'a>) -> Prepared<'a> {
+        let n = items.size.len();
+        let ranks = items.ranks as usize;
+        let mut load = vec![0u64; ranks];
+        let mut cut = vec![0u32; ranks.saturating_sub(1)];
+        for i in 0..n {
+            for &(s, e) in items.ivs(i) {
+                for l in &mut load[s as usize..e as usize] {
+                    *l += items.size[i];
+                }
+            }
+            let (s, e) = items.hull[i];
+            for c in &mut cut[s as usize..(e as usize - 1)] {
+                *c += 1;
+            }
+        }
+        let total = (0..n)
+            .map(|i| {
+                items
+                    .ivs(i)
+                    .iter()
+                    .map(|&(s, e)| load[s as usize..e as usize].iter().copied().max().unwrap_or(0))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let width = (0..n).map(|i| items.ivs(i).iter().map(|&(s, e)| (e - s) as u64).sum()).collect();
+        Prepared { items, nb: Neighbours::new(items), load, cut, total, width }
+    }
+}
+
+/// Decides whether the prepared items fit under `capacity` (see the module documentation),
+/// trying candidates in `order`; gives up at `deadline` or after `node_limit` nodes.
 pub(crate) fn fits(
-    items: &Items<'_>,
+    prep: &Prepared<'_>,
     capacity: u64,
     deadline: Instant,
     order: Order,
     node_limit: u64,
 ) -> Outcome {
+    let items = prep.items;
     let n = items.size.len();
     if n == 0 {
         return Outcome::Fits(Vec::new());
     }
-    if items.size.iter().any(|&z| z > capacity) {
-        return Outcome::Infeasible;
-    }
-    let ranks = items.ranks as usize;
-    let mut load = vec![0u64; ranks];
-    let mut cut = vec![0u32; ranks.saturating_sub(1)];
-    for (i, &(s, e)) in items.ivs.iter().enumerate() {
-        for l in &mut load[s as usize..e as usize] {
-            *l += items.size[i];
-        }
-        for c in &mut cut[s as usize..(e as usize - 1)] {
-            *c += 1;
-        }
-    }
-    if load.iter().any(|&l| l > capacity) {
+    if items.size.iter().any(|&z| z > capacity) || prep.load.iter().any(|&l| l > capacity) {
         return Outcome::Infeasible;
     }
     // Priority rank of each item: the order of candidates at one floor, and the order
     // items at one offset are placed in.
-    let total: Vec<u64> = items
-        .ivs
-        .iter()
-        .map(|&(s, e)| load[s as usize..e as usize].iter().copied().max().unwrap_or(0))
-        .collect();
     let mut by_priority: Vec<u32> = (0..n as u32).collect();
     by_priority.sort_unstable_by_key(|&i| {
         let i = i as usize;
-        let (s, e) = items.ivs[i];
-        let (t, w, a) = (total[i], (e - s) as u64, items.size[i] * (e - s) as u64);
+        let (t, w, a) = (prep.total[i], prep.width[i], items.size[i] * prep.width[i]);
         let key = match order {
             Order::TotalWidthArea => (t, w, a),
             Order::WidthAreaTotal => (w, a, t),
@@ -164,21 +241,21 @@ pub(crate) fn fits(
     for (r, &i) in by_priority.iter().enumerate() {
         rank[i as usize] = r as u32;
     }
-    let nb = Neighbours::new(items);
-    let open = (0..n).map(|i| nb.of(i).len() as u32).collect();
+    let open = (0..n).map(|i| prep.nb.of(i).len() as u32).collect();
+    let ranks = items.ranks as usize;
     let mut solver = Solver {
         items,
         capacity,
         deadline,
         node_limit,
         nodes: 0,
-        nb,
+        nb: &prep.nb,
         rank,
-        load,
+        load: prep.load.clone(),
         floor: vec![0; n],
         placed: vec![false; n],
         open,
-        cut,
+        cut: prep.cut.clone(),
         off: vec![0; n],
         undo: Vec::new(),
         lowest: vec![0; ranks],
@@ -207,7 +284,7 @@ struct Solver<'a, 'b> {
     deadline: Instant,
     node_limit: u64,
     nodes: u64,
-    nb: Neighbours,
+    nb: &'a Neighbours,
     /// Priority rank of each item (the order of candidates at one floor).
     rank: Vec<u32>,
     /// Bytes of unplaced items live at each clock rank.
@@ -231,10 +308,12 @@ impl Solver<'_, '_> {
         let top = o + z;
         self.off[j] = o;
         self.placed[j] = true;
-        let (s, e) = self.items.ivs[j];
-        for l in &mut self.load[s as usize..e as usize] {
-            *l -= z;
+        for &(s, e) in self.items.ivs(j) {
+            for l in &mut self.load[s as usize..e as usize] {
+                *l -= z;
+            }
         }
+        let (s, e) = self.items.hull[j];
         for c in &mut self.cut[s as usize..(e as usize - 1)] {
             *c -= 1;
         }
@@ -253,10 +332,12 @@ impl Solver<'_, '_> {
     fn unplace(&mut self, j: usize, mark: usize) {
         let z = self.items.size[j];
         self.placed[j] = false;
-        let (s, e) = self.items.ivs[j];
-        for l in &mut self.load[s as usize..e as usize] {
-            *l += z;
+        for &(s, e) in self.items.ivs(j) {
+            for l in &mut self.load[s as usize..e as usize] {
+                *l += z;
+            }
         }
+        let (s, e) = self.items.hull[j];
         for c in &mut self.cut[s as usize..(e as usize - 1)] {
             *c += 1;
         }
@@ -290,9 +371,10 @@ impl Solver<'_, '_> {
                 return None;
             }
             ceiling = ceiling.min(top - 1);
-            let (s, e) = self.items.ivs[j];
-            for x in &mut lowest[s as usize - lo..e as usize - lo] {
-                *x = (*x).min(f);
+            for &(s, e) in self.items.ivs(j) {
+                for x in &mut lowest[s as usize - lo..e as usize - lo] {
+                    *x = (*x).min(f);
+                }
             }
         }
         // At every rank, the unplaced items live there stack from the lowest of their
@@ -339,7 +421,7 @@ impl Solver<'_, '_> {
             let o = self.floor[j];
             let mark = self.place(j);
             // Boundaries inside the partition no unplaced item spans any more split it.
-            let (s, e) = self.items.ivs[j];
+            let (s, e) = self.items.hull[j];
             let split = ((s as usize).max(lo)..(e as usize - 1).min(hi - 1)).any(|b| self.cut[b] == 0);
             let status =
                 if split { self.decompose(part, lo, hi) } else { self.search(part, lo, hi, o, j as u32) };
@@ -375,7 +457,7 @@ impl Solver<'_, '_> {
                 .iter()
                 .copied()
                 .filter(|&j| {
-                    let (s, e) = self.items.ivs[j as usize];
+                    let (s, e) = self.items.hull[j as usize];
                     !self.placed[j as usize] && s as usize >= a && e as usize <= b
                 })
                 .collect();
@@ -402,42 +484,70 @@ mod tests {
 
     fn run(ivs: &[(u32, u32)], size: &[u64], capacity: u64) -> Outcome {
         let ranks = ivs.iter().map(|x| x.1).max().unwrap_or(0);
-        let items = Items { ivs, size, ranks };
-        fits_restarting(&items, capacity, Instant::now() + Duration::from_secs(10))
+        let ivp: Vec<u32> = (0..=ivs.len() as u32).collect();
+        let items = Items { ivp: &ivp, ivs, hull: ivs, size, ranks };
+        fits_restarting(&Prepared::new(&items), capacity, Instant::now() + Duration::from_secs(10))
+    }
+
+    /// Items of one interval each.
+    fn single(ivs: &[(u32, u32)]) -> Vec<Vec<(u32, u32)>> {
+        ivs.iter().map(|&iv| vec![iv]).collect()
+    }
+
+    fn meet(a: &[(u32, u32)], b: &[(u32, u32)]) -> bool {
+        a.iter().any(|x| b.iter().any(|y| x.0 < y.1 && y.0 < x.1))
+    }
+
+    /// Decides `groups` (each item a list of intervals) at `capacity`.
+    fn run_groups(groups: &[Vec<(u32, u32)>], size: &[u64], capacity: u64) -> Outcome {
+        with_items(groups, size, |items| {
+            fits_restarting(&Prepared::new(items), capacity, Instant::now() + Duration::from_secs(10))
+        })
+    }
+
+    fn with_items<T>(groups: &[Vec<(u32, u32)>], size: &[u64], f: impl FnOnce(&Items<'_>) -> T) -> T {
+        let mut ivp = vec![0u32];
+        let mut ivs = Vec::new();
+        for g in groups {
+            ivs.extend_from_slice(g);
+            ivp.push(ivs.len() as u32);
+        }
+        let hull: Vec<(u32, u32)> = groups
+            .iter()
+            .map(|g| (g.iter().map(|x| x.0).min().unwrap(), g.iter().map(|x| x.1).max().unwrap()))
+            .collect();
+        let ranks = hull.iter().map(|x| x.1).max().unwrap_or(0);
+        f(&Items { ivp: &ivp, ivs: &ivs, hull: &hull, size, ranks })
     }
 
     /// A placement that fits: every item under the capacity, no two live together sharing
     /// a byte.
-    fn valid(ivs: &[(u32, u32)], size: &[u64], capacity: u64, off: &[u64]) -> bool {
-        (0..ivs.len()).all(|i| {
+    fn valid(groups: &[Vec<(u32, u32)>], size: &[u64], capacity: u64, off: &[u64]) -> bool {
+        (0..groups.len()).all(|i| {
             off[i] + size[i] <= capacity
                 && (0..i).all(|j| {
-                    let live = ivs[i].0 < ivs[j].1 && ivs[j].0 < ivs[i].1;
-                    !live || off[i] + size[i] <= off[j] || off[j] + size[j] <= off[i]
+                    !meet(&groups[i], &groups[j]) || off[i] + size[i] <= off[j] || off[j] + size[j] <= off[i]
                 })
         })
     }
 
     /// The optimum by brute force: every order, each item as low as it fits.
-    fn optimum(ivs: &[(u32, u32)], size: &[u64]) -> u64 {
-        fn rec(ivs: &[(u32, u32)], size: &[u64], placed: &mut Vec<(usize, u64)>, best: &mut u64) {
+    fn optimum(groups: &[Vec<(u32, u32)>], size: &[u64]) -> u64 {
+        fn rec(groups: &[Vec<(u32, u32)>], size: &[u64], placed: &mut Vec<(usize, u64)>, best: &mut u64) {
             let high = placed.iter().map(|&(i, o)| o + size[i]).max().unwrap_or(0);
             if high >= *best {
                 return;
             }
-            if placed.len() == ivs.len() {
+            if placed.len() == groups.len() {
                 *best = high;
                 return;
             }
-            for i in 0..ivs.len() {
+            for i in 0..groups.len() {
                 if placed.iter().any(|&(j, _)| j == i) {
                     continue;
                 }
-                let live: Vec<(usize, u64)> = placed
-                    .iter()
-                    .copied()
-                    .filter(|&(j, _)| ivs[i].0 < ivs[j].1 && ivs[j].0 < ivs[i].1)
-                    .collect();
+                let live: Vec<(usize, u64)> =
+                    placed.iter().copied().filter(|&(j, _)| meet(&groups[i], &groups[j])).collect();
                 let mut spots: Vec<u64> = live.iter().map(|&(j, o)| o + size[j]).collect();
                 spots.push(0);
                 spots.sort_unstable();
@@ -446,12 +556,12 @@ mod tests {
                     .find(|&c| live.iter().all(|&(j, o)| c + size[i] <= o || c >= o + size[j]))
                     .expect("the top is free");
                 placed.push((i, o));
-                rec(ivs, size, placed, best);
+                rec(groups, size, placed, best);
                 placed.pop();
             }
         }
         let mut best = u64::MAX;
-        rec(ivs, size, &mut Vec::new(), &mut best);
+        rec(groups, size, &mut Vec::new(), &mut best);
         best
     }
 
@@ -460,7 +570,7 @@ mod tests {
         // Five 4-byte buffers: 12 bytes fit (b1 and b2 share an offset), 11 do not.
         let ivs = [(0, 1), (1, 3), (0, 3), (3, 4), (0, 4)];
         match run(&ivs, &[4; 5], 12) {
-            Outcome::Fits(off) => assert!(valid(&ivs, &[4; 5], 12, &off)),
+            Outcome::Fits(off) => assert!(valid(&single(&ivs), &[4; 5], 12, &off)),
             other => panic!("{other:?}"),
         }
         assert_eq!(run(&ivs, &[4; 5], 11), Outcome::Infeasible);
@@ -482,9 +592,10 @@ mod tests {
             let r = |t: u64| times.binary_search(&t).expect("a time of the list") as u32;
             let ivs: Vec<(u32, u32)> = bufs.iter().map(|b| (r(b.start), r(b.end))).collect();
             let size: Vec<u64> = bufs.iter().map(|b| b.size).collect();
-            let items = Items { ivs: &ivs, size: &size, ranks: times.len() as u32 };
-            match fits_restarting(&items, 1 << 32, Instant::now() + Duration::from_secs(5)) {
-                Outcome::Fits(off) => assert!(valid(&ivs, &size, 1 << 32, &off), "seed {seed}"),
+            let ivp: Vec<u32> = (0..=ivs.len() as u32).collect();
+            let items = Items { ivp: &ivp, ivs: &ivs, hull: &ivs, size: &size, ranks: times.len() as u32 };
+            match fits_restarting(&Prepared::new(&items), 1 << 32, Instant::now() + Duration::from_secs(5)) {
+                Outcome::Fits(off) => assert!(valid(&single(&ivs), &size, 1 << 32, &off), "seed {seed}"),
                 other => panic!("seed {seed}: {other:?}"),
             }
         }
@@ -494,17 +605,45 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
         /// Sound and complete: a placement at the optimum, and a proof that one byte less
-        /// does not fit.
+        /// does not fit — items of one interval, and alias groups of up to three.
         #[test]
-        fn agrees_with_brute_force(raw in prop::collection::vec((0u32..12, 1u32..6, 1u64..9), 1..8)) {
-            let ivs: Vec<(u32, u32)> = raw.iter().map(|&(s, l, _)| (s, s + l)).collect();
+        fn agrees_with_brute_force(
+            raw in prop::collection::vec(
+                (prop::collection::vec((0u32..4, 1u32..4), 1..4), 0u32..10, 1u64..9),
+                1..8,
+            ),
+            grouped in any::<bool>(),
+        ) {
+            // Intervals of a group follow each other with gaps.
+            let groups: Vec<Vec<(u32, u32)>> = raw
+                .iter()
+                .map(|(parts, start, _)| {
+                    let parts = if grouped { &parts[..] } else { &parts[..1] };
+                    let mut t = *start;
+                    parts
+                        .iter()
+                        .map(|&(gap, len)| {
+                            t += gap;
+                            let iv = (t, t + len);
+                            t += len + 1;
+                            iv
+                        })
+                        .collect()
+                })
+                .collect();
             let size: Vec<u64> = raw.iter().map(|&(_, _, z)| z).collect();
-            let best = optimum(&ivs, &size);
-            match run(&ivs, &size, best) {
-                Outcome::Fits(off) => prop_assert!(valid(&ivs, &size, best, &off)),
+            let best = optimum(&groups, &size);
+            match run_groups(&groups, &size, best) {
+                Outcome::Fits(off) => prop_assert!(valid(&groups, &size, best, &off)),
                 other => prop_assert!(false, "{:?} at the optimum {}", other, best),
             }
-            prop_assert_eq!(run(&ivs, &size, best - 1), Outcome::Infeasible);
+            prop_assert_eq!(run_groups(&groups, &size, best - 1), Outcome::Infeasible);
+            // Bisecting from 0 proves the optimum as the bound and places there.
+            let (found, proved) = with_items(&groups, &size, |items| {
+                search(items, 0, 2 * best + 1, Instant::now() + Duration::from_secs(10))
+            });
+            prop_assert_eq!(proved, best);
+            prop_assert_eq!(found.map(|f| f.1), Some(best));
         }
     }
 }

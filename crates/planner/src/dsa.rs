@@ -25,8 +25,8 @@
 //!    buffers handing over to one of equal size chained into one, and the coarse instance
 //!    planned by this same engine when that removes a tenth of the items (see `coarsen`);
 //!    then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete **canonical search** at the
-//!    lower bound (`crate::canonical`, MiniMalloc-style inference, dominance and
-//!    decomposition; 15% of what is left), and a fixed-height **contour search** with
+//!    lower bound and above it (`crate::canonical`, MiniMalloc-style inference, dominance
+//!    and decomposition; 15% of what is left), and a fixed-height **contour search** with
 //!    backjumping and a bisection of the target height (`crate::contour`), when a few
 //!    skyline passes fit in its share;
 //! 6. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
@@ -47,7 +47,8 @@
 //! holds its offset through its gaps, so groups that are pairwise live at *some* common
 //! time must be stacked even if no single moment has them all live. The reported lower
 //! bound is the larger of the live bound and the weight of such a clique (see
-//! `Problem::alias_bound` for the proof that it is valid).
+//! `Problem::alias_bound` for the proof that it is valid), or one byte above a capacity the
+//! canonical search proved infeasible.
 //!
 //! Placed intervals are kept in a multi-resolution time index (buckets of the compressed
 //! clock, 8 ranks wide at the finest level and 4 times wider per level; an interval lives
@@ -70,6 +71,9 @@ pub const ALIAS_BOUND_WORK: u64 = 40_000_000;
 /// Items the canonical search ([`crate::canonical`]) takes at most: each node costs
 /// O(items + their lifetimes), and beyond a few thousand items the search rarely finishes.
 pub const CANONICAL_MAX_ITEMS: usize = 2000;
+/// Pairs of items live together the canonical search takes at most (its neighbour lists
+/// are built before the search and cost time in proportion).
+pub const CANONICAL_MAX_PAIRS: u64 = 1_000_000;
 
 /// The least budget [`PlaceOptions::scaled_budget_per_item`] caps to: small lists that are
 /// hard to pack (MiniMalloc's and TelaMalloc's benchmark traces of ~400 buffers) lose 4–10%
@@ -201,8 +205,9 @@ pub struct Placement {
     pub offsets: Vec<u64>,
     /// Bytes of the arena: the highest `offset + size`.
     pub footprint: u64,
-    /// No placement can use less: the larger of [`Placement::live_bound`] and, with alias
-    /// groups, the weight of a clique of pairwise conflicting groups (see the module docs).
+    /// No placement can use less: the largest of [`Placement::live_bound`], with alias
+    /// groups the weight of a clique of pairwise conflicting groups, and what the canonical
+    /// search proved infeasible plus one (see the module docs).
     pub lower_bound: u64,
     /// Most bytes live at any time (each buffer at its own size; members of one group that
     /// are live together count once).
@@ -2273,7 +2278,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         budget = budget.min((per * p.ivs.len() as u32 + Duration::from_millis(5)).max(MIN_CAPPED_BUDGET));
     }
     let deadline = began + budget;
-    let lb = p.lower_bound().max(p.alias_bound());
+    let mut lb = p.lower_bound().max(p.alias_bound());
     let pairs = p.overlapping_pairs();
     // A greedy pass costs in proportion to the pairs of items live together (each gap query
     // visits the placed items live with its item); the skyline and the online constructions
@@ -2470,17 +2475,32 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             solve_coarse(&c, share, opts, &mut best_high, &mut best_off, &mut strategy);
         }
     }
-    // Complete canonical search at the bound (single-interval problems of at most
-    // CANONICAL_MAX_ITEMS items) for 15% of what is left: tight instances, where the
-    // constructions stop a few percent short, it places at the bound in milliseconds.
-    if best_high > lb && n > EXACT_MAX_ITEMS && n <= CANONICAL_MAX_ITEMS && opts.improve && p.ivs.len() == n {
+    // Complete canonical search (at most CANONICAL_MAX_ITEMS items) for 15% of what is
+    // left: at the bound first — tight instances, where the constructions stop a few percent
+    // short, it places there in milliseconds — then, when it proves the bound infeasible,
+    // between the bound and the best placement; each capacity proved infeasible raises the
+    // bound reported (and where the later stages stop).
+    if best_high > lb
+        && n > EXACT_MAX_ITEMS
+        && n <= CANONICAL_MAX_ITEMS
+        && p.ivs.len() <= 4 * CANONICAL_MAX_ITEMS
+        && pairs <= CANONICAL_MAX_PAIRS
+        && opts.improve
+    {
         let now = Instant::now();
         let until = now + deadline.saturating_duration_since(now).mul_f64(0.15);
-        let items = crate::contour::Items { ivs: &p.ivs, size: &p.size, ranks: p.ranks };
-        if let crate::canonical::Outcome::Fits(off) = crate::canonical::fits_restarting(&items, lb, until) {
-            let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+        let items = crate::canonical::Items {
+            ivp: &p.ivp,
+            ivs: &p.ivs,
+            hull: &p.hull,
+            size: &p.size,
+            ranks: p.ranks,
+        };
+        let (found, proved) = crate::canonical::search(&items, lb, best_high, until);
+        if let Some((off, high)) = found {
             offer(&mut best_high, &mut best_off, &mut strategy, high, off, "canonical".to_string());
         }
+        lb = lb.max(proved);
     }
     // Fixed-height contour search (single-interval problems) for 40% of what is left,
     // when a few skyline passes fit in it.

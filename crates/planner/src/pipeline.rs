@@ -239,7 +239,7 @@ pub struct Plan {
     /// Bytes of the arena.
     pub footprint: u64,
     /// No placement can use fewer bytes: the most bytes live at any step, or more where
-    /// alias groups force it (see [`crate::dsa::Placement::lower_bound`]).
+    /// alias groups force it or a search proved it (see [`crate::dsa::Placement::lower_bound`]).
     pub lower_bound: u64,
     /// The most bytes live at any step.
     #[serde(default)]
