@@ -909,16 +909,43 @@ impl Index {
     }
 
     /// Lowest offset at which `item` fits under `fit`.
-    fn find(&self, p: &Problem, item: usize, fit: Fit, scratch: &mut Vec<(u64, u64)>) -> u64 {
-        scratch.clear();
+    fn find(&self, p: &Problem, item: usize, fit: Fit, scratch: &mut FindScratch) -> u64 {
+        scratch.pairs.clear();
         let mut sorted = true;
-        for &(s, e) in p.ivs(item) {
-            self.query(s, e, scratch, &mut sorted);
+        let ivs = p.ivs(item);
+        if ivs.len() == 1 {
+            self.query(ivs[0].0, ivs[0].1, &mut scratch.pairs, &mut sorted);
+        } else {
+            // An item with several intervals meets most neighbours in several of them, and
+            // every interval of a neighbour has its offset: one pair per neighbour.
+            if scratch.seen.len() < p.len() {
+                scratch.seen.resize(p.len(), 0);
+            }
+            scratch.epoch = scratch.epoch.wrapping_add(1);
+            if scratch.epoch == 0 {
+                scratch.seen.fill(0);
+                scratch.epoch = 1;
+            }
+            let FindScratch { pairs, seen, epoch } = scratch;
+            for &(s, e) in ivs {
+                self.for_each(s, e, |en| {
+                    let k = en.item as usize;
+                    if seen[k] != *epoch {
+                        seen[k] = *epoch;
+                        if let Some(last) = pairs.last()
+                            && last.0 > en.off
+                        {
+                            sorted = false;
+                        }
+                        pairs.push((en.off, en.top));
+                    }
+                });
+            }
         }
         if !sorted {
-            // Runs sorted per bucket: the stable sort merges them.
-            scratch.sort_unstable_by_key(|x| x.0);
+            scratch.pairs.sort_unstable_by_key(|x| x.0);
         }
+        let scratch = &scratch.pairs;
         let size = p.size[item];
         let mut cur = 0u64;
         let mut best: Option<(u64, u64)> = None;
@@ -943,9 +970,18 @@ impl Index {
     }
 }
 
+/// Scratch space of [`Index::find`]: the (offset, top) pairs of the neighbours, and marks of
+/// the neighbours already seen (items with several intervals).
+#[derive(Debug, Default)]
+struct FindScratch {
+    pairs: Vec<(u64, u64)>,
+    seen: Vec<u32>,
+    epoch: u32,
+}
+
 /// Places `items` in order into `index`, writing `off`; returns the highest top.
 fn greedy(p: &Problem, items: &[u32], fit: Fit, index: &mut Index, off: &mut [u64]) -> u64 {
-    let mut scratch = Vec::new();
+    let mut scratch = FindScratch::default();
     let mut high = 0;
     for &i in items {
         let i = i as usize;
@@ -1571,7 +1607,7 @@ fn improve(p: &Problem, off: &mut [u64], lb: u64, pairs: u64, deadline: Instant,
     let mut window: Vec<u32> = Vec::new();
     let mut crossing: Vec<u32> = Vec::new();
     let mut new_off = vec![0u64; n];
-    let mut scratch = Vec::new();
+    let mut scratch = FindScratch::default();
     let single = p.ivs.len() == n;
     let mut rp = Repack { stamp: vec![0; n], ..Repack::default() };
     while high > lb && Instant::now() < deadline {
