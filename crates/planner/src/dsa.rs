@@ -3278,3 +3278,63 @@ mod long_group_tests {
         assert_eq!(placed.footprint, placed.lower_bound, "{}", placed.strategy);
     }
 }
+
+#[cfg(test)]
+mod find_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The gap a scan of every placed item gives: the lowest (or smallest fitting, then
+    /// lowest) offset where `item` meets none of them.
+    fn scan(p: &Problem, placed: &[(usize, u64)], item: usize, fit: Fit) -> u64 {
+        let meets =
+            |j: usize| p.ivs(item).iter().any(|&(s, e)| p.ivs(j).iter().any(|&(s2, e2)| s < e2 && s2 < e));
+        let mut used: Vec<(u64, u64)> =
+            placed.iter().filter(|&&(j, _)| meets(j)).map(|&(j, o)| (o, o + p.size[j])).collect();
+        used.sort_unstable();
+        let size = p.size[item];
+        let (mut cur, mut best) = (0u64, None::<(u64, u64)>);
+        for (o, t) in used {
+            if o >= cur + size {
+                match fit {
+                    Fit::LowestOffset => return cur,
+                    Fit::BestFit => {
+                        if best.is_none_or(|(g, _)| o - cur < g) {
+                            best = Some((o - cur, cur));
+                        }
+                    }
+                }
+            }
+            cur = cur.max(t);
+        }
+        best.map_or(cur, |(_, o)| o)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Gap queries (one pair per neighbour for items with several intervals) agree with
+        /// a scan of every placed item, for both fits.
+        #[test]
+        fn gap_queries_agree_with_a_scan(
+            raw in prop::collection::vec((0u64..60, 1u64..20, 1u64..64, prop::option::of(0u32..6)), 1..60),
+            best_fit in any::<bool>(),
+        ) {
+            let b: Vec<Buffer> = raw
+                .iter()
+                .map(|&(s, l, z, g)| Buffer { start: s, end: s + l, size: z, group: g })
+                .collect();
+            let p = Problem::build(&b).unwrap();
+            let fit = if best_fit { Fit::BestFit } else { Fit::LowestOffset };
+            let mut index = Index::new(&p);
+            let mut scratch = FindScratch::default();
+            let mut placed = Vec::new();
+            for i in 0..p.len() {
+                let o = index.find(&p, i, fit, &mut scratch);
+                prop_assert_eq!(o, scan(&p, &placed, i, fit), "item {}", i);
+                index.insert(&p, i, o);
+                placed.push((i, o));
+            }
+        }
+    }
+}
