@@ -108,7 +108,7 @@ fn main() {
             cases.push((format!("packed n={n} seed={seed}"), workload::packed(n, seed)));
         }
     }
-    for n in [1_000, 10_000] {
+    for n in [1_000, 10_000, 100_000] {
         for &seed in &seeds {
             cases.push((format!("packed n={n} seed={seed} budget=1s"), workload::packed(n, seed)));
         }
