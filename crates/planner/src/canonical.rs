@@ -103,6 +103,24 @@ pub(crate) fn search(
     upper: u64,
     deadline: Instant,
 ) -> (Option<(Vec<u64>, u64)>, u64) {
+    // The search recurses once per item placed (~0.5 KiB a level in release builds, more in
+    // debug ones): its own thread with a stack for that, whatever the caller's.
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("graphpool-canonical".into())
+            .stack_size(SEARCH_STACK_BYTES)
+            .spawn_scoped(scope, || bisect(items, lower, upper, deadline))
+            .map(|h| h.join().expect("the canonical search panicked"))
+            // No thread (resources exhausted): nothing proved, nothing found.
+            .unwrap_or((None, lower))
+    })
+}
+
+/// Stack of the search's thread: room for [`crate::dsa::CANONICAL_MAX_ITEMS`] levels of
+/// recursion many times over.
+const SEARCH_STACK_BYTES: usize = 64 << 20;
+
+fn bisect(items: &Items<'_>, lower: u64, upper: u64, deadline: Instant) -> (Option<(Vec<u64>, u64)>, u64) {
     let prep = Prepared::new(items);
     let (mut lo, mut hi) = (lower, upper);
     let mut best = None;
