@@ -28,6 +28,14 @@ fn bench(c: &mut Criterion) {
                 2,
             ),
         ),
+        (
+            // 24k buffers in alias groups of ~11 intervals: the gap queries of groups.
+            "interleaved_pp8_v4_r3_m128".into(),
+            pipeline(
+                Schedule::Interleaved { pp_size: 8, pp_rank: 3, num_microbatches: 128, virtual_chunks: 4 },
+                4,
+            ),
+        ),
         ("random_1k".into(), workload::random(1_000, 1)),
         ("random_10k".into(), workload::random(10_000, 1)),
         ("random_100k".into(), workload::random(100_000, 1)),
@@ -36,6 +44,8 @@ fn bench(c: &mut Criterion) {
         ("usize_100k".into(), workload::random_uniform_sizes(100_000, 1)),
         ("dense_10k".into(), workload::random_dense(10_000, 1)),
         ("dense_100k".into(), workload::random_dense(100_000, 1)),
+        // A tiling the canonical search places at the bound (in its coarse instance).
+        ("packed_1k_seed7".into(), workload::packed(1_000, 7)),
         ("packed_10k".into(), workload::packed(10_000, 1)),
     ];
     let mut group = c.benchmark_group("place");
