@@ -86,12 +86,8 @@ pub fn plan(
     max_buffers: usize,
 ) -> Result<pb::Plan, PlanningError> {
     let opts = match input.time_budget_ms {
-        0 => PlaceOptions { time_budget: default_time_budget, ..PlaceOptions::default() },
-        ms => PlaceOptions {
-            time_budget: Duration::from_millis(ms as u64).min(MAX_TIME_BUDGET),
-            scaled_budget_per_item: None,
-            ..PlaceOptions::default()
-        },
+        0 => PlaceOptions::with_budget(default_time_budget, false),
+        ms => PlaceOptions::with_budget(Duration::from_millis(ms as u64).min(MAX_TIME_BUDGET), true),
     };
     let plan = match &input.input {
         None => return Err(missing("input", "send either `schedule` or `buffers`")),

@@ -136,13 +136,8 @@ impl PlanCliError {
 
 /// Runs `graphpool plan`: reads the input, plans it and prints the report to stdout.
 pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
-    // A budget given is the plan's to use; the default one is capped by the list's size.
     let opts = match args.time_budget_ms {
-        Some(ms) => PlaceOptions {
-            time_budget: Duration::from_millis(ms),
-            scaled_budget_per_item: None,
-            ..PlaceOptions::default()
-        },
+        Some(ms) => PlaceOptions::with_budget(Duration::from_millis(ms), true),
         None => PlaceOptions::default(),
     };
     let (plan, given) = match (&args.buffers, &args.schedule) {

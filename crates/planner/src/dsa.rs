@@ -186,6 +186,17 @@ pub struct PlaceOptions {
     pub scaled_budget_per_item: Option<Duration>,
 }
 
+impl PlaceOptions {
+    /// Options for a budget: one the caller `given` is the search's whole (plans at the
+    /// bound still stop at once); the default one is capped for buffer lists by their size
+    /// ([`PlaceOptions::scaled_budget_per_item`]).
+    pub fn with_budget(time_budget: Duration, given: bool) -> PlaceOptions {
+        let default = PlaceOptions::default();
+        let cap = if given { None } else { default.scaled_budget_per_item };
+        PlaceOptions { time_budget, scaled_budget_per_item: cap, ..default }
+    }
+}
+
 impl Default for PlaceOptions {
     fn default() -> Self {
         PlaceOptions {
