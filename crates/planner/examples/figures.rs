@@ -38,48 +38,41 @@ fn main() {
     let budget_ms: Option<u64> =
         std::env::var("FIGURES_BUDGET_MS").ok().map(|v| v.parse().expect("FIGURES_BUDGET_MS: milliseconds"));
     let mut cases: Vec<(String, Vec<Buffer>)> = Vec::new();
+    let one_f_one_b =
+        |pp_size, pp_rank, num_microbatches| Schedule::OneFOneB { pp_size, pp_rank, num_microbatches };
+    let interleaved = |pp_size, pp_rank, num_microbatches, virtual_chunks| Schedule::Interleaved {
+        pp_size,
+        pp_rank,
+        num_microbatches,
+        virtual_chunks,
+    };
     let pipelines = [
-        ("1f1b pp=8 rank=0 M=8", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 8 }, 1),
-        ("1f1b pp=8 rank=0 M=128", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 128 }, 1),
-        ("1f1b pp=8 rank=7 M=128", Schedule::OneFOneB { pp_size: 8, pp_rank: 7, num_microbatches: 128 }, 1),
-        (
-            "interleaved pp=4 v=2 rank=0 M=64",
-            Schedule::Interleaved { pp_size: 4, pp_rank: 0, num_microbatches: 64, virtual_chunks: 2 },
-            2,
-        ),
-        (
-            "interleaved pp=8 v=4 rank=3 M=128",
-            Schedule::Interleaved { pp_size: 8, pp_rank: 3, num_microbatches: 128, virtual_chunks: 4 },
-            4,
-        ),
+        ("1f1b pp=8 rank=0 M=8", one_f_one_b(8, 0, 8)),
+        ("1f1b pp=8 rank=0 M=128", one_f_one_b(8, 0, 128)),
+        ("1f1b pp=8 rank=7 M=128", one_f_one_b(8, 7, 128)),
+        ("interleaved pp=4 v=2 rank=0 M=64", interleaved(4, 0, 64, 2)),
+        ("interleaved pp=8 v=4 rank=3 M=128", interleaved(8, 3, 128, 4)),
     ];
-    for (name, schedule, chunks) in pipelines {
-        cases.push((name.to_string(), buffers_of(schedule, transformer_layers(chunks, 9, 4096, 1, 1024))));
+    for (name, schedule) in pipelines {
+        let layers = transformer_layers(schedule.chunks(), 9, 4096, 1, 1024);
+        cases.push((name.to_string(), buffers_of(schedule, layers)));
     }
     // Attention layers with a fixed 32 MiB workspace beside MLP layers with none, 1 MiB
     // hidden states: one microbatch per slot (M = pp) against slots replayed twice (M = 2 pp).
     for m in [4, 8] {
-        let schedule = Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: m };
+        let schedule = one_f_one_b(4, 0, m);
         cases.push((format!("ws-1f1b pp=4 r0 M={m}"), buffers_of(schedule, workspace_layers(2, 1 << 20))));
     }
     // Layers that differ (attention and MLP, workspaces, token and rotary inputs).
     let varied = [
-        ("var-1f1b pp=4 r1 M=16", Schedule::OneFOneB { pp_size: 4, pp_rank: 1, num_microbatches: 16 }, 1),
-        ("var-1f1b pp=8 r0 M=64", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 64 }, 1),
-        (
-            "var-inter pp=4 v=2 r1 M=16",
-            Schedule::Interleaved { pp_size: 4, pp_rank: 1, num_microbatches: 16, virtual_chunks: 2 },
-            2,
-        ),
-        (
-            "var-inter pp=8 v=3 r2 M=64",
-            Schedule::Interleaved { pp_size: 8, pp_rank: 2, num_microbatches: 64, virtual_chunks: 3 },
-            3,
-        ),
+        ("var-1f1b pp=4 r1 M=16", one_f_one_b(4, 1, 16)),
+        ("var-1f1b pp=8 r0 M=64", one_f_one_b(8, 0, 64)),
+        ("var-inter pp=4 v=2 r1 M=16", interleaved(4, 1, 16, 2)),
+        ("var-inter pp=8 v=3 r2 M=64", interleaved(8, 2, 64, 3)),
     ];
-    for (name, schedule, chunks) in varied {
+    for (name, schedule) in varied {
         for &seed in &seeds {
-            let layers = varied_layers(chunks, 4, 2048, 1, 2048, seed);
+            let layers = varied_layers(schedule.chunks(), 4, 2048, 1, 2048, seed);
             cases.push((format!("{name} seed={seed}"), buffers_of(schedule.clone(), layers)));
         }
     }
