@@ -500,11 +500,9 @@ mod tests {
     use proptest::prelude::*;
     use std::time::Duration;
 
+    /// Decides items of one interval each at `capacity`.
     fn run(ivs: &[(u32, u32)], size: &[u64], capacity: u64) -> Outcome {
-        let ranks = ivs.iter().map(|x| x.1).max().unwrap_or(0);
-        let ivp: Vec<u32> = (0..=ivs.len() as u32).collect();
-        let items = Items { ivp: &ivp, ivs, hull: ivs, size, ranks };
-        fits_restarting(&Prepared::new(&items), capacity, Instant::now() + Duration::from_secs(10))
+        run_groups(&single(ivs), size, capacity)
     }
 
     /// Items of one interval each.
@@ -610,9 +608,7 @@ mod tests {
             let r = |t: u64| times.binary_search(&t).expect("a time of the list") as u32;
             let ivs: Vec<(u32, u32)> = bufs.iter().map(|b| (r(b.start), r(b.end))).collect();
             let size: Vec<u64> = bufs.iter().map(|b| b.size).collect();
-            let ivp: Vec<u32> = (0..=ivs.len() as u32).collect();
-            let items = Items { ivp: &ivp, ivs: &ivs, hull: &ivs, size: &size, ranks: times.len() as u32 };
-            match fits_restarting(&Prepared::new(&items), 1 << 32, Instant::now() + Duration::from_secs(5)) {
+            match run(&ivs, &size, 1 << 32) {
                 Outcome::Fits(off) => assert!(valid(&single(&ivs), &size, 1 << 32, &off), "seed {seed}"),
                 other => panic!("seed {seed}: {other:?}"),
             }
