@@ -68,9 +68,9 @@ pub(crate) enum Outcome {
 /// any rank of the item ("total"), its lifetime in ranks ("width") and size × lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Order {
-    TotalWidthArea,
-    WidthAreaTotal,
-    TotalAreaWidth,
+    TotalWidthArea = 0,
+    WidthAreaTotal = 1,
+    TotalAreaWidth = 2,
 }
 
 impl Order {
@@ -189,8 +189,9 @@ pub(crate) struct Prepared<'a> {
     nb: Neighbours,
     load: Vec<u64>,
     cut: Vec<u32>,
-    total: Vec<u64>,
-    width: Vec<u64>,
+    /// Priority rank of each item under each [`Order`] (the order of candidates at one
+    /// floor, and the order items at one offset are placed in).
+    rank: Vec<Vec<u32>>,
 }
 
 impl<'a> Prepared<'a> {
@@ -210,7 +211,7 @@ impl<'a> Prepared<'a> {
                 *c += 1;
             }
         }
-        let total = (0..n)
+        let total: Vec<u64> = (0..n)
             .map(|i| {
                 items
                     .ivs(i)
@@ -220,8 +221,30 @@ impl<'a> Prepared<'a> {
                     .unwrap_or(0)
             })
             .collect();
-        let width = (0..n).map(|i| items.ivs(i).iter().map(|&(s, e)| (e - s) as u64).sum()).collect();
-        Prepared { items, nb: Neighbours::new(items), load, cut, total, width }
+        let width: Vec<u64> =
+            (0..n).map(|i| items.ivs(i).iter().map(|&(s, e)| (e - s) as u64).sum()).collect();
+        let rank = Order::ALL
+            .iter()
+            .map(|&order| {
+                let mut by_priority: Vec<u32> = (0..n as u32).collect();
+                by_priority.sort_unstable_by_key(|&i| {
+                    let i = i as usize;
+                    let (t, w, a) = (total[i], width[i], items.size[i] * width[i]);
+                    let key = match order {
+                        Order::TotalWidthArea => (t, w, a),
+                        Order::WidthAreaTotal => (w, a, t),
+                        Order::TotalAreaWidth => (t, a, w),
+                    };
+                    (std::cmp::Reverse(key), i)
+                });
+                let mut rank = vec![0u32; n];
+                for (r, &i) in by_priority.iter().enumerate() {
+                    rank[i as usize] = r as u32;
+                }
+                rank
+            })
+            .collect();
+        Prepared { items, nb: Neighbours::new(items), load, cut, rank }
     }
 }
 
@@ -242,23 +265,6 @@ pub(crate) fn fits(
     if items.size.iter().any(|&z| z > capacity) || prep.load.iter().any(|&l| l > capacity) {
         return Outcome::Infeasible;
     }
-    // Priority rank of each item: the order of candidates at one floor, and the order
-    // items at one offset are placed in.
-    let mut by_priority: Vec<u32> = (0..n as u32).collect();
-    by_priority.sort_unstable_by_key(|&i| {
-        let i = i as usize;
-        let (t, w, a) = (prep.total[i], prep.width[i], items.size[i] * prep.width[i]);
-        let key = match order {
-            Order::TotalWidthArea => (t, w, a),
-            Order::WidthAreaTotal => (w, a, t),
-            Order::TotalAreaWidth => (t, a, w),
-        };
-        (std::cmp::Reverse(key), i)
-    });
-    let mut rank = vec![0u32; n];
-    for (r, &i) in by_priority.iter().enumerate() {
-        rank[i as usize] = r as u32;
-    }
     let open = (0..n).map(|i| prep.nb.of(i).len() as u32).collect();
     let ranks = items.ranks as usize;
     let mut solver = Solver {
@@ -268,7 +274,7 @@ pub(crate) fn fits(
         node_limit,
         nodes: 0,
         nb: &prep.nb,
-        rank,
+        rank: &prep.rank[order as usize],
         load: prep.load.clone(),
         floor: vec![0; n],
         placed: vec![false; n],
@@ -304,7 +310,7 @@ struct Solver<'a, 'b> {
     nodes: u64,
     nb: &'a Neighbours,
     /// Priority rank of each item (the order of candidates at one floor).
-    rank: Vec<u32>,
+    rank: &'a [u32],
     /// Bytes of unplaced items live at each clock rank.
     load: Vec<u64>,
     floor: Vec<u64>,
