@@ -33,25 +33,7 @@
 
 use std::time::Instant;
 
-/// The problem: items with one or more disjoint intervals (alias groups) of compressed
-/// clock ranks, and sizes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Items<'a> {
-    /// Item `i`'s intervals are `ivs[ivp[i]..ivp[i + 1]]`.
-    pub ivp: &'a [u32],
-    pub ivs: &'a [(u32, u32)],
-    /// First and last-plus-one rank of each item's intervals.
-    pub hull: &'a [(u32, u32)],
-    pub size: &'a [u64],
-    /// Ranks of the clock.
-    pub ranks: u32,
-}
-
-impl Items<'_> {
-    fn ivs(&self, i: usize) -> &[(u32, u32)] {
-        &self.ivs[self.ivp[i] as usize..self.ivp[i + 1] as usize]
-    }
-}
+use crate::items::Items;
 
 /// What a search at one capacity found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -539,7 +521,7 @@ mod tests {
             .map(|g| (g.iter().map(|x| x.0).min().unwrap(), g.iter().map(|x| x.1).max().unwrap()))
             .collect();
         let ranks = hull.iter().map(|x| x.1).max().unwrap_or(0);
-        f(&Items { ivp: &ivp, ivs: &ivs, hull: &hull, size, ranks })
+        f(&Items { ivp: Some(&ivp), ivs: &ivs, hull: &hull, size, ranks })
     }
 
     /// A placement that fits: every item under the capacity, no two live together sharing

@@ -27,6 +27,7 @@
 
 use std::time::Instant;
 
+use crate::items::Items;
 use crate::rng::Rng;
 
 const NONE: u64 = u64::MAX;
@@ -288,16 +289,6 @@ fn hull(x: (u32, u32), y: (u32, u32)) -> (u32, u32) {
     (x.0.min(y.0), x.1.max(y.1))
 }
 
-/// Items with one interval each over ranks `0..ranks`.
-pub(crate) struct Items<'a> {
-    /// `[start, end)` of each item, in ranks (`end ≤ ranks`).
-    pub ivs: &'a [(u32, u32)],
-    /// Bytes of each item.
-    pub size: &'a [u64],
-    /// Ranks of the clock.
-    pub ranks: u32,
-}
-
 /// What one call of [`pack`] did.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct PackStats {
@@ -331,7 +322,7 @@ pub(crate) fn pack(
     }
     let mut diff = vec![0i64; r + 1];
     for i in 0..n {
-        let (s, e) = items.ivs[i];
+        let (s, e) = items.hull[i];
         diff[s as usize] += items.size[i] as i64;
         diff[e as usize] -= items.size[i] as i64;
     }
@@ -347,10 +338,10 @@ pub(crate) fn pack(
     // Unplaced items by start, each list sorted by (end, size).
     let mut by_start: Vec<Vec<u32>> = vec![Vec::new(); r];
     for i in 0..n {
-        by_start[items.ivs[i].0 as usize].push(i as u32);
+        by_start[items.hull[i].0 as usize].push(i as u32);
     }
     for list in by_start.iter_mut() {
-        list.sort_unstable_by_key(|&i| (items.ivs[i as usize].1, items.size[i as usize], i));
+        list.sort_unstable_by_key(|&i| (items.hull[i as usize].1, items.size[i as usize], i));
     }
     let mut rng = Rng::new(seed);
     let mut budget: u64 = 2_000;
@@ -457,7 +448,7 @@ fn attempt_pack(
     let mut starts = StartTree::new(r);
     for (t, list) in by_start.iter().enumerate() {
         if let Some(&i) = list.first() {
-            starts.set(t, items.ivs[i as usize].1);
+            starts.set(t, items.hull[i as usize].1);
         }
     }
     let mut off = vec![0u64; n];
@@ -468,7 +459,7 @@ fn attempt_pack(
     let mut scored: Vec<(u64, u32)> = Vec::new();
     let mut backtracks = 0u64;
     let mut nodes = 0u64;
-    let head = |list: &Vec<u32>| list.first().map_or(u32::MAX, |&i| items.ivs[i as usize].1);
+    let head = |list: &Vec<u32>| list.first().map_or(u32::MAX, |&i| items.hull[i as usize].1);
     let outcome = 'search: loop {
         if placed == n {
             break Outcome::Placed(off.clone());
@@ -486,17 +477,17 @@ fn attempt_pack(
         let alts = &mut pool;
         if let Some(st) = starts.first(a, b) {
             let list = &by_start[st];
-            let k = list.partition_point(|&i| items.ivs[i as usize].1 as usize <= b);
+            let k = list.partition_point(|&i| items.hull[i as usize].1 as usize <= b);
             scored.clear();
             for j in 0..k {
                 let i = list[j] as usize;
                 if j > 0 {
                     let p = list[j - 1] as usize;
-                    if items.ivs[p] == items.ivs[i] && items.size[p] == items.size[i] {
+                    if items.hull[p] == items.hull[i] && items.size[p] == items.size[i] {
                         continue;
                     }
                 }
-                let (s0, e0) = items.ivs[i];
+                let (s0, e0) = items.hull[i];
                 let top = h + items.size[i];
                 let fit = 2 * u64::from(e0 as usize == b)
                     + u64::from(s0 as usize == a && Some(top) == left_h)
@@ -554,7 +545,7 @@ fn attempt_pack(
                 match alt {
                     Alt::Place { item, pos } => {
                         let i = item as usize;
-                        let (s, e) = items.ivs[i];
+                        let (s, e) = items.hull[i];
                         let list = &mut by_start[s as usize];
                         debug_assert_eq!(list[pos as usize], item);
                         list.remove(pos as usize);
@@ -661,7 +652,7 @@ mod tests {
         for i in 0..items.size.len() {
             assert!(off[i] + items.size[i] <= height);
             for j in 0..i {
-                let (a, b) = (items.ivs[i], items.ivs[j]);
+                let (a, b) = (items.hull[i], items.hull[j]);
                 if a.0 < b.1 && b.0 < a.1 {
                     assert!(off[i] + items.size[i] <= off[j] || off[j] + items.size[j] <= off[i]);
                 }
@@ -675,7 +666,7 @@ mod tests {
         let ivs = [(0, 2), (0, 1), (1, 3), (2, 3), (0, 3)];
         let size = [2, 1, 1, 1, 1];
         // load: t0 = 2+1+1 = 4, t1 = 2+1+1 = 4, t2 = 1+1+1 = 3
-        let items = Items { ivs: &ivs, size: &size, ranks: 3 };
+        let items = Items::single(&ivs, &size, 3);
         let mut stats = PackStats::default();
         let far = Instant::now() + std::time::Duration::from_secs(5);
         let off = pack(&items, 4, far, 1, &mut stats).expect("fits in 4");
@@ -696,7 +687,7 @@ mod tests {
             let ivs: Vec<(u32, u32)> = raw.iter().map(|&(s, l, _)| (s, s + l)).collect();
             let size: Vec<u64> = raw.iter().map(|&(_, _, z)| z).collect();
             let ranks = ivs.iter().map(|x| x.1).max().unwrap_or(0) + 1;
-            let items = Items { ivs: &ivs, size: &size, ranks };
+            let items = Items::single(&ivs, &size, ranks);
             let mut load = vec![0u64; ranks as usize];
             for (i, &(s, e)) in ivs.iter().enumerate() {
                 for t in s..e {
@@ -723,7 +714,7 @@ mod tests {
             let rank = |t: u64| times.partition_point(|&x| x < t) as u32;
             let ivs: Vec<(u32, u32)> = b.iter().map(|x| (rank(x.start), rank(x.end))).collect();
             let size: Vec<u64> = b.iter().map(|x| x.size).collect();
-            let items = Items { ivs: &ivs, size: &size, ranks: times.len() as u32 };
+            let items = Items::single(&ivs, &size, times.len() as u32);
             // Complete on zero slack: given time, a tiling is always found (debug builds
             // are slow; release takes well under a millisecond at this size).
             let far = Instant::now() + std::time::Duration::from_secs(20);
@@ -751,7 +742,7 @@ mod timing {
             let rank = |t: u64| times.partition_point(|&x| x < t) as u32;
             let ivs: Vec<(u32, u32)> = b.iter().map(|x| (rank(x.start), rank(x.end))).collect();
             let size: Vec<u64> = b.iter().map(|x| x.size).collect();
-            let items = Items { ivs: &ivs, size: &size, ranks: times.len() as u32 };
+            let items = Items::single(&ivs, &size, times.len() as u32);
             let lb = crate::dsa::live_bound(&b).unwrap();
             for f in [1.2, 1.06] {
                 let mut st = PackStats::default();

@@ -2536,8 +2536,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     {
         let now = Instant::now();
         let until = now + deadline.saturating_duration_since(now).mul_f64(0.15);
-        let items = crate::canonical::Items {
-            ivp: &p.ivp,
+        let items = crate::items::Items {
+            ivp: Some(&p.ivp),
             ivs: &p.ivs,
             hull: &p.hull,
             size: &p.size,
@@ -2559,7 +2559,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         && p.ivs.len() == n
         && sky_estimate * 6 <= until.saturating_duration_since(now)
     {
-        let items = crate::contour::Items { ivs: &p.ivs, size: &p.size, ranks: p.ranks };
+        let items = crate::items::Items::single(&p.ivs, &p.size, p.ranks);
         let (found, attempts) = crate::contour::search(
             &items,
             lb,

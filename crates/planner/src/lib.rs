@@ -9,6 +9,7 @@
 pub(crate) mod canonical;
 pub(crate) mod contour;
 pub mod dsa;
+pub(crate) mod items;
 pub mod pipeline;
 pub mod rng;
 pub mod schedule;
