@@ -891,6 +891,20 @@ impl Index {
     /// Calls `f` once for every placed interval overlapping `[s, e)`, bucket by bucket
     /// (each bucket's entries by offset).
     fn for_each(&self, s: u32, e: u32, mut f: impl FnMut(&Entry)) {
+        self.scan(s, e, &mut f, |_| {}, |f, en| f(en));
+    }
+
+    /// [`Index::for_each`] with a `state` that `entry` gets with each interval and `bucket`
+    /// before each bucket visited.
+    #[inline(always)]
+    fn scan<S>(
+        &self,
+        s: u32,
+        e: u32,
+        state: &mut S,
+        mut bucket: impl FnMut(&mut S),
+        mut entry: impl FnMut(&mut S, &Entry),
+    ) {
         for level in &self.levels {
             if level.entries == 0 {
                 continue;
@@ -898,9 +912,10 @@ impl Index {
             let b0 = s >> level.shift;
             let b1 = (e - 1) >> level.shift;
             for b in b0..=b1 {
+                bucket(state);
                 for en in &level.buckets[b as usize] {
                     if en.s < e && en.e > s && (en.s >> level.shift).max(b0) == b {
-                        f(en);
+                        entry(state, en);
                     }
                 }
             }
@@ -909,27 +924,27 @@ impl Index {
 
     /// Appends `(offset, top)` of every placed interval overlapping `[s, e)` to `out`, one
     /// sorted run per bucket visited; `runs` gets the start of every run after the first
-    /// (empty when `out` is one run, so already sorted).
+    /// that does not continue the one before it in order (empty: `out` is sorted).
     fn query_runs(&self, s: u32, e: u32, out: &mut Vec<(u64, u64)>, runs: &mut Vec<u32>) {
-        for level in &self.levels {
-            if level.entries == 0 {
-                continue;
+        // A run is closed when the next bucket starts, and at the end.
+        let close = |out: &Vec<(u64, u64)>, runs: &mut Vec<u32>, run: usize| {
+            if run > 0 && out.len() > run && out[run - 1].0 > out[run].0 {
+                runs.push(run as u32);
             }
-            let b0 = s >> level.shift;
-            let b1 = (e - 1) >> level.shift;
-            for b in b0..=b1 {
-                let run = out.len();
-                for en in &level.buckets[b as usize] {
-                    if en.s < e && en.e > s && (en.s >> level.shift).max(b0) == b {
-                        out.push((en.off, en.top));
-                    }
-                }
-                // A run that continues the previous one in order needs no merge.
-                if run > 0 && out.len() > run && out[run - 1].0 > out[run].0 {
-                    runs.push(run as u32);
-                }
-            }
-        }
+        };
+        let mut state = (out, runs, 0usize);
+        self.scan(
+            s,
+            e,
+            &mut state,
+            |(out, runs, run)| {
+                close(out, runs, *run);
+                *run = out.len();
+            },
+            |(out, _, _), en| out.push((en.off, en.top)),
+        );
+        let (out, runs, run) = state;
+        close(out, runs, run);
     }
 
     /// Lowest offset at which `item` fits under `fit`.
