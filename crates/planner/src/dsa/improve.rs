@@ -1,0 +1,401 @@
+//! The time-boxed improvement stage: windows of the clock around an item at the top taken
+//! out and re-placed with perturbed orders, and skyline re-packs of a window's top on its
+//! floor; kept when the window's top does not rise.
+
+use super::*;
+
+#[derive(Debug, Default)]
+pub(super) struct ImproveStats {
+    pub(super) steps: u64,
+    pub(super) improved: bool,
+}
+
+/// Scratch space of [`repack`].
+#[derive(Default)]
+pub(super) struct Repack {
+    pub(super) stamp: Vec<u32>,
+    pub(super) epoch: u32,
+    pub(super) window: Vec<u32>,
+    pub(super) times: Vec<u32>,
+    pub(super) floor: Vec<u64>,
+    pub(super) ents: Vec<(u64, u32, u32)>,
+    pub(super) next: Vec<u32>,
+}
+
+/// A skyline re-pack of the top of a window (improvement stage, items with one interval):
+/// the items that lie in a window of the clock around `c` (an item at the top, `high`) and
+/// sit at or above a level `y0` ≤ `off[c]` are taken out; every item left (inside the
+/// window or crossing its ends) makes a *floor* — at each rank of the window the highest
+/// byte still used — and the taken items are packed bottom-up on that floor by [`skyline_on`]
+/// (a random pick rule, sometimes with noise). Each goes at or above the floor over its
+/// whole lifetime and the skyline keeps them apart, so the result is valid. Kept when the
+/// taken items' top (highest byte, then how many reach it) is not worse than before, like
+/// the window moves. Returns the items that moved when kept.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn repack<'a>(
+    p: &Problem,
+    index: &mut Index,
+    off: &mut [u64],
+    high: u64,
+    c: usize,
+    span: u64,
+    deadline: Instant,
+    rng: &mut Rng,
+    rp: &'a mut Repack,
+) -> Option<&'a [u32]> {
+    let m = span * [0u64, 1, 2, 4][rng.below(4) as usize];
+    let (hs, he) = p.hull[c];
+    let t0 = (hs as u64).saturating_sub(rng.below(m + 1)) as u32;
+    let t1 = ((he as u64) + rng.below(m + 1)).min(p.ranks as u64) as u32;
+    let f = [0.05, 0.1, 0.2, 0.4][rng.below(4) as usize];
+    let y0 = off[c].min(high - (high as f64 * f) as u64);
+    rp.epoch += 1;
+    let epoch = rp.epoch;
+    rp.window.clear();
+    {
+        let (stamp, window) = (&mut rp.stamp, &mut rp.window);
+        index.for_each(t0, t1, |en| {
+            let i = en.item as usize;
+            if stamp[i] != epoch {
+                stamp[i] = epoch;
+                let (s, e) = p.hull[i];
+                if s >= t0 && e <= t1 && en.off >= y0 {
+                    window.push(en.item);
+                }
+            }
+        });
+    }
+    let mut before = Reach::default();
+    for &i in &rp.window {
+        before.add(off[i as usize] + p.size[i as usize]);
+        index.remove(p, i as usize, off[i as usize]);
+    }
+    // The sub-problem's clock: the distinct ends of the taken items (rank k of it covers
+    // the ranks [times[k], times[k + 1]) of `p`).
+    rp.times.clear();
+    for &i in &rp.window {
+        let (s, e) = p.hull[i as usize];
+        rp.times.push(s);
+        rp.times.push(e);
+    }
+    rp.times.sort_unstable();
+    rp.times.dedup();
+    let bufs: Vec<Buffer> = rp
+        .window
+        .iter()
+        .map(|&i| {
+            let (s, e) = p.hull[i as usize];
+            Buffer { start: s as u64, end: e as u64, size: p.size[i as usize], group: None }
+        })
+        .collect();
+    // The floor: the highest item left over each rank of the sub-problem. Items by top,
+    // highest first, each fills the ranks not filled yet (`next` skips filled runs).
+    let times = &rp.times;
+    let last = times.len() - 1;
+    rp.floor.clear();
+    rp.floor.resize(times.len(), 0);
+    rp.ents.clear();
+    {
+        let ents = &mut rp.ents;
+        index.for_each(times[0], times[last], |en| ents.push((en.top, en.s, en.e)));
+    }
+    rp.ents.sort_unstable_by(|a, b| b.cmp(a));
+    rp.next.clear();
+    rp.next.extend(0..=last as u32);
+    for &(t, s, e) in &rp.ents {
+        let mut k = times.partition_point(|&x| x <= s).saturating_sub(1);
+        let kb = times.partition_point(|&x| x < e).min(last);
+        while k < kb {
+            let mut r = k;
+            while rp.next[r] as usize != r {
+                let nn = rp.next[rp.next[r] as usize];
+                rp.next[r] = nn;
+                r = nn as usize;
+            }
+            if r >= kb {
+                break;
+            }
+            rp.floor[r] = t;
+            rp.next[r] = r as u32 + 1;
+            k = r + 1;
+        }
+    }
+    let mut kept = false;
+    if let Ok(sub) = Problem::build(&bufs) {
+        let rule = [5u8, 1, 4, 3][rng.below(4) as usize];
+        let q = [0.0, 0.02, 0.1][rng.below(3) as usize];
+        let res = if q > 0.0 {
+            skyline_on(&sub, rule, Some((q, &mut *rng)), deadline, Some(&rp.floor))
+        } else {
+            skyline_on(&sub, rule, None, deadline, Some(&rp.floor))
+        };
+        if let Some((so, _)) = res {
+            let mut after = Reach::default();
+            for (k, &i) in rp.window.iter().enumerate() {
+                after.add(so[k] + p.size[i as usize]);
+            }
+            if after <= before {
+                for (k, &i) in rp.window.iter().enumerate() {
+                    off[i as usize] = so[k];
+                }
+                kept = true;
+            }
+        }
+    }
+    for &i in &rp.window {
+        index.insert(p, i as usize, off[i as usize]);
+    }
+    if kept { Some(&rp.window) } else { None }
+}
+
+/// How high a set of items reaches (the improvement stage's acceptance test): the highest
+/// top, then how many items reach it. Lower is better; it can only grow as items are added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub(super) struct Reach {
+    pub(super) high: u64,
+    pub(super) count: u32,
+}
+
+impl Reach {
+    pub(super) fn add(&mut self, top: u64) {
+        if top > self.high {
+            self.high = top;
+            self.count = 1;
+        } else if top == self.high {
+            self.count += 1;
+        }
+    }
+}
+
+/// Items a window of the improvement stage holds at most, about (see `improve`).
+pub(super) const WINDOW_ITEMS: u64 = 4096;
+/// Placed items one window re-placement may visit, about (see `improve`).
+pub(super) const WINDOW_WORK: u64 = 1_000_000;
+
+/// The improvement stage from `off` (see the `dsa` module documentation); `pairs` is
+/// [`Problem::overlapping_pairs`].
+pub(super) fn improve(
+    p: &Problem,
+    off: &mut [u64],
+    lb: u64,
+    pairs: u64,
+    deadline: Instant,
+    seed: u64,
+) -> ImproveStats {
+    let n = p.len();
+    let mut stats = ImproveStats::default();
+    let mut index = Index::new(p);
+    for i in 0..n {
+        index.insert(p, i, off[i]);
+    }
+    let mut top: Vec<u64> = (0..n).map(|i| off[i] + p.size[i]).collect();
+    let mut high = top.iter().copied().max().unwrap_or(0);
+    let start_high = high;
+    let mut crit: Vec<u32> = (0..n as u32).filter(|&i| top[i as usize] == high).collect();
+    let mut rng = Rng::new(seed);
+    let span = p.mean_span() as u64;
+    // Ranks a window may cover: at the input's arrival rate, as many items as keep one
+    // re-placement to about `WINDOW_WORK` visits of placed items (each item's gap query sees
+    // the items live with it), at most `WINDOW_ITEMS`: dense inputs with long lifetimes
+    // would otherwise spend tens of milliseconds per step.
+    let overlap = (2 * pairs / n.max(1) as u64).max(1);
+    let items = (WINDOW_WORK / overlap).clamp(64, WINDOW_ITEMS);
+    let reach = (items * p.ranks as u64 / n.max(1) as u64).max(64);
+    let mut stamp = vec![0u32; n];
+    let mut epoch = 0u32;
+    let mut window: Vec<u32> = Vec::new();
+    let mut crossing: Vec<u32> = Vec::new();
+    let mut new_off = vec![0u64; n];
+    let mut scratch = FindScratch::default();
+    let single = p.ivs.len() == n;
+    let mut rp = Repack { stamp: vec![0; n], ..Repack::default() };
+    while high > lb && Instant::now() < deadline {
+        // A buffer at the top.
+        let c = loop {
+            if crit.is_empty() {
+                high = top.iter().copied().max().unwrap_or(0);
+                crit = (0..n as u32).filter(|&i| top[i as usize] == high).collect();
+            }
+            let k = rng.below(crit.len() as u64) as usize;
+            if top[crit[k] as usize] == high {
+                break crit[k] as usize;
+            }
+            crit.swap_remove(k);
+        };
+        if high <= lb {
+            break;
+        }
+        stats.steps += 1;
+        if single && rng.below(4) == 0 {
+            if let Some(kept) =
+                repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp)
+            {
+                for &i in kept {
+                    top[i as usize] = off[i as usize] + p.size[i as usize];
+                    if top[i as usize] == high {
+                        crit.push(i);
+                    }
+                }
+            }
+            continue;
+        }
+        // A window of the clock around it (a random stretch of its lifetime when that is long).
+        let mult = [0u64, 1, 2, 4, 8][rng.below(5) as usize];
+        let (mut hs, mut he) = p.hull[c];
+        let max_len = (span * 16).max(64).min(reach) as u32;
+        if he - hs > max_len {
+            hs += rng.below((he - hs - max_len) as u64 + 1) as u32;
+            he = hs + max_len;
+        }
+        let ext = (span * mult).min(reach / 2);
+        let t0 = (hs as u64).saturating_sub(rng.below(ext + 1)) as u32;
+        let t1 = ((he as u64) + rng.below(ext + 1)).min(p.ranks as u64) as u32;
+        epoch += 1;
+        window.clear();
+        window.push(c as u32);
+        stamp[c] = epoch;
+        crossing.clear();
+        index.for_each(t0, t1, |en| {
+            let i = en.item as usize;
+            if stamp[i] != epoch {
+                stamp[i] = epoch;
+                let (s, e) = p.hull[i];
+                if s >= t0 && e <= t1 {
+                    window.push(en.item);
+                } else if !single {
+                    crossing.push(en.item);
+                }
+            }
+        });
+        // Items with several intervals (alias groups) can span the whole clock, so no window
+        // would hold them: those live in the window join it (a re-placement checks every
+        // interval), a random sample of them when they are many.
+        if !crossing.is_empty() {
+            let room = (items as usize).saturating_sub(window.len());
+            for k in 0..crossing.len().min(room) {
+                let j = k + rng.below((crossing.len() - k) as u64) as usize;
+                crossing.swap(k, j);
+                window.push(crossing[k]);
+            }
+        }
+        let mut before = Reach::default();
+        for &i in &window {
+            before.add(off[i as usize] + p.size[i as usize]);
+        }
+        for &i in &window {
+            index.remove(p, i as usize, off[i as usize]);
+        }
+        let strat = Strategy::PORTFOLIO[rng.below(Strategy::PORTFOLIO.len() as u64) as usize];
+        let noise = [0.0, 0.05, 0.2, 0.6][rng.below(4) as usize];
+        sort_items(p, &mut window, strat.order, noise, &mut rng);
+        if rng.below(2) == 0 {
+            // The buffer at the top goes first.
+            let pos = window.iter().position(|&i| i as usize == c).unwrap_or(0);
+            window[..=pos].rotate_right(1);
+        }
+        // Re-place in order; give up as soon as the window's top (highest byte, then how
+        // many items reach it) is worse than before.
+        let mut after = Reach::default();
+        let mut placed = 0;
+        for &i in &window {
+            let i = i as usize;
+            let o = index.find(p, i, strat.fit, &mut scratch);
+            new_off[i] = o;
+            index.insert(p, i, o);
+            placed += 1;
+            after.add(o + p.size[i]);
+            if after > before || (placed % 64 == 0 && Instant::now() > deadline) {
+                after.high = u64::MAX;
+                break;
+            }
+        }
+        if after <= before {
+            for &i in &window {
+                let i = i as usize;
+                off[i] = new_off[i];
+                top[i] = off[i] + p.size[i];
+                if top[i] == high {
+                    crit.push(i as u32);
+                }
+            }
+        } else {
+            for &i in &window[..placed] {
+                index.remove(p, i as usize, new_off[i as usize]);
+            }
+            // `off` still holds the old offsets.
+            for &i in &window {
+                index.insert(p, i as usize, off[i as usize]);
+            }
+        }
+    }
+    let final_high = top.iter().copied().max().unwrap_or(0);
+    stats.improved = final_high < start_high;
+    stats
+}
+
+#[cfg(test)]
+mod repack_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Repeated skyline re-packs of the top of a placement keep it valid and never raise
+    /// its footprint.
+    /// Runs `moves` re-packs from the online best fit;
+    /// every one leaves a valid placement no higher than before. Returns how many were kept.
+    fn check(b: &[Buffer], moves: usize, seed: u64) -> usize {
+        let p = Problem::build(b).unwrap();
+        if p.len() == 0 || p.ivs.len() != p.len() {
+            return 0;
+        }
+        let mut kept = 0;
+        let (mut off, mut high) = online_best_fit(&p);
+        let mut index = Index::new(&p);
+        for (i, &o) in off.iter().enumerate() {
+            index.insert(&p, i, o);
+        }
+        let mut rng = crate::rng::Rng::new(seed);
+        let mut rp = Repack { stamp: vec![0; p.len()], ..Repack::default() };
+        let span = p.mean_span() as u64;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for _ in 0..moves {
+            let tops: Vec<usize> = (0..p.len()).filter(|&i| off[i] + p.size[i] == high).collect();
+            let c = tops[rng.below(tops.len() as u64) as usize];
+            kept += usize::from(
+                repack(&p, &mut index, &mut off, high, c, span, deadline, &mut rng, &mut rp).is_some(),
+            );
+            let offsets: Vec<u64> =
+                p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
+            verify(b, &offsets).unwrap();
+            let now = (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+            assert!(now <= high, "re-pack raised the footprint: {now} > {high}");
+            high = now;
+        }
+        kept
+    }
+
+    #[test]
+    fn repacks_keep_random_placements_valid() {
+        let mut kept = 0;
+        for seed in 1..=3 {
+            kept += check(&crate::workload::random(2000, seed), 300, seed);
+            kept += check(&crate::workload::random_uniform(2000, seed), 300, seed);
+        }
+        assert!(kept > 0, "no re-pack was kept: the test checks nothing");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn repacks_keep_small_placements_valid(
+            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60),
+            seed in 0u64..1000,
+        ) {
+            let b: Vec<Buffer> = raw
+                .into_iter()
+                .map(|(start, life, size)| Buffer { start, end: start + life, size, group: None })
+                .collect();
+            check(&b, 40, seed);
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The time-bucketed index of placed items, and gap queries that visit only the items live
+//! near the one being placed.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Entry {
+    pub(super) off: u64,
+    pub(super) top: u64,
+    pub(super) s: u32,
+    pub(super) e: u32,
+    pub(super) item: u32,
+}
+
+/// Placed intervals, bucketed by compressed clock rank at several resolutions; each bucket
+/// sorted by offset. An interval goes to the finest level whose buckets are at least as
+/// wide as it is (so it lands in one or two buckets), which keeps short queries from
+/// scanning long-lived entries bucket by bucket and long ones from being copied into many.
+#[derive(Debug, Clone)]
+pub(super) struct Index {
+    pub(super) levels: Vec<Level>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Level {
+    pub(super) shift: u32,
+    pub(super) entries: usize,
+    pub(super) buckets: Vec<Vec<Entry>>,
+}
+
+/// Bucket width of the finest level: 2^BASE_SHIFT ranks; each level is 4 times wider.
+pub(super) const BASE_SHIFT: u32 = 5;
+
+impl Index {
+    pub(super) fn new(p: &Problem) -> Index {
+        let mut levels = Vec::new();
+        let mut shift = BASE_SHIFT;
+        loop {
+            let n = ((p.ranks as usize) >> shift) + 1;
+            levels.push(Level { shift, entries: 0, buckets: vec![Vec::new(); n] });
+            if n == 1 {
+                break;
+            }
+            shift += 2;
+        }
+        Index { levels }
+    }
+
+    pub(super) fn level_of(&self, s: u32, e: u32) -> usize {
+        let len = e - s;
+        let mut k = 0;
+        while k + 1 < self.levels.len() && len > (1u32 << self.levels[k].shift) {
+            k += 1;
+        }
+        k
+    }
+
+    pub(super) fn insert(&mut self, p: &Problem, item: usize, off: u64) {
+        let top = off + p.size[item];
+        for &(s, e) in p.ivs(item) {
+            let en = Entry { off, top, s, e, item: item as u32 };
+            let k = self.level_of(s, e);
+            let level = &mut self.levels[k];
+            level.entries += 1;
+            for b in (s >> level.shift)..=((e - 1) >> level.shift) {
+                let bucket = &mut level.buckets[b as usize];
+                let pos = bucket.partition_point(|x| x.off <= off);
+                bucket.insert(pos, en);
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, p: &Problem, item: usize, off: u64) {
+        for &(s, e) in p.ivs(item) {
+            let k = self.level_of(s, e);
+            let level = &mut self.levels[k];
+            level.entries -= 1;
+            for b in (s >> level.shift)..=((e - 1) >> level.shift) {
+                let bucket = &mut level.buckets[b as usize];
+                let mut pos = bucket.partition_point(|x| x.off < off);
+                while bucket[pos].item != item as u32 || bucket[pos].s != s {
+                    pos += 1;
+                }
+                bucket.remove(pos);
+            }
+        }
+    }
+
+    /// Calls `f` once for every placed interval overlapping `[s, e)`, bucket by bucket
+    /// (each bucket's entries by offset).
+    pub(super) fn for_each(&self, s: u32, e: u32, mut f: impl FnMut(&Entry)) {
+        self.scan(s, e, &mut f, |_| {}, |f, en| f(en));
+    }
+
+    /// [`Index::for_each`] with a `state` that `entry` gets with each interval and `bucket`
+    /// before each bucket visited.
+    #[inline(always)]
+    pub(super) fn scan<S>(
+        &self,
+        s: u32,
+        e: u32,
+        state: &mut S,
+        mut bucket: impl FnMut(&mut S),
+        mut entry: impl FnMut(&mut S, &Entry),
+    ) {
+        for level in &self.levels {
+            if level.entries == 0 {
+                continue;
+            }
+            let b0 = s >> level.shift;
+            let b1 = (e - 1) >> level.shift;
+            for b in b0..=b1 {
+                bucket(state);
+                for en in &level.buckets[b as usize] {
+                    if en.s < e && en.e > s && (en.s >> level.shift).max(b0) == b {
+                        entry(state, en);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Appends `(offset, top)` of every placed interval overlapping `[s, e)` to `out`, one
+    /// sorted run per bucket visited; `runs` gets the start of every run after the first
+    /// that does not continue the one before it in order (empty: `out` is sorted).
+    pub(super) fn query_runs(&self, s: u32, e: u32, out: &mut Vec<(u64, u64)>, runs: &mut Vec<u32>) {
+        // A run is closed when the next bucket starts, and at the end.
+        let close = |out: &Vec<(u64, u64)>, runs: &mut Vec<u32>, run: usize| {
+            if run > 0 && out.len() > run && out[run - 1].0 > out[run].0 {
+                runs.push(run as u32);
+            }
+        };
+        let mut state = (out, runs, 0usize);
+        self.scan(
+            s,
+            e,
+            &mut state,
+            |(out, runs, run)| {
+                close(out, runs, *run);
+                *run = out.len();
+            },
+            |(out, _, _), en| out.push((en.off, en.top)),
+        );
+        let (out, runs, run) = state;
+        close(out, runs, run);
+    }
+
+    /// Lowest offset at which `item` fits under `fit`.
+    pub(super) fn find(&self, p: &Problem, item: usize, fit: Fit, scratch: &mut FindScratch) -> u64 {
+        scratch.pairs.clear();
+        let mut sorted = true;
+        let ivs = p.ivs(item);
+        if ivs.len() == 1 {
+            scratch.runs.clear();
+            self.query_runs(ivs[0].0, ivs[0].1, &mut scratch.pairs, &mut scratch.runs);
+            if !scratch.runs.is_empty() {
+                merge_runs(&mut scratch.pairs, &mut scratch.runs, &mut scratch.spare);
+            }
+        } else {
+            // An item with several intervals meets most neighbours in several of them, and
+            // every interval of a neighbour has its offset: one pair per neighbour.
+            if scratch.seen.len() < p.len() {
+                scratch.seen.resize(p.len(), 0);
+            }
+            scratch.epoch = scratch.epoch.wrapping_add(1);
+            if scratch.epoch == 0 {
+                scratch.seen.fill(0);
+                scratch.epoch = 1;
+            }
+            let FindScratch { pairs, seen, epoch, .. } = scratch;
+            for &(s, e) in ivs {
+                self.for_each(s, e, |en| {
+                    let k = en.item as usize;
+                    if seen[k] != *epoch {
+                        seen[k] = *epoch;
+                        if let Some(last) = pairs.last()
+                            && last.0 > en.off
+                        {
+                            sorted = false;
+                        }
+                        pairs.push((en.off, en.top));
+                    }
+                });
+            }
+        }
+        if !sorted {
+            scratch.pairs.sort_unstable_by_key(|x| x.0);
+        }
+        let scratch = &scratch.pairs;
+        let size = p.size[item];
+        let mut cur = 0u64;
+        let mut best: Option<(u64, u64)> = None;
+        for &(o, t) in scratch.iter() {
+            if o >= cur + size {
+                let gap = o - cur;
+                match fit {
+                    Fit::LowestOffset => return cur,
+                    Fit::BestFit => {
+                        if gap == size {
+                            return cur;
+                        }
+                        if best.is_none_or(|(g, _)| gap < g) {
+                            best = Some((gap, cur));
+                        }
+                    }
+                }
+            }
+            cur = cur.max(t);
+        }
+        best.map_or(cur, |(_, o)| o)
+    }
+}
+
+/// Scratch space of [`Index::find`]: the (offset, top) pairs of the neighbours, and marks of
+/// the neighbours already seen (items with several intervals).
+#[derive(Debug, Default)]
+pub(super) struct FindScratch {
+    pub(super) pairs: Vec<(u64, u64)>,
+    /// Starts of the sorted runs of `pairs` after the first, and room to merge them.
+    pub(super) runs: Vec<u32>,
+    pub(super) spare: Vec<(u64, u64)>,
+    pub(super) seen: Vec<u32>,
+    pub(super) epoch: u32,
+}
+
+/// Sorts `v` by offset, given that it is sorted runs starting at 0 and at each of `runs`
+/// (ascending): adjacent runs merged pairwise, pass after pass, through `spare`.
+pub(super) fn merge_runs(v: &mut Vec<(u64, u64)>, runs: &mut Vec<u32>, spare: &mut Vec<(u64, u64)>) {
+    let n = v.len() as u32;
+    while !runs.is_empty() {
+        spare.clear();
+        let mut merged = 0;
+        let mut k = 0;
+        // Run k covers [start(k), start(k + 1)); start(0) = 0, the last ends at n.
+        let start = |runs: &[u32], k: usize| if k == 0 { 0 } else { runs[k - 1] };
+        let count = runs.len() + 1;
+        while k < count {
+            let a = start(runs, k) as usize;
+            let m = if k + 1 < count { start(runs, k + 1) as usize } else { n as usize };
+            let b = if k + 2 < count { start(runs, k + 2) as usize } else { n as usize };
+            if k > 0 {
+                runs[merged] = spare.len() as u32;
+                merged += 1;
+            }
+            let (mut i, mut j) = (a, m);
+            while i < m && j < b {
+                if v[j].0 < v[i].0 {
+                    spare.push(v[j]);
+                    j += 1;
+                } else {
+                    spare.push(v[i]);
+                    i += 1;
+                }
+            }
+            spare.extend_from_slice(&v[i..m]);
+            spare.extend_from_slice(&v[j..b]);
+            k += 2;
+        }
+        runs.truncate(merged);
+        std::mem::swap(v, spare);
+    }
+}
+
+#[cfg(test)]
+mod find_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The gap a scan of every placed item gives: the lowest (or smallest fitting, then
+    /// lowest) offset where `item` meets none of them.
+    fn scan(p: &Problem, placed: &[(usize, u64)], item: usize, fit: Fit) -> u64 {
+        let meets =
+            |j: usize| p.ivs(item).iter().any(|&(s, e)| p.ivs(j).iter().any(|&(s2, e2)| s < e2 && s2 < e));
+        let mut used: Vec<(u64, u64)> =
+            placed.iter().filter(|&&(j, _)| meets(j)).map(|&(j, o)| (o, o + p.size[j])).collect();
+        used.sort_unstable();
+        let size = p.size[item];
+        let (mut cur, mut best) = (0u64, None::<(u64, u64)>);
+        for (o, t) in used {
+            if o >= cur + size {
+                match fit {
+                    Fit::LowestOffset => return cur,
+                    Fit::BestFit => {
+                        if best.is_none_or(|(g, _)| o - cur < g) {
+                            best = Some((o - cur, cur));
+                        }
+                    }
+                }
+            }
+            cur = cur.max(t);
+        }
+        best.map_or(cur, |(_, o)| o)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Gap queries (one pair per neighbour for items with several intervals) agree with
+        /// a scan of every placed item, for both fits.
+        #[test]
+        fn gap_queries_agree_with_a_scan(
+            raw in prop::collection::vec((0u64..60, 1u64..20, 1u64..64, prop::option::of(0u32..6)), 1..60),
+            best_fit in any::<bool>(),
+        ) {
+            let b: Vec<Buffer> = raw
+                .iter()
+                .map(|&(s, l, z, g)| Buffer { start: s, end: s + l, size: z, group: g })
+                .collect();
+            let p = Problem::build(&b).unwrap();
+            let fit = if best_fit { Fit::BestFit } else { Fit::LowestOffset };
+            let mut index = Index::new(&p);
+            let mut scratch = FindScratch::default();
+            let mut placed = Vec::new();
+            for i in 0..p.len() {
+                let o = index.find(&p, i, fit, &mut scratch);
+                prop_assert_eq!(o, scan(&p, &placed, i, fit), "item {}", i);
+                index.insert(&p, i, o);
+                placed.push((i, o));
+            }
+        }
+
+        /// Merging the sorted runs of a gap query sorts the pairs by offset, keeping every
+        /// pair once.
+        #[test]
+        fn merged_runs_are_sorted(runs in prop::collection::vec(prop::collection::vec(0u64..50, 0..12), 1..20)) {
+            let mut v: Vec<(u64, u64)> = Vec::new();
+            let mut starts: Vec<u32> = Vec::new();
+            for (k, mut run) in runs.into_iter().enumerate() {
+                run.sort_unstable();
+                if k > 0 && !run.is_empty() && !v.is_empty() {
+                    starts.push(v.len() as u32);
+                }
+                v.extend(run.iter().enumerate().map(|(j, &o)| (o, o + j as u64)));
+            }
+            let mut expected = v.clone();
+            expected.sort_unstable();
+            merge_runs(&mut v, &mut starts, &mut Vec::new());
+            prop_assert!(v.windows(2).all(|w| w[0].0 <= w[1].0));
+            v.sort_unstable();
+            prop_assert_eq!(v, expected);
+        }
+    }
+}
