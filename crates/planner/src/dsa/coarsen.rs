@@ -135,24 +135,18 @@ pub(super) fn coarsen(p: &Problem) -> Coarse {
 }
 
 /// Plans the coarse instance `c` within `share` and keeps it when it is lower.
-pub(super) fn solve_coarse(
-    c: &Coarse,
-    share: Duration,
-    opts: &PlaceOptions,
-    best_high: &mut u64,
-    best_off: &mut [u64],
-    strategy: &mut String,
-) {
+pub(super) fn solve_coarse(c: &Coarse, share: Duration, opts: &PlaceOptions, best: &mut Incumbent) {
     let sub = PlaceOptions { time_budget: share, scaled_budget_per_item: None, ..opts.clone() };
     if let Ok(cp) = place(&c.buffers, &sub)
-        && cp.footprint < *best_high
+        && cp.footprint < best.high
     {
-        *best_high = cp.footprint;
-        for (i, off) in best_off.iter_mut().enumerate() {
-            let (k, delta) = c.member[i];
-            *off = cp.offsets[k as usize] + delta;
-        }
-        *strategy = format!("coarse({}: {})", c.buffers.len(), cp.strategy);
+        let off = (0..c.member.len())
+            .map(|i| {
+                let (k, delta) = c.member[i];
+                cp.offsets[k as usize] + delta
+            })
+            .collect();
+        best.offer(cp.footprint, off, format!("coarse({}: {})", c.buffers.len(), cp.strategy));
     }
 }
 

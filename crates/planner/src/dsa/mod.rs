@@ -364,22 +364,24 @@ struct Built {
 }
 
 /// How much higher than the lowest construction of the portfolio one earlier in the job
-/// order may be and still be preferred as the start (see `place`).
+/// order may be and still be preferred as the start (see [`portfolio`]).
 const START_TIE: f64 = 0.01;
 
-/// Offers a construction: it becomes the incumbent when lower.
-fn offer(
-    best_high: &mut u64,
-    best_off: &mut Vec<u64>,
-    strategy: &mut String,
-    high: u64,
+/// The best placement so far: offsets per item, its highest byte and what made it.
+struct Incumbent {
     off: Vec<u64>,
-    name: String,
-) {
-    if high < *best_high {
-        *best_high = high;
-        *best_off = off;
-        *strategy = name;
+    high: u64,
+    strategy: String,
+}
+
+impl Incumbent {
+    /// Takes a placement when it is lower.
+    fn offer(&mut self, high: u64, off: Vec<u64>, name: impl Into<String>) {
+        if high < self.high {
+            self.high = high;
+            self.off = off;
+            self.strategy = name.into();
+        }
     }
 }
 
@@ -424,6 +426,11 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let deadline = began + budget;
     let mut lb = p.lower_bound().max(p.alias_bound());
     let pairs = p.overlapping_pairs();
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |t| t.get())
+    } else {
+        opts.threads
+    };
     // A greedy pass costs in proportion to the pairs of items live together (each gap query
     // visits the placed items live with its item); the skyline and the online constructions
     // do not. Inputs where one greedy pass would take most of the budget are *dense*: the
@@ -434,22 +441,20 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > budget.mul_f64(0.7);
     let share = if dense { 0.7 } else { 0.4 };
     let (floor_off, floor_high) = online_best_fit(&p);
-    let mut best_off = floor_off;
-    let mut best_high = floor_high;
-    let mut strategy = "online-best-fit".to_string();
+    let mut best = Incumbent { off: floor_off, high: floor_high, strategy: "online-best-fit".to_string() };
     // Coarsening (single-interval problems): the instance with stacked and chained buffers
     // merged, when that removes a tenth of the items. A coarse instance of at most half the
     // items is planned first, with 35% of the budget; a larger one after the portfolio.
     let mut coarse = None;
-    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p) {
+    if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p) {
         let c = coarsen(&p);
         if c.buffers.len() * 2 <= n {
-            solve_coarse(&c, budget.mul_f64(0.35), opts, &mut best_high, &mut best_off, &mut strategy);
+            solve_coarse(&c, budget.mul_f64(0.35), opts, &mut best);
         } else if c.buffers.len() * 10 <= n * 9 {
             coarse = Some(c);
         }
     }
-    let coarse_placed = strategy.starts_with("coarse");
+    let coarse_placed = best.strategy.starts_with("coarse");
     // The portfolio gets 40% of the budget (of what the coarse instance left); the
     // improvement stage the rest.
     let portfolio_deadline = if coarse_placed {
@@ -458,165 +463,21 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     } else {
         began + budget.mul_f64(share)
     };
-    let mut windows = 1;
-    let mut strategies_run = 0;
-    let mut sky_estimate = Duration::ZERO;
-    let mut greedy_estimate = Duration::ZERO;
-    let threads = if opts.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |t| t.get())
-    } else {
-        opts.threads
-    };
-    if best_high > lb && n > 0 {
-        let d = decompose(&p, lb);
-        windows = d.windows;
-        let threads = threads.clamp(1, Strategy::PORTFOLIO.len());
-        // Jobs: greedy strategies (index into the portfolio) and skyline rules (index into
-        // SKYLINE_RULES; single-interval problems only), interleaved most useful first.
-        let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
-        // Jobs, most useful first: greedy orders, skyline rules and the online aligned
-        // constructions interleaved; dense inputs lead with the aligned constructions and a
-        // skyline pass (the greedy passes there cost most of the budget).
-        let mut order: Vec<Job> = Vec::new();
-        if dense {
-            order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
-            order.push(Job::Skyline(0));
-        }
-        order.push(Job::Greedy(0));
-        if with_skyline && !dense {
-            order.push(Job::Skyline(0));
-            // The aligned constructions lead on lists of uniform sizes (few small buffers to
-            // fill gaps: 10k lists 1.064 → 1.050 with them), and cost ~2 µs per item.
-            order.extend([0, 2, 1].map(Job::Aligned));
-        }
-        order.push(Job::Greedy(1));
-        if with_skyline {
-            order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
-        }
-        order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
-        let jobs = order.len();
-        let next = AtomicUsize::new(0);
-        // The slowest finished job of each kind estimates the next one of that kind; until
-        // one has finished, the cost model does: a greedy pass from the pairs of items live
-        // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one.
-        let modelled_ns = [greedy_pass.as_nanos() as u64, 1_000 * n as u64, 2_000 * n as u64];
-        let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
-        let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
-        let built_any = AtomicBool::new(false);
-        let at_bound = AtomicBool::new(false);
-        // Whole-instance constructions.
-        let whole: Mutex<Vec<Built>> = Mutex::new(Vec::new());
-        let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
-        run_workers(workers, |_| {
-            loop {
-                let k = next.fetch_add(1, AtomicOrdering::Relaxed);
-                // Nothing is lower than the bound: once a construction reaches it, no job starts.
-                if k >= jobs || at_bound.load(AtomicOrdering::Relaxed) {
-                    break;
-                }
-                let kind = order[k].kind();
-                let est = Duration::from_nanos(match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
-                    0 => modelled_ns[kind],
-                    e => e,
-                });
-                if k > 0 && Instant::now() + est > portfolio_deadline {
-                    continue;
-                }
-                let t = Instant::now();
-                // Jobs stop at the deadline; the first one only once another construction
-                // than the online floor exists (every plan gets one, and on a machine slower
-                // than the cost model a long first pass does not overrun for nothing).
-                let guaranteed = k == 0 && !coarse_placed;
-                let stop =
-                    || Instant::now() > deadline && (!guaranteed || built_any.load(AtomicOrdering::Relaxed));
-                let done = match order[k] {
-                    Job::Skyline(j) => {
-                        let (rule, name) = SKYLINE_RULES[j];
-                        skyline(&p, rule, None, deadline).map(|(off, high)| (name, off, high))
-                    }
-                    Job::Aligned(j) => {
-                        let (candidates, weight, name) = ALIGNED_VARIANTS[j];
-                        online_aligned(&p, candidates, weight, stop).map(|(off, high)| (name, off, high))
-                    }
-                    Job::Greedy(j) => {
-                        let Some(run) = run_strategy(&p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
-                        built_any.store(true, AtomicOrdering::Relaxed);
-                        if run.window_high.iter().all(|&h| h <= lb) && run.crossing_high <= lb {
-                            at_bound.store(true, AtomicOrdering::Relaxed);
-                        }
-                        estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
-                        runs.lock().expect("portfolio worker panicked").push(run);
-                        continue;
-                    }
-                };
-                estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
-                if let Some((name, off, high)) = done {
-                    built_any.store(true, AtomicOrdering::Relaxed);
-                    if high <= lb {
-                        at_bound.store(true, AtomicOrdering::Relaxed);
-                    }
-                    let name = name.to_string();
-                    whole.lock().expect("portfolio worker panicked").push(Built { job: k, name, off, high });
-                }
-            }
-        });
-        sky_estimate = Duration::from_nanos(estimate_ns[1].load(AtomicOrdering::Relaxed));
-        greedy_estimate = Duration::from_nanos(estimate_ns[0].load(AtomicOrdering::Relaxed));
-        let mut built = whole.into_inner().expect("portfolio worker panicked");
-        let mut runs = runs.into_inner().expect("portfolio worker panicked");
-        strategies_run = runs.len();
-        if !runs.is_empty() {
-            runs.sort_by_key(|r| Strategy::PORTFOLIO.iter().position(|s| *s == r.strategy));
-            // Per window, the run with the lowest top; crossing items are the same in every run.
-            let mut off = runs[0].off.clone();
-            let mut high = runs[0].crossing_high;
-            let mut chosen: Vec<usize> = Vec::with_capacity(d.windows);
-            for w in 0..d.windows {
-                let k = (0..runs.len()).min_by_key(|&k| (runs[k].window_high[w], k)).unwrap_or(0);
-                high = high.max(runs[k].window_high[w]);
-                chosen.push(k);
-            }
-            for &i in &d.rest {
-                let i = i as usize;
-                off[i] = runs[chosen[d.window[i] as usize]].off[i];
-            }
-            let mut names: Vec<&str> = Vec::new();
-            for &k in &chosen {
-                let name = runs[k].strategy.name();
-                if !names.contains(&name) {
-                    names.push(name);
-                }
-            }
-            let name =
-                if names.len() == 1 { names[0].to_string() } else { format!("mixed({})", names.join(",")) };
-            let job = order.iter().position(|j| matches!(j, Job::Greedy(0))).unwrap_or(0);
-            built.push(Built { job, name, off, high });
-        }
-        // The start for what follows: the lowest construction, except that one within
-        // `START_TIE` of it that comes earlier in the job order is preferred (the order puts
-        // the constructions the improvement stage does best from first; footprints that
-        // close are within what that stage changes).
-        if let Some(low) = built.iter().map(|b| b.high).min() {
-            let within = low.saturating_add((low as f64 * START_TIE) as u64);
-            if let Some(k) = (0..built.len())
-                .filter(|&k| built[k].high <= within)
-                .min_by_key(|&k| (built[k].job, built[k].high))
-            {
-                let b = built.swap_remove(k);
-                offer(&mut best_high, &mut best_off, &mut strategy, b.high, b.off, b.name);
-            }
-        }
+    let mut built = Portfolio::default();
+    if best.high > lb && n > 0 {
+        let plan =
+            PortfolioPlan { lb, dense, greedy_pass, deadline, portfolio_deadline, threads, coarse_placed };
+        built = portfolio(&p, &plan, &mut best);
     }
-    let greedy_high = best_high;
-    let mut improvement_steps = 0;
+    let greedy_high = best.high;
     // Coarsening, late (a coarse instance more than half the size): when a few greedy
     // passes over it fit in 35% of what is left (the nested portfolio always runs its first
     // job).
     if let Some(c) = coarse.take() {
-        let pass = greedy_estimate.max(sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
+        let pass = built.greedy_estimate.max(built.sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
         let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
-        if best_high > lb && pass * 4 <= share {
-            solve_coarse(&c, share, opts, &mut best_high, &mut best_off, &mut strategy);
+        if best.high > lb && pass * 4 <= share {
+            solve_coarse(&c, share, opts, &mut best);
         }
     }
     // Complete canonical search (at most CANONICAL_MAX_ITEMS items) for 15% of what is
@@ -624,7 +485,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // short, it places there in milliseconds — then, when it proves the bound infeasible,
     // between the bound and the best placement; each capacity proved infeasible raises the
     // bound reported (and where the later stages stop).
-    if best_high > lb
+    if best.high > lb
         && n > EXACT_MAX_ITEMS
         && n <= CANONICAL_MAX_ITEMS
         && p.ivs.len() <= 4 * CANONICAL_MAX_ITEMS
@@ -633,121 +494,321 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     {
         let now = Instant::now();
         let until = now + deadline.saturating_duration_since(now).mul_f64(0.15);
-        let items = crate::items::Items {
-            ivp: Some(&p.ivp),
-            ivs: &p.ivs,
-            hull: &p.hull,
-            size: &p.size,
-            ranks: p.ranks,
-        };
-        let (found, proved) = crate::canonical::search(&items, lb, best_high, until);
-        if let Some((off, high)) = found {
-            offer(&mut best_high, &mut best_off, &mut strategy, high, off, "canonical".to_string());
-        }
-        lb = lb.max(proved);
+        lb = canonical_stage(&p, lb, until, &mut best);
     }
+    let single = p.ivs.len() == n && n > EXACT_MAX_ITEMS && opts.improve;
     // Fixed-height contour search (single-interval problems) for 40% of what is left,
     // when a few skyline passes fit in it.
     let now = Instant::now();
     let until = now + deadline.saturating_duration_since(now).mul_f64(0.4);
-    if best_high > lb
-        && n > EXACT_MAX_ITEMS
-        && opts.improve
-        && p.ivs.len() == n
-        && sky_estimate * 6 <= until.saturating_duration_since(now)
-    {
-        let items = crate::items::Items::single(&p.ivs, &p.size, p.ranks);
-        let (found, attempts) = crate::contour::search(
-            &items,
-            lb,
-            best_high,
-            until,
-            opts.seed ^ 0x636f_6e74,
-            threads.clamp(1, 8),
-        );
-        if let Some((off, high)) = found {
-            offer(&mut best_high, &mut best_off, &mut strategy, high, off, format!("contour({attempts})"));
-        }
+    if best.high > lb && single && built.sky_estimate * 6 <= until.saturating_duration_since(now) {
+        contour_stage(&p, lb, until, opts.seed, threads, &mut best);
     }
-    // Randomised skyline restarts for a quarter of what is left (single-interval problems).
+    // Randomised skyline restarts for a quarter of what is left (single-interval problems),
+    // skipped when fewer than two restarts would fit (large inputs: the improvement stage
+    // gains more from the time).
     let now = Instant::now();
     let until = now + deadline.saturating_duration_since(now) / 4;
-    // Skipped when fewer than two restarts would fit (large inputs: the improvement stage
-    // gains more from the time).
-    let restart_fits = sky_estimate * 2 <= until.saturating_duration_since(now);
-    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && restart_fits {
-        // One restart loop per core (different seeds); each keeps its best.
-        let start_high = best_high;
-        let workers = workers_for(threads.clamp(1, 8), until.saturating_duration_since(Instant::now()));
-        let p = &p;
-        let results: Vec<Option<(Vec<u64>, u64, u32)>> = run_workers(workers, |k| {
-            let mut rng = Rng::new(opts.seed ^ 0x736b_796c ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let mut best: Option<(Vec<u64>, u64, u32)> = None;
-            let mut high_k = start_high;
-            let mut restarts = 0u32;
-            while Instant::now() < until && high_k > lb {
-                let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
-                let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
-                restarts += 1;
-                if let Some((off, high)) = skyline(p, rule, Some((q, &mut rng)), until)
-                    && high < high_k
-                {
-                    high_k = high;
-                    best = Some((off, high, restarts));
-                }
-            }
-            best
-        });
-        for (off, high, restarts) in results.into_iter().flatten() {
-            let name = format!("skyline-restarts({restarts})");
-            offer(&mut best_high, &mut best_off, &mut strategy, high, off, name);
-        }
+    if best.high > lb && single && built.sky_estimate * 2 <= until.saturating_duration_since(now) {
+        skyline_restarts(&p, lb, until, opts.seed, threads, &mut best);
     }
-    if best_high > lb
+    if best.high > lb
         && n <= EXACT_MAX_ITEMS
-        && let Some(off) = exact(&p, lb, best_high)
+        && let Some(off) = exact(&p, lb, best.high)
     {
-        best_high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
-        best_off = off;
-        strategy = "exact".to_string();
+        best.high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+        best.off = off;
+        best.strategy = "exact".to_string();
     }
-    if best_high > lb && n > EXACT_MAX_ITEMS && opts.improve {
-        // Independent chains (one per core, different seeds) from the same start; the
-        // lowest result is kept (the search's outcome varies a lot between seeds).
-        let chains = workers_for(threads.clamp(1, 8), deadline.saturating_duration_since(Instant::now()));
-        let start = &best_off;
-        let results: Vec<(Vec<u64>, ImproveStats)> = run_workers(chains, |k| {
-            let mut off = start.clone();
-            let seed = opts.seed.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let stats = improve(&p, &mut off, lb, pairs, deadline, seed);
-            (off, stats)
-        });
-        for (off, stats) in results {
-            improvement_steps += stats.steps;
-            let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
-            if stats.improved && high < best_high {
-                best_high = high;
-                best_off = off;
-                if !strategy.ends_with("+improved") {
-                    strategy.push_str("+improved");
-                }
-            }
-        }
+    let mut improvement_steps = 0;
+    if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve {
+        improvement_steps = improvement_chains(&p, lb, pairs, deadline, opts.seed, threads, &mut best);
     }
-    let offsets = p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best_off[i as usize] }).collect();
+    let offsets = p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best.off[i as usize] }).collect();
     Ok(Placement {
         offsets,
-        footprint: best_high,
+        footprint: best.high,
         lower_bound: lb,
         live_bound: p.lower_bound(),
-        strategy,
+        strategy: best.strategy,
         elapsed: began.elapsed(),
         floor_footprint: floor_high,
         greedy_footprint: greedy_high,
-        windows,
-        strategies_run,
+        windows: built.windows,
+        strategies_run: built.strategies_run,
         improvement_steps,
     })
+}
+
+/// What the portfolio is given (see [`portfolio`]).
+struct PortfolioPlan {
+    lb: u64,
+    dense: bool,
+    /// The cost model's estimate of one greedy pass.
+    greedy_pass: Duration,
+    /// When every job stops.
+    deadline: Instant,
+    /// After this no job starts that its estimate says would not finish.
+    portfolio_deadline: Instant,
+    threads: usize,
+    /// A coarse placement exists already (the first job need not finish).
+    coarse_placed: bool,
+}
+
+/// What the portfolio did.
+struct Portfolio {
+    /// Windows of the decomposition.
+    windows: usize,
+    /// Greedy orders that finished.
+    strategies_run: usize,
+    /// The slowest skyline pass and greedy pass (zero when none ran).
+    sky_estimate: Duration,
+    greedy_estimate: Duration,
+}
+
+impl Default for Portfolio {
+    fn default() -> Self {
+        Portfolio {
+            windows: 1,
+            strategies_run: 0,
+            sky_estimate: Duration::ZERO,
+            greedy_estimate: Duration::ZERO,
+        }
+    }
+}
+
+/// The portfolio of constructions (see the module documentation), on all cores and
+/// time-boxed; offers the start for the stages after it to `best`.
+fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfolio {
+    let PortfolioPlan { lb, dense, greedy_pass, deadline, portfolio_deadline, threads, coarse_placed } =
+        *plan;
+    let n = p.len();
+    let d = decompose(p, lb);
+    let threads = threads.clamp(1, Strategy::PORTFOLIO.len());
+    // Skyline passes need items of one interval each.
+    let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
+    // Jobs, most useful first: greedy orders, skyline rules and the online aligned
+    // constructions interleaved; dense inputs lead with the aligned constructions and a
+    // skyline pass (the greedy passes there cost most of the budget).
+    let mut order: Vec<Job> = Vec::new();
+    if dense {
+        order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
+        order.push(Job::Skyline(0));
+    }
+    order.push(Job::Greedy(0));
+    if with_skyline && !dense {
+        order.push(Job::Skyline(0));
+        // The aligned constructions lead on lists of uniform sizes (few small buffers to
+        // fill gaps: 10k lists 1.064 → 1.050 with them), and cost ~2 µs per item.
+        order.extend([0, 2, 1].map(Job::Aligned));
+    }
+    order.push(Job::Greedy(1));
+    if with_skyline {
+        order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
+    }
+    order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
+    let jobs = order.len();
+    let next = AtomicUsize::new(0);
+    // The slowest finished job of each kind estimates the next one of that kind; until
+    // one has finished, the cost model does: a greedy pass from the pairs of items live
+    // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one.
+    let modelled_ns = [greedy_pass.as_nanos() as u64, 1_000 * n as u64, 2_000 * n as u64];
+    let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
+    let built_any = AtomicBool::new(false);
+    let at_bound = AtomicBool::new(false);
+    // Whole-instance constructions.
+    let whole: Mutex<Vec<Built>> = Mutex::new(Vec::new());
+    let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
+    run_workers(workers, |_| {
+        loop {
+            let k = next.fetch_add(1, AtomicOrdering::Relaxed);
+            // Nothing is lower than the bound: once a construction reaches it, no job starts.
+            if k >= jobs || at_bound.load(AtomicOrdering::Relaxed) {
+                break;
+            }
+            let kind = order[k].kind();
+            let est = Duration::from_nanos(match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
+                0 => modelled_ns[kind],
+                e => e,
+            });
+            if k > 0 && Instant::now() + est > portfolio_deadline {
+                continue;
+            }
+            let t = Instant::now();
+            // Jobs stop at the deadline; the first one only once another construction
+            // than the online floor exists (every plan gets one, and on a machine slower
+            // than the cost model a long first pass does not overrun for nothing).
+            let guaranteed = k == 0 && !coarse_placed;
+            let stop =
+                || Instant::now() > deadline && (!guaranteed || built_any.load(AtomicOrdering::Relaxed));
+            let done = match order[k] {
+                Job::Skyline(j) => {
+                    let (rule, name) = SKYLINE_RULES[j];
+                    skyline(p, rule, None, deadline).map(|(off, high)| (name, off, high))
+                }
+                Job::Aligned(j) => {
+                    let (candidates, weight, name) = ALIGNED_VARIANTS[j];
+                    online_aligned(p, candidates, weight, stop).map(|(off, high)| (name, off, high))
+                }
+                Job::Greedy(j) => {
+                    let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
+                    built_any.store(true, AtomicOrdering::Relaxed);
+                    if run.window_high.iter().all(|&h| h <= lb) && run.crossing_high <= lb {
+                        at_bound.store(true, AtomicOrdering::Relaxed);
+                    }
+                    estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                    runs.lock().expect("portfolio worker panicked").push(run);
+                    continue;
+                }
+            };
+            estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+            if let Some((name, off, high)) = done {
+                built_any.store(true, AtomicOrdering::Relaxed);
+                if high <= lb {
+                    at_bound.store(true, AtomicOrdering::Relaxed);
+                }
+                let name = name.to_string();
+                whole.lock().expect("portfolio worker panicked").push(Built { job: k, name, off, high });
+            }
+        }
+    });
+    let mut built = whole.into_inner().expect("portfolio worker panicked");
+    let mut runs = runs.into_inner().expect("portfolio worker panicked");
+    let strategies_run = runs.len();
+    if !runs.is_empty() {
+        runs.sort_by_key(|r| Strategy::PORTFOLIO.iter().position(|s| *s == r.strategy));
+        // Per window, the run with the lowest top; crossing items are the same in every run.
+        let mut off = runs[0].off.clone();
+        let mut high = runs[0].crossing_high;
+        let mut chosen: Vec<usize> = Vec::with_capacity(d.windows);
+        for w in 0..d.windows {
+            let k = (0..runs.len()).min_by_key(|&k| (runs[k].window_high[w], k)).unwrap_or(0);
+            high = high.max(runs[k].window_high[w]);
+            chosen.push(k);
+        }
+        for &i in &d.rest {
+            let i = i as usize;
+            off[i] = runs[chosen[d.window[i] as usize]].off[i];
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for &k in &chosen {
+            let name = runs[k].strategy.name();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        let name =
+            if names.len() == 1 { names[0].to_string() } else { format!("mixed({})", names.join(",")) };
+        let job = order.iter().position(|j| matches!(j, Job::Greedy(0))).unwrap_or(0);
+        built.push(Built { job, name, off, high });
+    }
+    // The start for what follows: the lowest construction, except that one within
+    // `START_TIE` of it that comes earlier in the job order is preferred (the order puts
+    // the constructions the improvement stage does best from first; footprints that
+    // close are within what that stage changes).
+    if let Some(low) = built.iter().map(|b| b.high).min() {
+        let within = low.saturating_add((low as f64 * START_TIE) as u64);
+        if let Some(k) = (0..built.len())
+            .filter(|&k| built[k].high <= within)
+            .min_by_key(|&k| (built[k].job, built[k].high))
+        {
+            let b = built.swap_remove(k);
+            best.offer(b.high, b.off, b.name);
+        }
+    }
+    Portfolio {
+        windows: d.windows,
+        strategies_run,
+        sky_estimate: Duration::from_nanos(estimate_ns[1].load(AtomicOrdering::Relaxed)),
+        greedy_estimate: Duration::from_nanos(estimate_ns[0].load(AtomicOrdering::Relaxed)),
+    }
+}
+
+/// The complete canonical search until `until` (see `place`); returns the bound, raised
+/// where it proved a capacity infeasible.
+fn canonical_stage(p: &Problem, lb: u64, until: Instant, best: &mut Incumbent) -> u64 {
+    let items =
+        crate::items::Items { ivp: Some(&p.ivp), ivs: &p.ivs, hull: &p.hull, size: &p.size, ranks: p.ranks };
+    let (found, proved) = crate::canonical::search(&items, lb, best.high, until);
+    if let Some((off, high)) = found {
+        best.offer(high, off, "canonical");
+    }
+    lb.max(proved)
+}
+
+/// The fixed-height contour search (single-interval problems) until `until`.
+fn contour_stage(p: &Problem, lb: u64, until: Instant, seed: u64, threads: usize, best: &mut Incumbent) {
+    let items = crate::items::Items::single(&p.ivs, &p.size, p.ranks);
+    let (found, attempts) =
+        crate::contour::search(&items, lb, best.high, until, seed ^ 0x636f_6e74, threads.clamp(1, 8));
+    if let Some((off, high)) = found {
+        best.offer(high, off, format!("contour({attempts})"));
+    }
+}
+
+/// Randomised skyline restarts (single-interval problems) until `until`: one restart loop
+/// per core (different seeds), each keeping its best.
+fn skyline_restarts(p: &Problem, lb: u64, until: Instant, seed: u64, threads: usize, best: &mut Incumbent) {
+    let start_high = best.high;
+    let workers = workers_for(threads.clamp(1, 8), until.saturating_duration_since(Instant::now()));
+    let results: Vec<Option<(Vec<u64>, u64, u32)>> = run_workers(workers, |k| {
+        let mut rng = Rng::new(seed ^ 0x736b_796c ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut found: Option<(Vec<u64>, u64, u32)> = None;
+        let mut high_k = start_high;
+        let mut restarts = 0u32;
+        while Instant::now() < until && high_k > lb {
+            let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
+            let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
+            restarts += 1;
+            if let Some((off, high)) = skyline(p, rule, Some((q, &mut rng)), until)
+                && high < high_k
+            {
+                high_k = high;
+                found = Some((off, high, restarts));
+            }
+        }
+        found
+    });
+    for (off, high, restarts) in results.into_iter().flatten() {
+        best.offer(high, off, format!("skyline-restarts({restarts})"));
+    }
+}
+
+/// The improvement stage until `deadline`: independent chains (one per core, different
+/// seeds) from the same start; the lowest result is kept (the search's outcome varies a
+/// lot between seeds). Returns the steps of all chains.
+fn improvement_chains(
+    p: &Problem,
+    lb: u64,
+    pairs: u64,
+    deadline: Instant,
+    seed: u64,
+    threads: usize,
+    best: &mut Incumbent,
+) -> u64 {
+    let n = p.len();
+    let chains = workers_for(threads.clamp(1, 8), deadline.saturating_duration_since(Instant::now()));
+    let start = &best.off;
+    let results: Vec<(Vec<u64>, ImproveStats)> = run_workers(chains, |k| {
+        let mut off = start.clone();
+        let seed = seed.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let stats = improve(p, &mut off, lb, pairs, deadline, seed);
+        (off, stats)
+    });
+    let mut steps = 0;
+    for (off, stats) in results {
+        steps += stats.steps;
+        let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+        if stats.improved && high < best.high {
+            best.high = high;
+            best.off = off;
+            if !best.strategy.ends_with("+improved") {
+                best.strategy.push_str("+improved");
+            }
+        }
+    }
+    steps
 }
 
 /// Checks a placement: one offset per buffer, members of a group at one offset, and no two
