@@ -94,6 +94,40 @@ fn grouped(groups: usize, lone: usize) -> impl Strategy<Value = Vec<Buffer>> {
     )
 }
 
+/// Groups over a few one-step ticks in the pattern the contiguity bound reasons about: shared
+/// groups live at every tick but at most one, at every tick a group live there alone whose
+/// size tops the tick up to one peak, and a stray buffer that may break the tie.
+fn ticked() -> impl Strategy<Value = Vec<Buffer>> {
+    (
+        3usize..5,
+        prop::collection::vec((1u64..24, 0usize..5), 2..5),
+        0u64..12,
+        prop::collection::vec((0usize..4, 1u64..6), 0..2),
+    )
+        .prop_map(|(ticks, shared, extra, strays)| {
+            let at = |k: usize| (2 * k as u64, 2 * k as u64 + 1);
+            let mut out = Vec::new();
+            let mut load = vec![0u64; ticks];
+            for (g, &(size, missing)) in shared.iter().enumerate() {
+                for (k, l) in load.iter_mut().enumerate().filter(|&(k, _)| k != missing) {
+                    let (start, end) = at(k);
+                    out.push(Buffer { start, end, size, group: Some(g as u32) });
+                    *l += size;
+                }
+            }
+            let peak = load.iter().copied().max().unwrap_or(0) + 1 + extra;
+            for (k, l) in load.iter().enumerate() {
+                let (start, end) = at(k);
+                out.push(Buffer { start, end, size: peak - l, group: Some((shared.len() + k) as u32) });
+            }
+            for (k, size) in strays {
+                let (start, end) = at(k.min(ticks - 1));
+                out.push(Buffer { start, end, size, group: None });
+            }
+            out
+        })
+}
+
 /// Optimum over items (a group is one item at one offset; its members have one size) by
 /// lowest-offset placement in every order.
 fn brute_force_items(b: &[Buffer]) -> u64 {
@@ -188,6 +222,17 @@ proptest! {
         let opt = brute_force_items(&b);
         prop_assert!(p.lower_bound <= opt, "bound {} above the optimum {}", p.lower_bound, opt);
         prop_assert_eq!(p.footprint, opt);
+    }
+
+    /// The contiguity bound (groups replayed over several ticks) never exceeds the optimum.
+    #[test]
+    fn contiguity_bound_is_valid(b in ticked()) {
+        let bound = lower_bound(&b).unwrap();
+        let opt = brute_force_items(&b);
+        prop_assert!(bound <= opt, "bound {} above the optimum {}", bound, opt);
+        let p = place(&b, &quick()).unwrap();
+        verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(p.lower_bound >= bound && p.footprint >= p.lower_bound);
     }
 
     #[test]

@@ -45,10 +45,12 @@
 //! **Bounds.** The live bound is the most bytes live at once (each buffer at its own size;
 //! members of a group live together count once). Alias groups can force more: a group
 //! holds its offset through its gaps, so groups that are pairwise live at *some* common
-//! time must be stacked even if no single moment has them all live. The reported lower
-//! bound is the larger of the live bound and the weight of such a clique (see
-//! `Problem::alias_bound` for the proof that it is valid), or one byte above a capacity the
-//! canonical search proved infeasible.
+//! time must be stacked even if no single moment has them all live; and groups replayed at
+//! several ranks of the live bound can leave no room for a contiguous gap that a group live
+//! at only one of them needs. The reported lower bound is the largest of the live bound, the
+//! weight of such a clique (`Problem::alias_bound`), the contiguity bound
+//! (`Problem::contiguity_bound`; each with the proof that it is valid), or one byte above a
+//! capacity the canonical search proved infeasible.
 //!
 //! Placed intervals are kept in a multi-resolution time index (buckets of the compressed
 //! clock, 32 ranks wide at the finest level and 4 times wider per level; an interval lives
@@ -320,7 +322,7 @@ use skyline::*;
 /// alias bound (a clique of pairwise conflicting alias groups; see [`Placement::lower_bound`]).
 pub fn lower_bound(buffers: &[Buffer]) -> Result<u64, PlaceError> {
     let p = Problem::build(buffers)?;
-    Ok(p.lower_bound().max(p.alias_bound()))
+    Ok(p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound()))
 }
 
 /// Most bytes live at any time, every buffer at its own size (members of one alias group
@@ -424,7 +426,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         budget = budget.min((per * p.ivs.len() as u32 + Duration::from_millis(5)).max(MIN_CAPPED_BUDGET));
     }
     let deadline = began + budget;
-    let mut lb = p.lower_bound().max(p.alias_bound());
+    let mut lb = p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound());
     let pairs = p.overlapping_pairs();
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism().map_or(1, |t| t.get())

@@ -239,6 +239,90 @@ impl Problem {
         false
     }
 
+    /// A lower bound that sees contiguity across ticks (alias groups replayed by several
+    /// slots; see docs/planner.md, "Workspaces that differ between layers"). Take the ranks
+    /// where the most bytes are live, one per distinct set of live items (F, at most 64).
+    /// *Shared* items are live at all of F but at most one rank: any two of them are live
+    /// together, so their smallest members' bytes are disjoint — call the rest of `[0, C)`
+    /// R, `|R| = C − Σ shared`. An item live at exactly one rank `t` of F needs a contiguous
+    /// interval at `t` that avoids every shared item live at `t`, so it lies in R plus the
+    /// shared items *missing* `t` (`y_t` bytes). Take three ranks whose such items are at
+    /// least `W` bytes (and `W`-byte sub-intervals J of them), `y₁ ≥ y₂` the two largest
+    /// `y` of the three, and suppose `|R| < min(W, 2W − y₁ − y₂)`. Two J hold at least
+    /// `2W − y₁ − y₂ > |R|` bytes of R between them, so they overlap, and what they share is
+    /// in R (no shared item misses two ranks); the J whose left end is in the middle lies
+    /// within the other two, hence in R: `|R| ≥ W`, a contradiction. So `C ≥ Σ shared +
+    /// min(W, 2W − y₁ − y₂)`. Returns the best such bound, or 0.
+    pub(super) fn contiguity_bound(&self) -> u64 {
+        let n = self.len();
+        let r = self.ranks as usize;
+        if n < 4 || r < 3 {
+            return 0;
+        }
+        // Bytes live at every rank and a fingerprint of the items live there.
+        let mut load = vec![0i128; r + 1];
+        let mut print = vec![0u64; r + 1];
+        for i in 0..n {
+            let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
+            for &(s, e) in self.ivs(i) {
+                load[s as usize] += self.size[i] as i128;
+                load[e as usize] -= self.size[i] as i128;
+                print[s as usize] = print[s as usize].wrapping_add(h);
+                print[e as usize] = print[e as usize].wrapping_sub(h);
+            }
+        }
+        for t in 1..=r {
+            load[t] += load[t - 1];
+            print[t] = print[t].wrapping_add(print[t - 1]);
+        }
+        let peak = load[..r].iter().copied().max().unwrap_or(0);
+        let mut ticks: Vec<u32> = Vec::new();
+        let mut seen: Vec<u64> = Vec::new();
+        for t in 0..r {
+            if load[t] == peak && !seen.contains(&print[t]) {
+                seen.push(print[t]);
+                ticks.push(t as u32);
+                if ticks.len() == 64 {
+                    break;
+                }
+            }
+        }
+        let m = ticks.len();
+        if m < 3 {
+            return 0;
+        }
+        let (mut shared, mut missing, mut own) = (0u64, vec![0u64; m], vec![0u64; m]);
+        for i in 0..n {
+            let mut live = 0u64;
+            for &(s, e) in self.ivs(i) {
+                for k in ticks.partition_point(|&t| t < s)..ticks.partition_point(|&t| t < e) {
+                    live |= 1 << k;
+                }
+            }
+            let count = live.count_ones() as usize;
+            if count + 1 >= m {
+                shared += self.wmin[i];
+                if count + 1 == m {
+                    let absent = (0..m).find(|&k| live >> k & 1 == 0).expect("one rank missing");
+                    missing[absent] += self.wmin[i];
+                }
+            } else if count == 1 {
+                let k = live.trailing_zeros() as usize;
+                own[k] = own[k].max(self.wmin[i]);
+            }
+        }
+        let mut best = 0;
+        for &w in &own {
+            // The three ranks with an item of at least `w` bytes missing the fewest bytes.
+            let mut ys: Vec<u64> = (0..m).filter(|&k| own[k] >= w && w > 0).map(|k| missing[k]).collect();
+            ys.sort_unstable();
+            if ys.len() >= 3 && ys[1] + ys[2] < 2 * w {
+                best = best.max(shared + w.min(2 * w - ys[1] - ys[2]));
+            }
+        }
+        best
+    }
+
     /// A lower bound that sees alias groups: the weight of a clique of items that are
     /// pairwise live at a common time (a different time for every pair is allowed).
     ///
@@ -555,6 +639,33 @@ mod alias_bound_tests {
             forward_workspace_bytes: fws_mib << 20,
             backward_workspace_bytes: bws_mib << 20,
         }
+    }
+
+    /// 1F1B with a 32 MiB attention workspace beside MLP and 1 MiB hidden states, four
+    /// replayed slots: the live bound is 81 MiB, but the slots' backward workspaces cannot
+    /// all be contiguous there (docs/planner.md) — the contiguity bound proves 88 MiB, and
+    /// the plan is within a hidden state of it.
+    #[test]
+    fn replayed_workspaces_raise_the_bound() {
+        let input = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 8 },
+            layers: crate::pipeline::workspace_layers(2, 1 << 20),
+        };
+        let buffers = schedule_buffers(&input).unwrap().buffers;
+        let p = Problem::build(&buffers).unwrap();
+        assert_eq!(p.lower_bound(), 81 << 20);
+        assert_eq!(p.contiguity_bound(), 88 << 20);
+        let placed = place(&buffers, &PlaceOptions::default()).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        assert_eq!(placed.lower_bound, 88 << 20);
+        assert!(placed.footprint <= 89 << 20, "{}", placed.footprint >> 20);
+        // One microbatch per slot: no slot is replayed, nothing to prove beyond the live bound.
+        let input = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 4 },
+            layers: crate::pipeline::workspace_layers(2, 1 << 20),
+        };
+        let p = Problem::build(&schedule_buffers(&input).unwrap().buffers).unwrap();
+        assert!(p.contiguity_bound() <= p.lower_bound());
     }
 
     /// Chunks of different sizes on interleaved 1F1B: the greedy clique (by weight ×
