@@ -240,8 +240,9 @@ impl Problem {
     }
 
     /// A lower bound that sees contiguity across ticks (alias groups replayed by several
-    /// slots; see docs/planner.md, "Workspaces that differ between layers"). Take the ranks
-    /// where the most bytes are live, one per distinct set of live items (F, at most 64).
+    /// slots; see docs/planner.md, "Workspaces that differ between layers"). Any set F of
+    /// ranks gives one (at most 64; tried: the ranks at or near the most bytes live, one
+    /// per distinct set of live items, and of those one per largest live item).
     /// *Shared* items are live at all of F but at most one rank: any two of them are live
     /// together, so their smallest members' bytes are disjoint — call the rest of `[0, C)`
     /// R, `|R| = C − Σ shared`. An item live at exactly one rank `t` of F needs a contiguous
@@ -252,7 +253,9 @@ impl Problem {
     /// `2W − y₁ − y₂ > |R|` bytes of R between them, so they overlap, and what they share is
     /// in R (no shared item misses two ranks); the J whose left end is in the middle lies
     /// within the other two, hence in R: `|R| ≥ W`, a contradiction. So `C ≥ Σ shared +
-    /// min(W, 2W − y₁ − y₂)`. Returns the best such bound, or 0.
+    /// min(W, 2W − y₁ − y₂)`. Where a single shared item is missing at each of k ranks, the
+    /// argument of `contiguity_bound_at` gives `Σ shared + min(W, the ⌈k/2⌉ smallest
+    /// shortfalls)`. Returns the best such bound, or 0.
     pub(super) fn contiguity_bound(&self) -> u64 {
         let n = self.len();
         let r = self.ranks as usize;
@@ -263,7 +266,11 @@ impl Problem {
         let mut load = vec![0i128; r + 1];
         let mut print = vec![0u64; r + 1];
         for i in 0..n {
-            let h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
+            // A mixed hash (a linear one makes sets with equal sums of indices collide).
+            let mut h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            h ^= h >> 31;
             for &(s, e) in self.ivs(i) {
                 load[s as usize] += self.size[i] as i128;
                 load[e as usize] -= self.size[i] as i128;
@@ -276,22 +283,69 @@ impl Problem {
             print[t] = print[t].wrapping_add(print[t - 1]);
         }
         let peak = load[..r].iter().copied().max().unwrap_or(0);
-        let mut ticks: Vec<u32> = Vec::new();
-        let mut seen: Vec<u64> = Vec::new();
-        for t in 0..r {
-            if load[t] == peak && !seen.contains(&print[t]) {
-                seen.push(print[t]);
-                ticks.push(t as u32);
-                if ticks.len() == 64 {
-                    break;
+        // The ranks within a few percent of the peak, one per distinct set of live items
+        // (any set of ranks gives a valid bound; those near the peak the strongest).
+        let mut best = 0;
+        for slack in [0, 64, 32, 16] {
+            let floor = if slack == 0 { peak } else { peak - peak / slack };
+            let mut ticks: Vec<u32> = Vec::new();
+            let mut seen: Vec<u64> = Vec::new();
+            for t in 0..r {
+                if load[t] >= floor && !seen.contains(&print[t]) {
+                    seen.push(print[t]);
+                    ticks.push(t as u32);
+                    if ticks.len() == 64 {
+                        break;
+                    }
+                }
+            }
+            best = best.max(self.contiguity_bound_at(&ticks));
+            // One rank per largest item: a group replayed at several of the ranks (a slot
+            // used by several microbatches) is live at one only.
+            best = best.max(self.contiguity_bound_at(&self.one_per_largest(&ticks)));
+        }
+        best
+    }
+
+    /// The ranks of `ticks` (ascending, at most 64) whose largest live item is live at no
+    /// other rank kept.
+    fn one_per_largest(&self, ticks: &[u32]) -> Vec<u32> {
+        let m = ticks.len();
+        let mut largest: Vec<(u64, u32)> = vec![(0, u32::MAX); m];
+        let mut live = vec![0u64; self.len()];
+        for i in 0..self.len() {
+            for &(s, e) in self.ivs(i) {
+                for k in ticks.partition_point(|&t| t < s)..ticks.partition_point(|&t| t < e) {
+                    live[i] |= 1 << k;
+                    largest[k] = largest[k].max((self.wmin[i], i as u32));
                 }
             }
         }
+        let mut kept = 0u64;
+        let mut out = Vec::new();
+        for k in 0..m {
+            let (_, i) = largest[k];
+            if i == u32::MAX || live[i as usize] & kept != 0 {
+                continue;
+            }
+            if (0..m).any(|j| kept >> j & 1 == 1 && live[largest[j].1 as usize] >> k & 1 == 1) {
+                continue;
+            }
+            kept |= 1 << k;
+            out.push(ticks[k]);
+        }
+        out
+    }
+
+    /// [`Problem::contiguity_bound`] for one set of ranks (at most 64, ascending).
+    fn contiguity_bound_at(&self, ticks: &[u32]) -> u64 {
+        let n = self.len();
         let m = ticks.len();
         if m < 3 {
             return 0;
         }
         let (mut shared, mut missing, mut own) = (0u64, vec![0u64; m], vec![0u64; m]);
+        let mut absentees = vec![0u32; m];
         for i in 0..n {
             let mut live = 0u64;
             for &(s, e) in self.ivs(i) {
@@ -305,6 +359,7 @@ impl Problem {
                 if count + 1 == m {
                     let absent = (0..m).find(|&k| live >> k & 1 == 0).expect("one rank missing");
                     missing[absent] += self.wmin[i];
+                    absentees[absent] += 1;
                 }
             } else if count == 1 {
                 let k = live.trailing_zeros() as usize;
@@ -319,6 +374,18 @@ impl Problem {
             if ys.len() >= 3 && ys[1] + ys[2] < 2 * w {
                 best = best.max(shared + w.min(2 * w - ys[1] - ys[2]));
             }
+        }
+        // Where a single shared item X_t is missing at rank t, the interval there lies in R
+        // and X_t, which is contiguous: either wholly in R (a run of R of its length) or
+        // over X_t with its other bytes in the runs of R right below and above X_t. Of the
+        // X_t in address order, every other one has runs of its own, so R holds at least
+        // the ⌈k/2⌉ smallest shortfalls (interval − X_t) of k such ranks.
+        let ranks: Vec<usize> = (0..m).filter(|&k| absentees[k] == 1 && own[k] > 0).collect();
+        if let Some(w) = ranks.iter().map(|&k| own[k]).min() {
+            let mut short: Vec<u64> = ranks.iter().map(|&k| own[k].saturating_sub(missing[k])).collect();
+            short.sort_unstable();
+            let runs: u64 = short[..ranks.len().div_ceil(2)].iter().sum();
+            best = best.max(shared + w.min(runs));
         }
         best
     }
@@ -666,6 +733,31 @@ mod alias_bound_tests {
         };
         let p = Problem::build(&schedule_buffers(&input).unwrap().buffers).unwrap();
         assert!(p.contiguity_bound() <= p.lower_bound());
+    }
+
+    /// Five ticks; a 16-byte group live at all of them, a 24-byte group missing each one,
+    /// and a 32-byte buffer at each tick alone: 128 + 16 bytes live at every tick, but each
+    /// 32-byte interval needs 8 bytes of R next to its tick's missing group, and R must hold
+    /// three of those shortfalls apart — 16 + 120 + 24 bytes. The placement reaches it.
+    #[test]
+    fn single_missing_groups_need_runs_of_free_bytes() {
+        let at = |k: u64| (4 * k, 4 * k + 1);
+        let mut b = Vec::new();
+        for k in 0..5 {
+            let (start, end) = at(k);
+            b.push(Buffer { start, end, size: 16, group: Some(0) });
+            b.push(Buffer { start, end, size: 32, group: None });
+            for j in (0..5).filter(|&j| j != k) {
+                b.push(Buffer { start, end, size: 24, group: Some(1 + j as u32) });
+            }
+        }
+        let p = Problem::build(&b).unwrap();
+        assert_eq!(p.lower_bound(), 16 + 4 * 24 + 32);
+        assert_eq!(p.contiguity_bound(), 16 + 5 * 24 + 24);
+        let placed = place(&b, &PlaceOptions::default()).unwrap();
+        verify(&b, &placed.offsets).unwrap();
+        assert_eq!(placed.footprint, placed.lower_bound);
+        assert_eq!(placed.lower_bound, 16 + 5 * 24 + 24);
     }
 
     /// Chunks of different sizes on interleaved 1F1B: the greedy clique (by weight ×
