@@ -518,9 +518,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         && n <= EXACT_MAX_ITEMS
         && let Some(off) = exact(&p, lb, best.high)
     {
-        best.high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
-        best.off = off;
-        best.strategy = "exact".to_string();
+        let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+        best.offer(high, off, "exact");
     }
     let mut improvement_steps = 0;
     if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve {

@@ -288,6 +288,7 @@ impl Problem {
         // The ranks within a few percent of the peak, one per distinct set of live items
         // (any set of ranks gives a valid bound; those near the peak the strongest).
         let mut best = 0;
+        let mut last: Vec<u32> = Vec::new();
         for slack in [0, 64, 32, 16] {
             let floor = if slack == 0 { peak } else { peak - peak / slack };
             let mut ticks: Vec<u32> = Vec::new();
@@ -301,30 +302,47 @@ impl Problem {
                     }
                 }
             }
-            best = best.max(self.contiguity_bound_at(&ticks));
+            if ticks.len() < 3 || ticks == last {
+                continue;
+            }
+            let live = self.live_masks(&ticks);
+            best = best.max(self.contiguity_bound_at(&live, ticks.len()));
             // One rank per largest item: a group replayed at several of the ranks (a slot
             // used by several microbatches) is live at one only.
-            best = best.max(self.contiguity_bound_at(&self.one_per_largest(&ticks)));
+            let kept = self.one_per_largest(&live, ticks.len());
+            let spread: Vec<u64> = live.iter().map(|&l| compact(l, kept)).collect();
+            best = best.max(self.contiguity_bound_at(&spread, kept.count_ones() as usize));
+            last = ticks;
         }
         best
     }
 
-    /// The ranks of `ticks` (ascending, at most 64) whose largest live item is live at no
-    /// other rank kept.
-    fn one_per_largest(&self, ticks: &[u32]) -> Vec<u32> {
-        let m = ticks.len();
-        let mut largest: Vec<(u64, u32)> = vec![(0, u32::MAX); m];
-        let mut live = vec![0u64; self.len()];
-        for i in 0..self.len() {
-            for &(s, e) in self.ivs(i) {
-                for k in ticks.partition_point(|&t| t < s)..ticks.partition_point(|&t| t < e) {
-                    live[i] |= 1 << k;
-                    largest[k] = largest[k].max((self.wmin[i], i as u32));
+    /// For every item, the ranks of `ticks` (ascending, at most 64) where it is live, as
+    /// bits.
+    fn live_masks(&self, ticks: &[u32]) -> Vec<u64> {
+        (0..self.len())
+            .map(|i| {
+                let mut live = 0u64;
+                for &(s, e) in self.ivs(i) {
+                    for k in ticks.partition_point(|&t| t < s)..ticks.partition_point(|&t| t < e) {
+                        live |= 1 << k;
+                    }
                 }
+                live
+            })
+            .collect()
+    }
+
+    /// Of `m` ranks (`live`: [`Problem::live_masks`]), those whose largest live item is live
+    /// at no other rank kept, as bits.
+    fn one_per_largest(&self, live: &[u64], m: usize) -> u64 {
+        let mut largest: Vec<(u64, u32)> = vec![(0, u32::MAX); m];
+        for (i, &l) in live.iter().enumerate() {
+            for (_, x) in largest.iter_mut().enumerate().filter(|&(k, _)| l >> k & 1 == 1) {
+                *x = (*x).max((self.wmin[i], i as u32));
             }
         }
         let mut kept = 0u64;
-        let mut out = Vec::new();
         for k in 0..m {
             let (_, i) = largest[k];
             if i == u32::MAX || live[i as usize] & kept != 0 {
@@ -334,27 +352,18 @@ impl Problem {
                 continue;
             }
             kept |= 1 << k;
-            out.push(ticks[k]);
         }
-        out
+        kept
     }
 
-    /// [`Problem::contiguity_bound`] for one set of ranks (at most 64, ascending).
-    fn contiguity_bound_at(&self, ticks: &[u32]) -> u64 {
-        let n = self.len();
-        let m = ticks.len();
+    /// [`Problem::contiguity_bound`] for `m` ranks (`live`: [`Problem::live_masks`]).
+    fn contiguity_bound_at(&self, live: &[u64], m: usize) -> u64 {
         if m < 3 {
             return 0;
         }
         let (mut shared, mut missing, mut own) = (0u64, vec![0u64; m], vec![0u64; m]);
         let mut absentees = vec![0u32; m];
-        for i in 0..n {
-            let mut live = 0u64;
-            for &(s, e) in self.ivs(i) {
-                for k in ticks.partition_point(|&t| t < s)..ticks.partition_point(|&t| t < e) {
-                    live |= 1 << k;
-                }
-            }
+        for (i, &live) in live.iter().enumerate() {
             let count = live.count_ones() as usize;
             if count + 1 >= m {
                 shared += self.wmin[i];
@@ -647,6 +656,20 @@ pub(super) const MAX_CLIQUE_ATTEMPTS: usize = 32;
 /// 10 ms).
 pub(super) const CLIQUE_WORK: u64 = 8_000_000;
 
+/// The bits of `bits` at the positions set in `keep`, packed from bit 0 up in order.
+fn compact(bits: u64, keep: u64) -> u64 {
+    let mut out = 0u64;
+    let mut to = 0;
+    let mut rest = keep;
+    while rest != 0 {
+        let k = rest.trailing_zeros();
+        out |= (bits >> k & 1) << to;
+        to += 1;
+        rest &= rest - 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod alias_bound_tests {
     use super::*;
@@ -708,6 +731,14 @@ mod alias_bound_tests {
             forward_workspace_bytes: fws_mib << 20,
             backward_workspace_bytes: bws_mib << 20,
         }
+    }
+
+    #[test]
+    fn compact_packs_the_kept_bits_in_order() {
+        assert_eq!(compact(0b1011_0110, 0b1111_0000), 0b1011);
+        assert_eq!(compact(0b1011_0110, 0b0101_0101), 0b0110);
+        assert_eq!(compact(u64::MAX, 0), 0);
+        assert_eq!(compact(1 << 63, 1 << 63 | 1), 0b10);
     }
 
     /// 1F1B with a 32 MiB attention workspace beside MLP and 1 MiB hidden states, four
