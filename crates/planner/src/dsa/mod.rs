@@ -304,6 +304,7 @@ mod exact;
 mod greedy;
 mod improve;
 mod index;
+mod layered;
 mod online;
 mod problem;
 mod skyline;
@@ -314,6 +315,7 @@ use exact::*;
 use greedy::*;
 use improve::*;
 use index::*;
+use layered::*;
 use online::*;
 use problem::*;
 use skyline::*;
@@ -343,13 +345,15 @@ enum Job {
     Skyline(usize),
     /// A variant of [`ALIGNED_VARIANTS`].
     Aligned(usize),
+    /// The rest filled in around the planned skeleton (a greedy pass).
+    Layered,
 }
 
 impl Job {
     /// Index of the job's kind (for the cost estimates).
     fn kind(self) -> usize {
         match self {
-            Job::Greedy(_) => 0,
+            Job::Greedy(_) | Job::Layered => 0,
             Job::Skyline(_) => 1,
             Job::Aligned(_) => 2,
         }
@@ -448,7 +452,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // merged, when that removes a tenth of the items. A coarse instance of at most half the
     // items is planned first, with 35% of the budget; a larger one after the portfolio.
     let mut coarse = None;
-    if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p) {
+    let coarsenable =
+        best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p);
+    if coarsenable {
         let c = coarsen(&p);
         if c.buffers.len() * 2 <= n {
             solve_coarse(&c, budget.mul_f64(0.35), opts, &mut best);
@@ -457,9 +463,25 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         }
     }
     let coarse_placed = best.strategy.starts_with("coarse");
-    // The portfolio gets 40% of the budget (of what the coarse instance left); the
-    // improvement stage the rest.
-    let portfolio_deadline = if coarse_placed {
+    // The layered construction (single-interval lists without the structure coarsening
+    // finds): a skeleton of the items holding most of the area is planned first, with
+    // `SKELETON_BUDGET` of the budget on all cores; filling the rest in around it is the
+    // portfolio's first job — when that greedy pass fits in what is left.
+    let mut skeleton = None;
+    if best.high > lb
+        && !coarsenable
+        && !dense
+        && opts.improve
+        && p.ivs.len() == n
+        && n >= LAYERED_MIN_ITEMS
+        && began.elapsed() + budget.mul_f64(SKELETON_BUDGET) + greedy_pass < budget
+        && let Some(items) = skeleton_items(&p)
+    {
+        skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts);
+    }
+    // The portfolio gets 40% of the budget (of what the coarse instance or the skeleton
+    // left); the improvement stage the rest.
+    let portfolio_deadline = if coarse_placed || skeleton.is_some() {
         let now = Instant::now();
         now + deadline.saturating_duration_since(now).mul_f64(share)
     } else {
@@ -467,8 +489,16 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     };
     let mut built = Portfolio::default();
     if best.high > lb && n > 0 {
-        let plan =
-            PortfolioPlan { lb, dense, greedy_pass, deadline, portfolio_deadline, threads, coarse_placed };
+        let plan = PortfolioPlan {
+            lb,
+            dense,
+            greedy_pass,
+            deadline,
+            portfolio_deadline,
+            threads,
+            coarse_placed,
+            skeleton: skeleton.as_ref(),
+        };
         built = portfolio(&p, &plan, &mut best);
     }
     let greedy_high = best.high;
@@ -542,7 +572,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
 }
 
 /// What the portfolio is given (see [`portfolio`]).
-struct PortfolioPlan {
+struct PortfolioPlan<'a> {
     lb: u64,
     dense: bool,
     /// The cost model's estimate of one greedy pass.
@@ -554,6 +584,8 @@ struct PortfolioPlan {
     threads: usize,
     /// A coarse placement exists already (the first job need not finish).
     coarse_placed: bool,
+    /// A planned skeleton: the layered construction is the first job.
+    skeleton: Option<&'a Skeleton>,
 }
 
 /// What the portfolio did.
@@ -581,8 +613,16 @@ impl Default for Portfolio {
 /// The portfolio of constructions (see the module documentation), on all cores and
 /// time-boxed; offers the start for the stages after it to `best`.
 fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfolio {
-    let PortfolioPlan { lb, dense, greedy_pass, deadline, portfolio_deadline, threads, coarse_placed } =
-        *plan;
+    let PortfolioPlan {
+        lb,
+        dense,
+        greedy_pass,
+        deadline,
+        portfolio_deadline,
+        threads,
+        coarse_placed,
+        skeleton,
+    } = *plan;
     let n = p.len();
     let d = decompose(p, lb);
     let threads = threads.clamp(1, Strategy::PORTFOLIO.len());
@@ -592,6 +632,9 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     // constructions interleaved; dense inputs lead with the aligned constructions and a
     // skyline pass (the greedy passes there cost most of the budget).
     let mut order: Vec<Job> = Vec::new();
+    if skeleton.is_some() {
+        order.push(Job::Layered);
+    }
     if dense {
         order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
         order.push(Job::Skyline(0));
@@ -646,11 +689,18 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
             let done = match order[k] {
                 Job::Skyline(j) => {
                     let (rule, name) = SKYLINE_RULES[j];
-                    skyline(p, rule, None, deadline).map(|(off, high)| (name, off, high))
+                    skyline(p, rule, None, deadline).map(|(off, high)| (name.to_string(), off, high))
                 }
                 Job::Aligned(j) => {
                     let (candidates, weight, name) = ALIGNED_VARIANTS[j];
-                    online_aligned(p, candidates, weight, stop).map(|(off, high)| (name, off, high))
+                    online_aligned(p, candidates, weight, stop)
+                        .map(|(off, high)| (name.to_string(), off, high))
+                }
+                Job::Layered => {
+                    let Some(sk) = skeleton else { continue };
+                    layered(p, sk, stop).map(|(off, high)| {
+                        (format!("layered({}: {})", sk.items.len(), sk.strategy), off, high)
+                    })
                 }
                 Job::Greedy(j) => {
                     let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
@@ -669,7 +719,6 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
                 if high <= lb {
                     at_bound.store(true, AtomicOrdering::Relaxed);
                 }
-                let name = name.to_string();
                 whole.lock().expect("portfolio worker panicked").push(Built { job: k, name, off, high });
             }
         }

@@ -1,0 +1,143 @@
+//! The layered construction (items with one interval): the items that hold most of the
+//! area (bytes × lifetime) — the *skeleton* — are planned first as an instance of their
+//! own, by this same engine (recursively, so a large skeleton is layered in turn), and the
+//! other items are filled in around them by one greedy pass, busiest first, best fit.
+//!
+//! Where a few items hold most of the area (sizes and lifetimes spread over orders of
+//! magnitude), the skeleton decides the footprint, and a small instance gets far more
+//! search per item than the whole list would; the many small items then fit into what
+//! it leaves.
+
+use super::*;
+
+/// Share of the total area (bytes × lifetime) the skeleton holds.
+pub(super) const SKELETON_AREA: f64 = 0.85;
+/// The skeleton may be at most this share of the items: where the area is spread evenly
+/// (sizes of one order of magnitude), planning half the list apart gains nothing.
+pub(super) const SKELETON_MAX_SHARE: f64 = 1.0 / 3.0;
+/// Items a list needs for the layered construction.
+pub(super) const LAYERED_MIN_ITEMS: usize = 4096;
+/// Share of the budget the skeleton's plan gets.
+pub(super) const SKELETON_BUDGET: f64 = 0.3;
+
+/// A planned skeleton.
+pub(super) struct Skeleton {
+    /// Its items, and where each goes.
+    pub(super) items: Vec<u32>,
+    pub(super) off: Vec<u64>,
+    /// What planned it (the nested plan's strategy).
+    pub(super) strategy: String,
+}
+
+/// The items of `p` (one interval each) with the largest areas, largest first, that
+/// together hold [`SKELETON_AREA`] of the area; `None` where they are more than
+/// [`SKELETON_MAX_SHARE`] of the items.
+pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
+    let n = p.len();
+    let area = |i: u32| p.size[i as usize] as f64 * p.life[i as usize] as f64;
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_unstable_by(|&a, &b| area(b).total_cmp(&area(a)).then(a.cmp(&b)));
+    let total: f64 = order.iter().map(|&i| area(i)).sum();
+    let mut held = 0.0;
+    let mut k = 0;
+    while k < n && held < SKELETON_AREA * total {
+        held += area(order[k]);
+        k += 1;
+    }
+    if k == 0 || k as f64 > SKELETON_MAX_SHARE * n as f64 {
+        return None;
+    }
+    order.truncate(k);
+    Some(order)
+}
+
+/// Plans the skeleton `items` of `p` as a list of their own (real clock, no alias groups)
+/// with `budget`, uncapped.
+pub(super) fn plan_skeleton(
+    p: &Problem,
+    items: Vec<u32>,
+    budget: Duration,
+    opts: &PlaceOptions,
+) -> Option<Skeleton> {
+    let buffers: Vec<Buffer> = items
+        .iter()
+        .map(|&i| {
+            let i = i as usize;
+            Buffer { start: p.start[i], end: p.start[i] + p.life[i], size: p.size[i], group: None }
+        })
+        .collect();
+    let sub = PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..opts.clone() };
+    let plan = place(&buffers, &sub).ok()?;
+    Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy })
+}
+
+/// The layered construction: the skeleton at its offsets, every other item by
+/// breadth/best-fit around it. `None` when `stop` says so first (checked every 256 items).
+pub(super) fn layered(p: &Problem, sk: &Skeleton, stop: impl Fn() -> bool) -> Option<(Vec<u64>, u64)> {
+    let n = p.len();
+    let mut index = Index::new(p);
+    let mut off = vec![0u64; n];
+    let mut in_skeleton = vec![false; n];
+    let mut high = 0;
+    for (k, &i) in sk.items.iter().enumerate() {
+        let i = i as usize;
+        off[i] = sk.off[k];
+        index.insert(p, i, off[i]);
+        in_skeleton[i] = true;
+        high = high.max(off[i] + p.size[i]);
+    }
+    let mut rest: Vec<u32> = (0..n as u32).filter(|&i| !in_skeleton[i as usize]).collect();
+    sort_items(p, &mut rest, Order::Breadth, 0.0, &mut Rng::new(0));
+    for chunk in rest.chunks(256) {
+        if stop() {
+            return None;
+        }
+        high = high.max(greedy(p, chunk, Fit::BestFit, &mut index, &mut off));
+    }
+    Some((off, high))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skeletons_hold_most_of_the_area_in_few_items() {
+        // Heavy-tailed sizes and lifetimes: a few items hold most of the area.
+        let b = crate::workload::random(20_000, 3);
+        let p = Problem::build(&b).unwrap();
+        let items = skeleton_items(&p).expect("a heavy-tailed list has a skeleton");
+        assert!(items.len() * 8 < p.len(), "{} of {} items", items.len(), p.len());
+        let area = |i: usize| p.size[i] as f64 * p.life[i] as f64;
+        let total: f64 = (0..p.len()).map(area).sum();
+        let held: f64 = items.iter().map(|&i| area(i as usize)).sum();
+        assert!(held >= SKELETON_AREA * total);
+        // Largest first, and no item left out is larger than one taken.
+        let smallest = items.iter().map(|&i| area(i as usize)).fold(f64::INFINITY, f64::min);
+        let mut taken = vec![false; p.len()];
+        for &i in &items {
+            taken[i as usize] = true;
+        }
+        assert!((0..p.len()).filter(|&i| !taken[i]).all(|i| area(i) <= smallest));
+        // Sizes of one order of magnitude spread the area evenly: no skeleton.
+        let even = crate::workload::random_uniform_sizes(20_000, 3);
+        assert!(skeleton_items(&Problem::build(&even).unwrap()).is_none());
+    }
+
+    #[test]
+    fn layered_placements_are_valid_and_keep_the_skeleton() {
+        let b = crate::workload::random(6_000, 5);
+        let p = Problem::build(&b).unwrap();
+        let items = skeleton_items(&p).unwrap();
+        let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
+        let sk = plan_skeleton(&p, items, Duration::from_millis(30), &opts).unwrap();
+        let (off, high) = layered(&p, &sk, || false).unwrap();
+        let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
+        verify(&b, &offsets).unwrap();
+        assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
+        for (k, &i) in sk.items.iter().enumerate() {
+            assert_eq!(off[i as usize], sk.off[k]);
+        }
+        assert!(layered(&p, &sk, || true).is_none());
+    }
+}
