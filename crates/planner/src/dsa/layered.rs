@@ -16,7 +16,7 @@ pub(super) const SKELETON_AREA: f64 = 0.85;
 /// (sizes of one order of magnitude), planning half the list apart gains nothing.
 pub(super) const SKELETON_MAX_SHARE: f64 = 1.0 / 3.0;
 /// Items a list needs for the layered construction.
-pub(super) const LAYERED_MIN_ITEMS: usize = 4096;
+pub(super) const LAYERED_MIN_ITEMS: usize = 512;
 /// Share of the budget the skeleton's plan gets.
 pub(super) const SKELETON_BUDGET: f64 = 0.3;
 
