@@ -18,7 +18,10 @@
 //!    orders** (breadth, size, lifetime, size × lifetime, start) × (best-fit, lowest offset),
 //!    run on all cores and time-boxed (costs from a model until a job of the kind has
 //!    finished), keeping the best per window; the start for what follows is the lowest
-//!    construction or one within 1% of it that comes earlier in the job order;
+//!    construction or one within 1% of it that comes earlier in the job order. Where a few
+//!    items hold most of the area (bytes × lifetime), the **layered** construction leads:
+//!    those items are planned first as a list of their own by this same engine, and the
+//!    portfolio's first job fills the others in around them (see `layered`);
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. **coarsening** (single-interval problems): buffers with one lifetime stacked into one,
