@@ -100,6 +100,40 @@ pub(super) fn layered(p: &Problem, sk: &Skeleton, stop: impl Fn() -> bool) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// On any list with a skeleton, the layered construction places every item without
+        /// overlaps, reports its true footprint, and keeps the skeleton where it was planned.
+        #[test]
+        fn layered_placements_are_valid(
+            raw in prop::collection::vec((0u64..60, 1u64..40, 0u32..4, 1u64..64), 1..120),
+        ) {
+            // Sizes over several orders of magnitude, so that some lists have a skeleton.
+            let b: Vec<Buffer> = raw
+                .into_iter()
+                .map(|(start, life, scale, size)| Buffer {
+                    start,
+                    end: start + life,
+                    size: size << (4 * scale),
+                    group: None,
+                })
+                .collect();
+            let p = Problem::build(&b).unwrap();
+            let Some(items) = skeleton_items(&p) else { return Ok(()) };
+            let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
+            let sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts).unwrap();
+            let (off, high) = layered(&p, &sk, || false).unwrap();
+            let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
+            verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
+            for (k, &i) in sk.items.iter().enumerate() {
+                prop_assert_eq!(off[i as usize], sk.off[k]);
+            }
+        }
+    }
 
     #[test]
     fn skeletons_hold_most_of_the_area_in_few_items() {
