@@ -1,7 +1,7 @@
 //! The layered construction (items with one interval): the items that hold most of the
 //! area (bytes × lifetime) — the *skeleton* — are planned first as an instance of their
 //! own, by this same engine (recursively, so a large skeleton is layered in turn), and the
-//! other items are filled in around them by one greedy pass, busiest first, best fit.
+//! other items are filled in around them by one greedy pass, longest-lived first, best fit.
 //!
 //! Where a few items hold most of the area (sizes and lifetimes spread over orders of
 //! magnitude), the skeleton decides the footprint, and a small instance gets far more
@@ -71,8 +71,10 @@ pub(super) fn plan_skeleton(
     Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy })
 }
 
-/// The layered construction: the skeleton at its offsets, every other item by
-/// breadth/best-fit around it. `None` when `stop` says so first (checked every 256 items).
+/// The layered construction: the skeleton at its offsets, every other item placed around
+/// it longest-lived first, best fit (the long small items take the gaps that stay open
+/// longest while the short ones still fit almost anywhere). `None` when `stop` says so
+/// first (checked every 256 items).
 pub(super) fn layered(p: &Problem, sk: &Skeleton, stop: impl Fn() -> bool) -> Option<(Vec<u64>, u64)> {
     let n = p.len();
     let mut index = Index::new(p);
@@ -87,7 +89,7 @@ pub(super) fn layered(p: &Problem, sk: &Skeleton, stop: impl Fn() -> bool) -> Op
         high = high.max(off[i] + p.size[i]);
     }
     let mut rest: Vec<u32> = (0..n as u32).filter(|&i| !in_skeleton[i as usize]).collect();
-    sort_items(p, &mut rest, Order::Breadth, 0.0, &mut Rng::new(0));
+    sort_items(p, &mut rest, Order::Lifetime, 0.0, &mut Rng::new(0));
     for chunk in rest.chunks(256) {
         if stop() {
             return None;

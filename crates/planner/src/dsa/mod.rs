@@ -348,7 +348,7 @@ enum Job {
     Skyline(usize),
     /// A variant of [`ALIGNED_VARIANTS`].
     Aligned(usize),
-    /// The rest filled in around the planned skeleton (a greedy pass).
+    /// The rest filled in around the planned skeleton (a greedy pass over them).
     Layered,
 }
 
@@ -356,9 +356,10 @@ impl Job {
     /// Index of the job's kind (for the cost estimates).
     fn kind(self) -> usize {
         match self {
-            Job::Greedy(_) | Job::Layered => 0,
+            Job::Greedy(_) => 0,
             Job::Skyline(_) => 1,
             Job::Aligned(_) => 2,
+            Job::Layered => 3,
         }
     }
 }
@@ -659,8 +660,9 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     // The slowest finished job of each kind estimates the next one of that kind; until
     // one has finished, the cost model does: a greedy pass from the pairs of items live
     // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one.
-    let modelled_ns = [greedy_pass.as_nanos() as u64, 1_000 * n as u64, 2_000 * n as u64];
-    let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let greedy_ns = greedy_pass.as_nanos() as u64;
+    let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, greedy_ns];
+    let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
     let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
     let built_any = AtomicBool::new(false);
     let at_bound = AtomicBool::new(false);
