@@ -12,9 +12,9 @@ use super::*;
 
 /// Share of the total area (bytes × lifetime) the skeleton holds.
 pub(super) const SKELETON_AREA: f64 = 0.85;
-/// The skeleton may be at most this share of the items: where the area is spread evenly
-/// (sizes of one order of magnitude), planning half the list apart gains nothing.
-pub(super) const SKELETON_MAX_SHARE: f64 = 1.0 / 3.0;
+/// The skeleton may be at most this share of the items: where the area is spread so evenly
+/// that 85% of it needs most of the items, planning them apart gains nothing.
+pub(super) const SKELETON_MAX_SHARE: f64 = 0.6;
 /// Items a list needs for the layered construction.
 pub(super) const LAYERED_MIN_ITEMS: usize = 512;
 /// Share of the budget the skeleton's plan gets.
@@ -155,8 +155,10 @@ mod tests {
             taken[i as usize] = true;
         }
         assert!((0..p.len()).filter(|&i| !taken[i]).all(|i| area(i) <= smallest));
-        // Sizes of one order of magnitude spread the area evenly: no skeleton.
-        let even = crate::workload::random_uniform_sizes(20_000, 3);
+        // Equal sizes and lifetimes spread the area evenly: no skeleton.
+        let even: Vec<Buffer> = (0..5000)
+            .map(|i| Buffer { start: i * 7 % 1000, end: i * 7 % 1000 + 10, size: 4096, group: None })
+            .collect();
         assert!(skeleton_items(&Problem::build(&even).unwrap()).is_none());
     }
 
