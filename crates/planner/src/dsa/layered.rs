@@ -71,32 +71,111 @@ pub(super) fn plan_skeleton(
     Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy })
 }
 
-/// The layered construction: the skeleton at its offsets, every other item placed around
-/// it longest-lived first, best fit (the long small items take the gaps that stay open
-/// longest while the short ones still fit almost anywhere). `None` when `stop` says so
-/// first (checked every 256 items).
-pub(super) fn layered(p: &Problem, sk: &Skeleton, stop: impl Fn() -> bool) -> Option<(Vec<u64>, u64)> {
+/// The layered construction's fill, split into stretches of the clock that workers fill
+/// side by side: the skeleton and the items crossing a cut between stretches are placed
+/// first (into `base`); every other item lies within one stretch and meets only those and
+/// the items of its own stretch.
+pub(super) struct LayeredFill {
+    /// The skeleton and the crossing items.
+    base: Index,
+    /// Their offsets (the others' are filled in by the parts).
+    off: Vec<u64>,
+    high: u64,
+    /// The items of each stretch, in fill order.
+    parts: Vec<Vec<u32>>,
+}
+
+impl LayeredFill {
+    /// Stretches.
+    pub(super) fn parts(&self) -> usize {
+        self.parts.len()
+    }
+}
+
+/// Items of one stretch and where each went, with their highest top.
+pub(super) type FilledPart = (Vec<(u32, u64)>, u64);
+
+/// The layered construction, first half: the skeleton at its offsets, every other item to
+/// be placed around it longest-lived first, best fit (the long small items take the gaps
+/// that stay open longest while the short ones still fit almost anywhere), in `parts`
+/// stretches of about as many items each (cut where items start); the items crossing a cut
+/// go in now.
+pub(super) fn layered_fill(p: &Problem, sk: &Skeleton, parts: usize) -> LayeredFill {
     let n = p.len();
-    let mut index = Index::new(p);
+    let mut base = Index::new(p);
     let mut off = vec![0u64; n];
     let mut in_skeleton = vec![false; n];
     let mut high = 0;
     for (k, &i) in sk.items.iter().enumerate() {
         let i = i as usize;
         off[i] = sk.off[k];
-        index.insert(p, i, off[i]);
+        base.insert(p, i, off[i]);
         in_skeleton[i] = true;
         high = high.max(off[i] + p.size[i]);
     }
     let mut rest: Vec<u32> = (0..n as u32).filter(|&i| !in_skeleton[i as usize]).collect();
     sort_items(p, &mut rest, Order::Lifetime, 0.0, &mut Rng::new(0));
-    for chunk in rest.chunks(256) {
+    let mut starts: Vec<u32> = rest.iter().map(|&i| p.hull[i as usize].0).collect();
+    starts.sort_unstable();
+    let parts = parts.clamp(1, rest.len().max(1));
+    let mut cuts: Vec<u32> = (1..parts).map(|k| starts[k * starts.len() / parts]).collect();
+    cuts.dedup();
+    let mut crossing = Vec::new();
+    let mut split: Vec<Vec<u32>> = vec![Vec::new(); cuts.len() + 1];
+    for &i in &rest {
+        let (s, e) = p.hull[i as usize];
+        // The stretch holding the start: cuts at or before it.
+        let k = cuts.partition_point(|&c| c <= s);
+        if k < cuts.len() && e > cuts[k] {
+            crossing.push(i);
+        } else {
+            split[k].push(i);
+        }
+    }
+    high = high.max(greedy(p, &crossing, Fit::BestFit, &mut base, &mut off));
+    LayeredFill { base, off, high, parts: split }
+}
+
+/// Fills stretch `k` of `fill` (on a copy of its index). `None` when `stop` says so first
+/// (checked every 256 items).
+pub(super) fn fill_part(
+    p: &Problem,
+    fill: &LayeredFill,
+    k: usize,
+    stop: impl Fn() -> bool,
+) -> Option<FilledPart> {
+    let mut index = fill.base.clone();
+    let mut off = fill.off.clone();
+    let mut high = 0;
+    for chunk in fill.parts[k].chunks(256) {
         if stop() {
             return None;
         }
         high = high.max(greedy(p, chunk, Fit::BestFit, &mut index, &mut off));
     }
-    Some((off, high))
+    Some((fill.parts[k].iter().map(|&i| (i, off[i as usize])).collect(), high))
+}
+
+/// The layered construction, second half: every stretch filled (`filled[k]` for stretch k)
+/// and put together. Offsets and footprint.
+pub(super) fn assemble(fill: &LayeredFill, filled: Vec<FilledPart>) -> (Vec<u64>, u64) {
+    let mut off = fill.off.clone();
+    let mut high = fill.high;
+    for (items, h) in filled {
+        for (i, o) in items {
+            off[i as usize] = o;
+        }
+        high = high.max(h);
+    }
+    (off, high)
+}
+
+/// The whole layered construction on one thread, in `parts` stretches (tests).
+#[cfg(test)]
+fn layered(p: &Problem, sk: &Skeleton, parts: usize, stop: impl Fn() -> bool) -> Option<(Vec<u64>, u64)> {
+    let fill = layered_fill(p, sk, parts);
+    let filled = (0..fill.parts()).map(|k| fill_part(p, &fill, k, &stop)).collect::<Option<Vec<_>>>()?;
+    Some(assemble(&fill, filled))
 }
 
 #[cfg(test)]
@@ -112,6 +191,7 @@ mod tests {
         #[test]
         fn layered_placements_are_valid(
             raw in prop::collection::vec((0u64..60, 1u64..40, 0u32..4, 1u64..64), 1..120),
+            parts in 1usize..5,
         ) {
             // Sizes over several orders of magnitude, so that some lists have a skeleton.
             let b: Vec<Buffer> = raw
@@ -127,7 +207,7 @@ mod tests {
             let Some(items) = skeleton_items(&p) else { return Ok(()) };
             let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
             let sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts).unwrap();
-            let (off, high) = layered(&p, &sk, || false).unwrap();
+            let (off, high) = layered(&p, &sk, parts, || false).unwrap();
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
             verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
@@ -169,13 +249,15 @@ mod tests {
         let items = skeleton_items(&p).unwrap();
         let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
         let sk = plan_skeleton(&p, items, Duration::from_millis(30), &opts).unwrap();
-        let (off, high) = layered(&p, &sk, || false).unwrap();
-        let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
-        verify(&b, &offsets).unwrap();
-        assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
-        for (k, &i) in sk.items.iter().enumerate() {
-            assert_eq!(off[i as usize], sk.off[k]);
+        for parts in [1, 2, 8] {
+            let (off, high) = layered(&p, &sk, parts, || false).unwrap();
+            let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
+            verify(&b, &offsets).unwrap();
+            assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
+            for (k, &i) in sk.items.iter().enumerate() {
+                assert_eq!(off[i as usize], sk.off[k]);
+            }
         }
-        assert!(layered(&p, &sk, || true).is_none());
+        assert!(layered(&p, &sk, 2, || true).is_none());
     }
 }

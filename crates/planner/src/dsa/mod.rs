@@ -348,8 +348,9 @@ enum Job {
     Skyline(usize),
     /// A variant of [`ALIGNED_VARIANTS`].
     Aligned(usize),
-    /// The rest filled in around the planned skeleton (a greedy pass over them).
-    Layered,
+    /// One stretch of the clock filled in around the planned skeleton (a greedy pass over
+    /// its items; see [`layered_fill`]).
+    Layered(usize),
 }
 
 impl Job {
@@ -359,7 +360,7 @@ impl Job {
             Job::Greedy(_) => 0,
             Job::Skyline(_) => 1,
             Job::Aligned(_) => 2,
-            Job::Layered => 3,
+            Job::Layered(_) => 3,
         }
     }
 }
@@ -598,7 +599,8 @@ struct Portfolio {
     windows: usize,
     /// Greedy orders that finished.
     strategies_run: usize,
-    /// The slowest skyline pass and greedy pass (zero when none ran).
+    /// The slowest skyline pass and greedy pass (the cost model's estimate when none ran,
+    /// zero when the portfolio did not run).
     sky_estimate: Duration,
     greedy_estimate: Duration,
 }
@@ -636,8 +638,11 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     // constructions interleaved; dense inputs lead with the aligned constructions and a
     // skyline pass (the greedy passes there cost most of the budget).
     let mut order: Vec<Job> = Vec::new();
-    if skeleton.is_some() {
-        order.push(Job::Layered);
+    // The layered fill, one stretch of the clock per worker, first.
+    let parts = workers_for(threads, deadline.saturating_duration_since(Instant::now()));
+    let fill = skeleton.map(|sk| layered_fill(p, sk, parts));
+    if let Some(fill) = &fill {
+        order.extend((0..fill.parts()).map(Job::Layered));
     }
     if dense {
         order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
@@ -661,9 +666,12 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     // one has finished, the cost model does: a greedy pass from the pairs of items live
     // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one.
     let greedy_ns = greedy_pass.as_nanos() as u64;
-    let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, greedy_ns];
+    let part_ns = greedy_ns / fill.as_ref().map_or(1, |f| f.parts().max(1)) as u64;
+    let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, part_ns];
     let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
     let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
+    let filled: Mutex<Vec<Option<FilledPart>>> =
+        Mutex::new((0..fill.as_ref().map_or(0, |f| f.parts())).map(|_| None).collect());
     let built_any = AtomicBool::new(false);
     let at_bound = AtomicBool::new(false);
     // Whole-instance constructions.
@@ -681,7 +689,8 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
                 0 => modelled_ns[kind],
                 e => e,
             });
-            if k > 0 && Instant::now() + est > portfolio_deadline {
+            // The layered fill's stretches all start (the construction needs every one).
+            if k > 0 && !matches!(order[k], Job::Layered(_)) && Instant::now() + est > portfolio_deadline {
                 continue;
             }
             let t = Instant::now();
@@ -701,11 +710,12 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
                     online_aligned(p, candidates, weight, stop)
                         .map(|(off, high)| (name.to_string(), off, high))
                 }
-                Job::Layered => {
-                    let Some(sk) = skeleton else { continue };
-                    layered(p, sk, stop).map(|(off, high)| {
-                        (format!("layered({}: {})", sk.items.len(), sk.strategy), off, high)
-                    })
+                Job::Layered(j) => {
+                    let Some(fill) = &fill else { continue };
+                    let part = fill_part(p, fill, j, stop);
+                    estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                    filled.lock().expect("portfolio worker panicked")[j] = part;
+                    continue;
                 }
                 Job::Greedy(j) => {
                     let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
@@ -728,7 +738,19 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
             }
         }
     });
+    let measured_or_modelled = |kind: usize| match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
+        0 => modelled_ns[kind],
+        e => e,
+    };
     let mut built = whole.into_inner().expect("portfolio worker panicked");
+    // The layered construction, when every stretch was filled.
+    if let (Some(fill), Some(sk)) = (&fill, skeleton)
+        && let Some(parts) = filled.into_inner().expect("portfolio worker panicked").into_iter().collect()
+    {
+        let (off, high) = assemble(fill, parts);
+        let name = format!("layered({}: {})", sk.items.len(), sk.strategy);
+        built.push(Built { job: 0, name, off, high });
+    }
     let mut runs = runs.into_inner().expect("portfolio worker panicked");
     let strategies_run = runs.len();
     if !runs.is_empty() {
@@ -775,8 +797,8 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     Portfolio {
         windows: d.windows,
         strategies_run,
-        sky_estimate: Duration::from_nanos(estimate_ns[1].load(AtomicOrdering::Relaxed)),
-        greedy_estimate: Duration::from_nanos(estimate_ns[0].load(AtomicOrdering::Relaxed)),
+        sky_estimate: Duration::from_nanos(measured_or_modelled(1)),
+        greedy_estimate: Duration::from_nanos(measured_or_modelled(0)),
     }
 }
 
