@@ -619,16 +619,8 @@ impl Default for Portfolio {
 /// The portfolio of constructions (see the module documentation), on all cores and
 /// time-boxed; offers the start for the stages after it to `best`.
 fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfolio {
-    let PortfolioPlan {
-        lb,
-        dense,
-        greedy_pass,
-        deadline,
-        portfolio_deadline,
-        threads,
-        coarse_placed,
-        skeleton,
-    } = *plan;
+    let PortfolioPlan { lb, dense, greedy_pass, deadline, portfolio_deadline, threads, .. } = *plan;
+    let (coarse_placed, skeleton) = (plan.coarse_placed, plan.skeleton);
     let n = p.len();
     let d = decompose(p, lb);
     let threads = threads.clamp(1, Strategy::PORTFOLIO.len());
