@@ -17,6 +17,25 @@ pub(super) fn greedy(p: &Problem, items: &[u32], fit: Fit, index: &mut Index, of
     high
 }
 
+/// [`greedy`] that asks `stop` every 256 items and gives up (`None`) when it says so.
+pub(super) fn greedy_until(
+    p: &Problem,
+    items: &[u32],
+    fit: Fit,
+    index: &mut Index,
+    off: &mut [u64],
+    stop: impl Fn() -> bool,
+) -> Option<u64> {
+    let mut high = 0;
+    for chunk in items.chunks(256) {
+        if stop() {
+            return None;
+        }
+        high = high.max(greedy(p, chunk, fit, index, off));
+    }
+    Some(high)
+}
+
 /// Sorts `items` into the placement order of `order`, with multiplicative noise on the
 /// key (0 = none) drawn from `rng`.
 pub(super) fn sort_items(p: &Problem, items: &mut [u32], order: Order, noise: f64, rng: &mut Rng) {
@@ -90,12 +109,7 @@ pub(super) fn run_strategy(
     let crossing_high = greedy(p, &crossing, Fit::BestFit, &mut index, &mut off);
     let mut rest = d.rest.clone();
     sort_items(p, &mut rest, strategy.order, 0.0, &mut rng);
-    for chunk in rest.chunks(256) {
-        if stop() {
-            return None;
-        }
-        greedy(p, chunk, strategy.fit, &mut index, &mut off);
-    }
+    greedy_until(p, &rest, strategy.fit, &mut index, &mut off, stop)?;
     let mut window_high = vec![0u64; d.windows];
     for &i in &d.rest {
         let i = i as usize;

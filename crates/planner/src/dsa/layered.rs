@@ -146,13 +146,7 @@ pub(super) fn fill_part(
 ) -> Option<FilledPart> {
     let mut index = fill.base.clone();
     let mut off = fill.off.clone();
-    let mut high = 0;
-    for chunk in fill.parts[k].chunks(256) {
-        if stop() {
-            return None;
-        }
-        high = high.max(greedy(p, chunk, Fit::BestFit, &mut index, &mut off));
-    }
+    let high = greedy_until(p, &fill.parts[k], Fit::BestFit, &mut index, &mut off, stop)?;
     Some((fill.parts[k].iter().map(|&i| (i, off[i as usize])).collect(), high))
 }
 
