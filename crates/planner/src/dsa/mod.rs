@@ -470,8 +470,10 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let coarse_placed = best.strategy.starts_with("coarse");
     // The layered construction (single-interval lists without the structure coarsening
     // finds): a skeleton of the items holding most of the area is planned first, with
-    // `SKELETON_BUDGET` of the budget on all cores; filling the rest in around it is the
-    // portfolio's first job — when that greedy pass fits in what is left.
+    // `SKELETON_BUDGET` of the budget on all cores; filling the rest in around it, a
+    // stretch of the clock per worker, is the portfolio's first jobs — when that fits in
+    // what is left.
+    let fill_pass = greedy_pass / threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
     let mut skeleton = None;
     if best.high > lb
         && !coarsenable
@@ -479,7 +481,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         && opts.improve
         && p.ivs.len() == n
         && n >= LAYERED_MIN_ITEMS
-        && began.elapsed() + budget.mul_f64(SKELETON_BUDGET) + greedy_pass < budget
+        && began.elapsed() + budget.mul_f64(SKELETON_BUDGET) + fill_pass < budget
         && let Some(items) = skeleton_items(&p)
     {
         skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts);
