@@ -22,8 +22,9 @@ pub(super) const SKELETON_BUDGET: f64 = 0.3;
 
 /// A planned skeleton.
 pub(super) struct Skeleton {
-    /// Its items, and where each goes.
+    /// Its items, largest area first.
     pub(super) items: Vec<u32>,
+    /// The offset of each, in the order of `items`.
     pub(super) off: Vec<u64>,
     /// What planned it (the nested plan's strategy).
     pub(super) strategy: String,
@@ -80,6 +81,7 @@ pub(super) struct LayeredFill {
     base: Index,
     /// Their offsets (the others' are filled in by the parts).
     off: Vec<u64>,
+    /// Their highest top.
     high: u64,
     /// The items of each stretch, in fill order.
     parts: Vec<Vec<u32>>,
