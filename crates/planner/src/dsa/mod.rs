@@ -21,7 +21,8 @@
 //!    construction or one within 1% of it that comes earlier in the job order. Where a few
 //!    items hold most of the area (bytes × lifetime), the **layered** construction leads:
 //!    those items are planned first as a list of their own by this same engine, and the
-//!    portfolio's first job fills the others in around them (see `layered`);
+//!    portfolio's first jobs fill the others in around them, a stretch of the clock each
+//!    (see `layered`);
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. **coarsening** (single-interval problems): buffers with one lifetime stacked into one,
@@ -591,7 +592,7 @@ struct PortfolioPlan<'a> {
     threads: usize,
     /// A coarse placement exists already (the first job need not finish).
     coarse_placed: bool,
-    /// A planned skeleton: the layered construction is the first job.
+    /// A planned skeleton: the layered construction's stretches are the first jobs.
     skeleton: Option<&'a Skeleton>,
 }
 
@@ -658,7 +659,8 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     let next = AtomicUsize::new(0);
     // The slowest finished job of each kind estimates the next one of that kind; until
     // one has finished, the cost model does: a greedy pass from the pairs of items live
-    // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one.
+    // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one, and
+    // for a stretch of the layered fill that greedy pass shared among the stretches.
     let greedy_ns = greedy_pass.as_nanos() as u64;
     let part_ns = greedy_ns / fill.as_ref().map_or(1, |f| f.parts().max(1)) as u64;
     let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, part_ns];
