@@ -665,6 +665,10 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     let part_ns = greedy_ns / fill.as_ref().map_or(1, |f| f.parts().max(1)) as u64;
     let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, part_ns];
     let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let measured_or_modelled = |kind: usize| match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
+        0 => modelled_ns[kind],
+        e => e,
+    };
     let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
     let filled: Mutex<Vec<Option<FilledPart>>> =
         Mutex::new((0..fill.as_ref().map_or(0, |f| f.parts())).map(|_| None).collect());
@@ -681,10 +685,7 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
                 break;
             }
             let kind = order[k].kind();
-            let est = Duration::from_nanos(match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
-                0 => modelled_ns[kind],
-                e => e,
-            });
+            let est = Duration::from_nanos(measured_or_modelled(kind));
             // The layered fill's stretches all start (the construction needs every one).
             if k > 0 && !matches!(order[k], Job::Layered(_)) && Instant::now() + est > portfolio_deadline {
                 continue;
@@ -734,10 +735,6 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
             }
         }
     });
-    let measured_or_modelled = |kind: usize| match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
-        0 => modelled_ns[kind],
-        e => e,
-    };
     let mut built = whole.into_inner().expect("portfolio worker panicked");
     // The layered construction, when every stretch was filled.
     if let (Some(fill), Some(sk)) = (&fill, skeleton)
