@@ -32,85 +32,132 @@ pub(super) fn coarsens(p: &Problem) -> bool {
     (stacked + chained) * 10 >= n
 }
 
+/// A word-at-a-time multiplicative hasher for the (rank, size) keys of [`coarsen`]: the
+/// keys are not attacker-chosen in a way that matters (a collision costs time, never a
+/// wrong answer), and SipHash made coarsening a 100k list take a quarter of a second.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(x as u64);
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(26) ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type KeyMap<V> = HashMap<(u32, u64), V, std::hash::BuildHasherDefault<KeyHasher>>;
+
 pub(super) fn coarsen(p: &Problem) -> Coarse {
-    type Block = (u32, u32, u64, Vec<(u32, u64)>);
+    /// A coarse buffer over ranks `[s, e)`; its members hang off its `root` item.
+    #[derive(Clone, Copy)]
+    struct Block {
+        s: u32,
+        e: u32,
+        size: u64,
+        root: u32,
+    }
     let n = p.len();
-    // (start, end, size, members as (item, delta))
+    // The members of a coarse buffer form a tree of items: every item but the root sits
+    // `delta` bytes above its parent. A block's root is its first member.
+    let mut parent: Vec<u32> = (0..n as u32).collect();
+    let mut delta = vec![0u64; n];
     let mut cur: Vec<Block> =
-        (0..n).map(|i| (p.ivs[i].0, p.ivs[i].1, p.size[i], vec![(i as u32, 0)])).collect();
+        (0..n).map(|i| Block { s: p.ivs[i].0, e: p.ivs[i].1, size: p.size[i], root: i as u32 }).collect();
     let mut guard = true;
+    // Scratch kept across rounds (the maps keep their capacity when cleared).
+    let mut starting: KeyMap<(u32, u32)> = KeyMap::with_capacity_and_hasher(n, Default::default());
+    let mut ending: KeyMap<u32> = KeyMap::with_capacity_and_hasher(n, Default::default());
+    let mut lifetimes: KeyMap<u32> = KeyMap::with_capacity_and_hasher(n, Default::default());
+    let mut succ: Vec<u32> = Vec::new();
+    let mut has_pred: Vec<bool> = Vec::new();
+    let mut next: Vec<Block> = Vec::with_capacity(n);
+    let mut stackable: Vec<Block> = Vec::new();
     loop {
         let before = cur.len();
         // Chain a buffer with one of equal size starting where it ends, where the pairing is
-        // unambiguous (one buffer of that size ends there and one starts there).
-        loop {
-            let len = cur.len();
-            let mut starting: HashMap<(u32, u64), (u32, usize)> = HashMap::new();
-            let mut ending: HashMap<(u32, u64), u32> = HashMap::new();
-            for (k, x) in cur.iter().enumerate() {
-                let e = starting.entry((x.0, x.2)).or_insert((0, k));
-                e.0 += 1;
-                *ending.entry((x.1, x.2)).or_default() += 1;
-            }
-            let mut succ = vec![usize::MAX; len];
-            let mut has_pred = vec![false; len];
-            for k in 0..len {
-                let key = (cur[k].1, cur[k].2);
-                if let Some(&(1, j)) = starting.get(&key)
-                    && ending[&key] == 1
-                {
-                    succ[k] = j;
-                    has_pred[j] = true;
-                }
-            }
-            let mut taken: Vec<Option<Block>> = std::mem::take(&mut cur).into_iter().map(Some).collect();
-            for k in 0..len {
-                if has_pred[k] {
-                    continue;
-                }
-                let Some(mut x) = taken[k].take() else { continue };
-                let mut j = succ[k];
-                while j != usize::MAX {
-                    let Some(y) = taken[j].take() else { break };
-                    x.1 = y.1;
-                    x.3.extend(y.3);
-                    j = succ[j];
-                }
-                cur.push(x);
-            }
-            if cur.len() == len {
-                break;
+        // unambiguous (one buffer of that size ends there and one starts there). Chains run
+        // forward in time, so they have no cycles; one pass finds them all (a merge only
+        // removes keys whose counts were one, so it makes no new unambiguous pair), and no
+        // buffer left starts or ends at a merged key, so the counts still serve the stacking.
+        starting.clear();
+        ending.clear();
+        for (k, x) in cur.iter().enumerate() {
+            starting.entry((x.s, x.size)).or_insert((0, k as u32)).0 += 1;
+            *ending.entry((x.e, x.size)).or_default() += 1;
+        }
+        let len = cur.len();
+        succ.clear();
+        succ.resize(len, u32::MAX);
+        has_pred.clear();
+        has_pred.resize(len, false);
+        for k in 0..len {
+            let key = (cur[k].e, cur[k].size);
+            if let Some(&(1, j)) = starting.get(&key)
+                && ending[&key] == 1
+            {
+                succ[k] = j;
+                has_pred[j as usize] = true;
             }
         }
+        next.clear();
+        for k in 0..len {
+            if has_pred[k] {
+                continue;
+            }
+            let mut x = cur[k];
+            let mut j = succ[k];
+            while j != u32::MAX {
+                let y = cur[j as usize];
+                x.e = y.e;
+                parent[y.root as usize] = x.root;
+                j = succ[j as usize];
+            }
+            next.push(x);
+        }
+        std::mem::swap(&mut cur, &mut next);
         // Stack buffers with the same lifetime (largest at the bottom), except those that
         // still have a possible (ambiguous) chain partner, stacking which would hide it —
-        // unless nothing else is left to merge.
-        let mut starting: HashMap<(u32, u64), u32> = HashMap::new();
-        let mut ending: HashMap<(u32, u64), u32> = HashMap::new();
-        for x in &cur {
-            *starting.entry((x.0, x.2)).or_default() += 1;
-            *ending.entry((x.1, x.2)).or_default() += 1;
+        // unless nothing else is left to merge. Only lifetimes shared by two or more
+        // buffers free to stack are sorted.
+        let free = |x: &Block| {
+            !guard || (!ending.contains_key(&(x.s, x.size)) && !starting.contains_key(&(x.e, x.size)))
+        };
+        lifetimes.clear();
+        for x in cur.iter().filter(|x| free(x)) {
+            *lifetimes.entry((x.s, x.e as u64)).or_default() += 1;
         }
-        let free =
-            |x: &Block| !guard || (!ending.contains_key(&(x.0, x.2)) && !starting.contains_key(&(x.1, x.2)));
-        let (stackable, mut next): (Vec<Block>, Vec<Block>) = cur.into_iter().partition(free);
-        let mut stackable = stackable;
-        stackable.sort_unstable_by(|x, y| {
-            (x.0, x.1, std::cmp::Reverse(x.2), x.3[0].0).cmp(&(y.0, y.1, std::cmp::Reverse(y.2), y.3[0].0))
-        });
-        let mut stacked: Vec<Block> = Vec::with_capacity(stackable.len());
-        for (s, e, size, members) in stackable {
-            match stacked.last_mut() {
-                Some(last) if last.0 == s && last.1 == e => {
-                    let base = last.2;
-                    last.3.extend(members.into_iter().map(|(i, d)| (i, d + base)));
-                    last.2 += size;
-                }
-                _ => stacked.push((s, e, size, members)),
+        next.clear();
+        stackable.clear();
+        for x in cur.drain(..) {
+            if lifetimes.get(&(x.s, x.e as u64)).is_some_and(|&c| c > 1) && free(&x) {
+                stackable.push(x);
+            } else {
+                next.push(x);
             }
         }
-        next.extend(stacked);
-        cur = next;
+        stackable.sort_unstable_by_key(|x| (x.s, x.e, std::cmp::Reverse(x.size), x.root));
+        let first_stacked = next.len();
+        for &x in &stackable {
+            match next[first_stacked..].last_mut() {
+                Some(last) if last.s == x.s && last.e == x.e => {
+                    parent[x.root as usize] = last.root;
+                    delta[x.root as usize] = last.size;
+                    last.size += x.size;
+                }
+                _ => next.push(x),
+            }
+        }
+        std::mem::swap(&mut cur, &mut next);
         if cur.len() == before {
             if !guard {
                 break;
@@ -120,16 +167,30 @@ pub(super) fn coarsen(p: &Problem) -> Coarse {
             guard = true;
         }
     }
-    let mut member = vec![(0u32, 0u64); n];
+    // Every item's coarse buffer and offset in it: the deltas summed up its tree (`done`
+    // marks items whose `member` is final; a walk stops at the first such or at a root).
+    let mut member = vec![(u32::MAX, 0u64); n];
+    for (k, x) in cur.iter().enumerate() {
+        member[x.root as usize] = (k as u32, 0);
+    }
+    let mut done: Vec<bool> = (0..n).map(|i| parent[i] as usize == i).collect();
+    let mut path: Vec<u32> = Vec::new();
+    for i in 0..n {
+        let mut j = i;
+        while !done[j] {
+            path.push(j as u32);
+            j = parent[j] as usize;
+        }
+        while let Some(k) = path.pop() {
+            let k = k as usize;
+            let (block, base) = member[parent[k] as usize];
+            member[k] = (block, base + delta[k]);
+            done[k] = true;
+        }
+    }
     let buffers = cur
         .iter()
-        .enumerate()
-        .map(|(k, (s, e, size, members))| {
-            for &(i, d) in members {
-                member[i as usize] = (k as u32, d);
-            }
-            Buffer { start: *s as u64, end: *e as u64, size: *size, group: None }
-        })
+        .map(|x| Buffer { start: x.s as u64, end: x.e as u64, size: x.size, group: None })
         .collect();
     Coarse { buffers, member }
 }

@@ -65,7 +65,7 @@
 
 #![allow(clippy::needless_range_loop)] // parallel arrays indexed by item read best as loops
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
@@ -676,6 +676,12 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     let at_bound = AtomicBool::new(false);
     // Whole-instance constructions.
     let whole: Mutex<Vec<Built>> = Mutex::new(Vec::new());
+    // The portfolio waits for its first job, which always runs (the layered stretches: all
+    // of them): until that is expected to end, the other workers take any job expected to
+    // end by then too, even after `portfolio_deadline`.
+    let first_ns = order.first().map_or(0, |j| measured_or_modelled(j.kind()));
+    let first_end = Instant::now() + Duration::from_nanos(first_ns);
+    let start_by = portfolio_deadline.max(first_end);
     let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
     run_workers(workers, |_| {
         loop {
@@ -687,7 +693,7 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
             let kind = order[k].kind();
             let est = Duration::from_nanos(measured_or_modelled(kind));
             // The layered fill's stretches all start (the construction needs every one).
-            if k > 0 && !matches!(order[k], Job::Layered(_)) && Instant::now() + est > portfolio_deadline {
+            if k > 0 && !matches!(order[k], Job::Layered(_)) && Instant::now() + est > start_by {
                 continue;
             }
             let t = Instant::now();

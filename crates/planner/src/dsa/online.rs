@@ -15,28 +15,38 @@ pub(super) fn clock_events(p: &Problem) -> Vec<(u32, bool, u32)> {
     events
 }
 
-/// The free space of an online sweep: gaps below `top` by offset and by (length, offset).
+/// The free space of an online sweep: gaps below `top`, sorted by offset and by (length,
+/// offset). Sorted vectors, not trees: an online sweep has about as many gaps as items live
+/// at once (hundreds), where moving a few hundred entries costs less than a tree's nodes.
 #[derive(Default)]
 pub(super) struct FreeSpace {
-    pub(super) by_off: BTreeMap<u64, u64>,
-    pub(super) by_len: BTreeSet<(u64, u64)>,
+    /// (offset, length), by offset.
+    by_off: Vec<(u64, u64)>,
+    /// (length, offset), by length, then offset.
+    by_len: Vec<(u64, u64)>,
     pub(super) top: u64,
 }
 
 impl FreeSpace {
     /// Gaps of at least `size` bytes, smallest first: (length, offset).
     pub(super) fn fitting(&self, size: u64) -> impl Iterator<Item = &(u64, u64)> {
-        self.by_len.range((size, 0)..)
+        self.by_len[self.by_len.partition_point(|g| g.0 < size)..].iter()
     }
 
     pub(super) fn insert(&mut self, o: u64, len: u64) {
-        self.by_off.insert(o, len);
-        self.by_len.insert((len, o));
+        let k = self.by_off.partition_point(|g| g.0 < o);
+        self.by_off.insert(k, (o, len));
+        let k = self.by_len.partition_point(|g| *g < (len, o));
+        self.by_len.insert(k, (len, o));
     }
 
+    /// Removes the gap `[o, o + len)` (a gap of the free space).
     pub(super) fn remove(&mut self, o: u64, len: u64) {
-        self.by_off.remove(&o);
-        self.by_len.remove(&(len, o));
+        let k = self.by_off.partition_point(|g| g.0 < o);
+        assert_eq!(self.by_off.get(k), Some(&(o, len)), "not a gap of the free space");
+        self.by_off.remove(k);
+        let k = self.by_len.partition_point(|g| *g < (len, o));
+        self.by_len.remove(k);
     }
 
     /// Takes `[at, at + size)` out of the gap `[o, o + len)`.
@@ -52,7 +62,7 @@ impl FreeSpace {
 
     /// Where an item that fits in no gap goes: the gap that ends at the top, else the top.
     pub(super) fn above(&mut self, size: u64) -> u64 {
-        match self.by_off.last_key_value().map(|(&o, &len)| (o, len)) {
+        match self.by_off.last().copied() {
             Some((o, len)) if o + len == self.top => {
                 self.remove(o, len);
                 self.top = o + size;
@@ -68,15 +78,16 @@ impl FreeSpace {
     /// Frees `[o, o + size)`, merged with the gaps it touches.
     pub(super) fn free(&mut self, o: u64, size: u64) {
         let (mut o, mut len) = (o, size);
-        if let Some((&po, &pl)) = self.by_off.range(..o).next_back()
-            && po + pl == o
-        {
+        let k = self.by_off.partition_point(|g| g.0 < o);
+        let below = k.checked_sub(1).map(|j| self.by_off[j]).filter(|&(po, pl)| po + pl == o);
+        let above = self.by_off.get(k).copied().filter(|&(no, _)| no == o + len);
+        if let Some((po, pl)) = below {
             self.remove(po, pl);
             o = po;
             len += pl;
         }
-        if let Some(&nl) = self.by_off.get(&(o + len)) {
-            self.remove(o + len, nl);
+        if let Some((no, nl)) = above {
+            self.remove(no, nl);
             len += nl;
         }
         self.insert(o, len);

@@ -30,11 +30,11 @@ pub(super) struct Problem {
 impl Problem {
     pub(super) fn build(buffers: &[Buffer]) -> Result<Problem, PlaceError> {
         let mut groups: HashMap<u32, u32> = HashMap::new();
-        let mut item_ivs: Vec<Vec<(u64, u64)>> = Vec::new();
-        let mut size: Vec<u64> = Vec::new();
         let mut item_of = vec![u32::MAX; buffers.len()];
-        let mut times = Vec::with_capacity(buffers.len() * 2);
+        // (item, start, end, size) of every buffer that is live and not empty; items are
+        // numbered in order of their first member.
         let mut members: Vec<(u32, u64, u64, u64)> = Vec::with_capacity(buffers.len());
+        let mut items = 0u32;
         for (index, b) in buffers.iter().enumerate() {
             if b.end < b.start {
                 return Err(PlaceError::Reversed { index, start: b.start, end: b.end });
@@ -44,37 +44,54 @@ impl Problem {
             }
             let item = match b.group {
                 Some(g) => *groups.entry(g).or_insert_with(|| {
-                    item_ivs.push(Vec::new());
-                    size.push(0);
-                    (size.len() - 1) as u32
+                    items += 1;
+                    items - 1
                 }),
                 None => {
-                    item_ivs.push(Vec::new());
-                    size.push(0);
-                    (size.len() - 1) as u32
+                    items += 1;
+                    items - 1
                 }
             };
             item_of[index] = item;
-            item_ivs[item as usize].push((b.start, b.end));
             members.push((item, b.start, b.end, b.size));
-            size[item as usize] = size[item as usize].max(b.size);
-            times.push(b.start);
-            times.push(b.end);
         }
         // Zero-size or never-live members of a group follow the group.
-        for (index, b) in buffers.iter().enumerate() {
-            if item_of[index] == u32::MAX
-                && let Some(g) = b.group
-                && let Some(&item) = groups.get(&g)
-            {
-                item_of[index] = item;
+        if !groups.is_empty() {
+            for (index, b) in buffers.iter().enumerate() {
+                if item_of[index] == u32::MAX
+                    && let Some(g) = b.group
+                    && let Some(&item) = groups.get(&g)
+                {
+                    item_of[index] = item;
+                }
             }
+            // Members of one item together, intervals by start (lone buffers are in item
+            // order already).
+            members.sort_unstable();
+        }
+        let n = items as usize;
+        let mut size = vec![0u64; n];
+        for &(item, _, _, z) in &members {
+            size[item as usize] = size[item as usize].max(z);
         }
         size.iter().try_fold(0u64, |acc, &s| acc.checked_add(s)).ok_or(PlaceError::Overflow)?;
-        times.sort_unstable();
-        times.dedup();
-        let rank = |t: u64| times.partition_point(|&x| x < t) as u32;
-        let n = size.len();
+        // The compressed clock: the distinct starts and ends; `ends[2k]`, `ends[2k + 1]` are
+        // the ranks of member k's start and end.
+        let mut events: Vec<(u64, u32)> = Vec::with_capacity(members.len() * 2);
+        for (k, &(_, s, e, _)) in members.iter().enumerate() {
+            events.push((s, 2 * k as u32));
+            events.push((e, 2 * k as u32 + 1));
+        }
+        events.sort_unstable();
+        let mut rank_of = vec![0u32; events.len()];
+        let mut ranks = 0u32;
+        for k in 0..events.len() {
+            if k > 0 && events[k].0 != events[k - 1].0 {
+                ranks += 1;
+            }
+            rank_of[events[k].1 as usize] = ranks;
+        }
+        let ranks = if events.is_empty() { 0 } else { ranks + 1 };
         let mut p = Problem {
             size,
             ivp: Vec::with_capacity(n + 1),
@@ -84,51 +101,56 @@ impl Problem {
             start: Vec::with_capacity(n),
             peak: Vec::new(),
             item_of,
-            ranks: times.len() as u32,
-            wmin: Vec::new(),
+            ranks,
+            wmin: vec![u64::MAX; n],
             live_bound: 0,
         };
         p.ivp.push(0);
-        for mut ivs in item_ivs {
-            ivs.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ivs.len());
-            for (s, e) in ivs {
-                match merged.last_mut() {
-                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                    _ => merged.push((s, e)),
-                }
-            }
-            p.life.push(merged.iter().map(|(s, e)| e - s).sum());
-            p.start.push(merged[0].0);
-            let first = p.ivs.len();
-            for (s, e) in merged {
-                p.ivs.push((rank(s), rank(e)));
-            }
-            p.hull.push((p.ivs[first].0, p.ivs[p.ivs.len() - 1].1));
-            p.ivp.push(p.ivs.len() as u32);
-        }
-        p.peak = p.peaks();
         // The bound counts every buffer at its own size: per item, the largest member live
         // at each moment (members of one item overlap in memory, so they count once).
-        p.wmin = vec![u64::MAX; n];
-        members.sort_unstable();
-        let mut diff = vec![0i128; p.ranks as usize + 1];
+        let mut diff = vec![0i128; ranks as usize + 1];
         let mut k = 0;
         while k < members.len() {
-            let item = members[k].0;
-            let mut j = k;
-            while j < members.len() && members[j].0 == item {
-                p.wmin[item as usize] = p.wmin[item as usize].min(members[j].3);
+            let item = members[k].0 as usize;
+            let mut j = k + 1;
+            while j < members.len() && members[j].0 as usize == item {
                 j += 1;
             }
+            let first = p.ivs.len();
+            let mut life = 0;
+            // Members by start: overlapping or touching intervals merge.
+            let mut last_end = 0u64;
+            for m in k..j {
+                let (_, s, e, z) = members[m];
+                p.wmin[item] = p.wmin[item].min(z);
+                let (rs, re) = (rank_of[2 * m], rank_of[2 * m + 1]);
+                if p.ivs.len() > first && s <= last_end {
+                    if e > last_end {
+                        life += e - last_end;
+                        last_end = e;
+                        p.ivs.last_mut().expect("an interval was pushed").1 = re;
+                    }
+                } else {
+                    life += e - s;
+                    last_end = e;
+                    p.ivs.push((rs, re));
+                }
+            }
+            p.life.push(life);
+            p.start.push(members[k].1);
+            p.hull.push((p.ivs[first].0, p.ivs[p.ivs.len() - 1].1));
+            p.ivp.push(p.ivs.len() as u32);
             if j - k == 1 {
-                let (_, s, e, size) = members[k];
-                diff[rank(s) as usize] += size as i128;
-                diff[rank(e) as usize] -= size as i128;
+                let z = members[k].3 as i128;
+                diff[rank_of[2 * k] as usize] += z;
+                diff[rank_of[2 * k + 1] as usize] -= z;
             } else {
                 // Sweep the members' events keeping the multiset of live sizes.
-                let mut ev: Vec<(u64, bool, u64)> =
-                    members[k..j].iter().flat_map(|&(_, s, e, z)| [(s, true, z), (e, false, z)]).collect();
+                let mut ev: Vec<(u32, bool, u64)> = (k..j)
+                    .flat_map(|m| {
+                        [(rank_of[2 * m], true, members[m].3), (rank_of[2 * m + 1], false, members[m].3)]
+                    })
+                    .collect();
                 ev.sort_unstable();
                 let mut sizes: BTreeMap<u64, u32> = BTreeMap::new();
                 let mut cur = 0u64;
@@ -143,13 +165,14 @@ impl Problem {
                     }
                     let now = sizes.last_key_value().map_or(0, |(&z, _)| z);
                     if now != cur {
-                        diff[rank(t) as usize] += now as i128 - cur as i128;
+                        diff[t as usize] += now as i128 - cur as i128;
                         cur = now;
                     }
                 }
             }
             k = j;
         }
+        p.peak = p.peaks();
         let mut live = 0i128;
         for d in &diff {
             live += d;
