@@ -32,15 +32,36 @@ pub(super) fn coarsens(p: &Problem) -> bool {
     (stacked + chained) * 10 >= n
 }
 
-/// A word-at-a-time multiplicative hasher for the (rank, size) keys of [`coarsen`]: the
-/// keys are not attacker-chosen in a way that matters (a collision costs time, never a
-/// wrong answer), and SipHash made coarsening a 100k list take a quarter of a second.
-#[derive(Default)]
+/// Hashing for the (rank, size) keys of [`coarsen`]: a multiply-rotate mix per word from a
+/// seed drawn once per process (SipHash made coarsening a 100k list take a quarter of a
+/// second; the seed keeps a client from choosing keys that collide).
+#[derive(Clone, Copy)]
+struct KeyHashing(u64);
+
+impl Default for KeyHashing {
+    fn default() -> Self {
+        static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        KeyHashing(*SEED.get_or_init(|| {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new().hash_one(0x6b65_7973u64)
+        }))
+    }
+}
+
+impl std::hash::BuildHasher for KeyHashing {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(self.0)
+    }
+}
+
+/// The hasher of [`KeyHashing`].
 struct KeyHasher(u64);
 
 impl std::hash::Hasher for KeyHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // The table indexes by the low bits: fold the well-mixed high bits into them.
+        self.0 ^ (self.0 >> 29)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
@@ -55,8 +76,9 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-type KeyMap<V> = HashMap<(u32, u64), V, std::hash::BuildHasherDefault<KeyHasher>>;
+type KeyMap<V> = HashMap<(u32, u64), V, KeyHashing>;
 
+/// Coarsens `p` (items of one interval each): see [`Coarse`].
 pub(super) fn coarsen(p: &Problem) -> Coarse {
     /// A coarse buffer over ranks `[s, e)`; its members hang off its `root` item.
     #[derive(Clone, Copy)]
@@ -73,6 +95,7 @@ pub(super) fn coarsen(p: &Problem) -> Coarse {
     let mut delta = vec![0u64; n];
     let mut cur: Vec<Block> =
         (0..n).map(|i| Block { s: p.ivs[i].0, e: p.ivs[i].1, size: p.size[i], root: i as u32 }).collect();
+    // Stacks wait for possible chains, except when nothing else is left to merge.
     let mut guard = true;
     // Scratch kept across rounds (the maps keep their capacity when cleared).
     let mut starting: KeyMap<(u32, u32)> = KeyMap::with_capacity_and_hasher(n, Default::default());
@@ -127,8 +150,8 @@ pub(super) fn coarsen(p: &Problem) -> Coarse {
         std::mem::swap(&mut cur, &mut next);
         // Stack buffers with the same lifetime (largest at the bottom), except those that
         // still have a possible (ambiguous) chain partner, stacking which would hide it —
-        // unless nothing else is left to merge. Only lifetimes shared by two or more
-        // buffers free to stack are sorted.
+        // unless nothing else is left to merge. Only lifetimes shared by two or more buffers
+        // free to stack are sorted.
         let free = |x: &Block| {
             !guard || (!ending.contains_key(&(x.s, x.size)) && !starting.contains_key(&(x.e, x.size)))
         };
@@ -158,13 +181,12 @@ pub(super) fn coarsen(p: &Problem) -> Coarse {
             }
         }
         std::mem::swap(&mut cur, &mut next);
-        if cur.len() == before {
-            if !guard {
-                break;
-            }
+        if cur.len() < before {
+            guard = true;
+        } else if guard {
             guard = false;
         } else {
-            guard = true;
+            break;
         }
     }
     // Every item's coarse buffer and offset in it: the deltas summed up its tree (`done`
