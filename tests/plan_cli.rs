@@ -45,6 +45,13 @@ fn a_buffer_list_is_planned_and_every_offset_printed() {
     let buffers = json["buffers"].as_array().unwrap();
     assert_eq!(buffers.len(), 5);
     let footprint = json["footprint_bytes"].as_u64().unwrap();
+    // The stages that ran, from the preparation to the last, which ends at the footprint.
+    let stages = json["stages"].as_array().unwrap();
+    assert_eq!(stages[0]["name"], "prepare");
+    assert_eq!(stages[1]["name"], "floor");
+    assert_eq!(stages.last().unwrap()["footprint_bytes"].as_u64(), Some(footprint));
+    let staged: f64 = stages.iter().map(|st| st["seconds"].as_f64().unwrap()).sum();
+    assert!(staged <= json["planning_seconds"].as_f64().unwrap() + 1e-6);
     let get = |b: &serde_json::Value, k: &str| b[k].as_u64().unwrap();
     for (i, x) in buffers.iter().enumerate() {
         assert!(get(x, "offset") + get(x, "size_bytes") <= footprint);

@@ -489,6 +489,20 @@ pub fn report(plan: &Plan) -> String {
     row(&mut s, "ratio", format!("{:.4}", plan.ratio()));
     row(&mut s, "strategy", plan.strategy.clone());
     row(&mut s, "planning time", format!("{:.1} ms", plan.elapsed.as_secs_f64() * 1e3));
+    for (k, stage) in plan.stages.iter().enumerate() {
+        let after = match stage.footprint {
+            Some(f) if plan.lower_bound > 0 => {
+                format!(" → {:.4} × bound", f as f64 / plan.lower_bound as f64)
+            }
+            _ => String::new(),
+        };
+        let label = if k == 0 { "stages" } else { "" };
+        row(
+            &mut s,
+            label,
+            format!("{:<13} {:>8.1} ms{after}", stage.name, stage.elapsed.as_secs_f64() * 1e3),
+        );
+    }
     row(&mut s, "buffers", plan.buffers.len().to_string());
     let total: u64 = plan.buffers.iter().map(|b| b.size).sum();
     row(&mut s, "sum of buffers", SizeDisplay(total).to_string());
@@ -520,6 +534,9 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
         "ratio": plan.ratio(),
         "strategy": plan.strategy,
         "planning_seconds": plan.elapsed.as_secs_f64(),
+        "stages": plan.stages.iter().map(|st| json!({
+            "name": st.name, "seconds": st.elapsed.as_secs_f64(), "footprint_bytes": st.footprint,
+        })).collect::<Vec<_>>(),
         "saved_by_aliasing_bytes": plan.saved_by_aliasing,
         "predicted_capture_bytes": plan.predicted_capture_bytes,
         "overhead_bytes": plan.overhead_bytes,

@@ -3,7 +3,8 @@
 //! `cargo run --release -p graphpool-planner --example figures [-- FILTER]`
 //!
 //! `FIGURES_SEEDS=1-10` runs the generated lists with other seeds (default `1-3`);
-//! `FIGURES_BUDGET_MS=2000` gives every row that budget instead of the default cap.
+//! `FIGURES_BUDGET_MS=2000` gives every row that budget instead of the default cap;
+//! `FIGURES_STAGES=1` prints the planner's stages under every row (time, footprint after).
 //!
 //! Columns: `floor`, `greedy` and `ratio` are the online best-fit floor, the best
 //! construction and the final footprint over the lower bound (which includes the alias
@@ -35,6 +36,7 @@ fn main() {
         }
         Err(_) => (1..=3).collect(),
     };
+    let show_stages = std::env::var_os("FIGURES_STAGES").is_some();
     let budget_ms: Option<u64> =
         std::env::var("FIGURES_BUDGET_MS").ok().map(|v| v.parse().expect("FIGURES_BUDGET_MS: milliseconds"));
     let mut cases: Vec<(String, Vec<Buffer>)> = Vec::new();
@@ -145,5 +147,16 @@ fn main() {
             p.improvement_steps,
             p.strategy
         );
+        if show_stages {
+            let stages: Vec<String> = p
+                .stages
+                .iter()
+                .map(|st| {
+                    let after = st.footprint.map(|f| format!(" {:.4}", r(f))).unwrap_or_default();
+                    format!("{} {:.1}ms{after}", st.name, st.elapsed.as_secs_f64() * 1e3)
+                })
+                .collect();
+            println!("    stages: {}", stages.join(" | "));
+        }
     }
 }

@@ -15,7 +15,7 @@ pub mod rng;
 pub mod schedule;
 pub mod workload;
 
-pub use dsa::{Buffer, PlaceError, PlaceOptions, Placement, live_bound, lower_bound, place, verify};
+pub use dsa::{Buffer, PlaceError, PlaceOptions, Placement, Stage, live_bound, lower_bound, place, verify};
 pub use pipeline::{
     DType, LayerSpec, NamedBuffer, Plan, PlanError, PlannedBuffer, SchedulePlanInput, TensorSpec,
     plan_buffers, plan_schedule,

@@ -251,6 +251,9 @@ pub struct Plan {
     pub elapsed: Duration,
     /// What produced the placement.
     pub strategy: String,
+    /// The planner's stages, in order, with their times.
+    #[serde(default)]
+    pub stages: Vec<crate::dsa::Stage>,
     /// Steps of the schedule as signed chunk numbers (`+c` forward, `-c` backward).
     pub steps: Vec<i32>,
     /// Device bytes capture needs for this plan: the footprint (static inputs and outputs,
@@ -401,6 +404,7 @@ pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, P
         saved_by_aliasing: total.saturating_sub(placement.footprint),
         elapsed: placement.elapsed,
         strategy: placement.strategy,
+        stages: placement.stages,
         steps: Vec::new(),
         predicted_capture_bytes: placement.footprint,
         graphs: 0,
@@ -636,6 +640,7 @@ pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result
         saved_by_aliasing: total.saturating_sub(placement.footprint),
         elapsed: placement.elapsed,
         strategy: placement.strategy,
+        stages: placement.stages,
         steps: sb.steps,
         predicted_capture_bytes: placement.footprint,
         graphs: sb.graphs,

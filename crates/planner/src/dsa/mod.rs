@@ -217,6 +217,36 @@ impl Default for PlaceOptions {
     }
 }
 
+/// One stage of a placement's search: what ran, how long it took, and the best footprint
+/// once it ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stage {
+    /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarse`
+    /// (the coarse instance planned), `skeleton` (the layered construction's skeleton
+    /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
+    /// (skyline restarts), `exact` or `improvement`; the stages that ran, in order.
+    pub name: String,
+    /// Wall-clock time it took.
+    pub elapsed: Duration,
+    /// The best footprint once it ended (`None` before the first placement exists, and for
+    /// the skeleton, which places only part of the list).
+    pub footprint: Option<u64>,
+}
+
+/// Records the stages of [`place`] as they end.
+struct StageClock {
+    last: Instant,
+    stages: Vec<Stage>,
+}
+
+impl StageClock {
+    fn end(&mut self, name: &str, footprint: Option<u64>) {
+        let now = Instant::now();
+        self.stages.push(Stage { name: name.to_string(), elapsed: now - self.last, footprint });
+        self.last = now;
+    }
+}
+
 /// Where every buffer goes, and how good that is.
 #[derive(Debug, Clone)]
 pub struct Placement {
@@ -246,6 +276,9 @@ pub struct Placement {
     pub strategies_run: usize,
     /// Re-placement steps the improvement stage tried.
     pub improvement_steps: u64,
+    /// The stages that ran, in order, with their times (nested plans of a coarse instance
+    /// or a skeleton count as one stage).
+    pub stages: Vec<Stage>,
 }
 
 impl Placement {
@@ -429,6 +462,7 @@ pub(crate) fn workers_for(threads: usize, left: Duration) -> usize {
 /// Places `buffers`: see the module documentation for how.
 pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, PlaceError> {
     let began = Instant::now();
+    let mut clock = StageClock { last: began, stages: Vec::new() };
     let p = Problem::build(buffers)?;
     let n = p.len();
     let mut budget = opts.time_budget;
@@ -452,7 +486,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let greedy_pass = greedy_pass_estimate(n, pairs);
     let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > budget.mul_f64(0.7);
     let share = if dense { 0.7 } else { 0.4 };
+    clock.end("prepare", None);
     let (floor_off, floor_high) = online_best_fit(&p);
+    clock.end("floor", Some(floor_high));
     let mut best = Incumbent { off: floor_off, high: floor_high, strategy: "online-best-fit".to_string() };
     // Coarsening (single-interval problems): the instance with stacked and chained buffers
     // merged, when that removes a tenth of the items. A coarse instance of at most half the
@@ -464,6 +500,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let c = coarsen(&p);
         if c.buffers.len() * 2 <= n {
             solve_coarse(&c, budget.mul_f64(0.35), opts, &mut best);
+            clock.end("coarse", Some(best.high));
         } else if c.buffers.len() * 10 <= n * 9 {
             coarse = Some(c);
         }
@@ -486,6 +523,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         && let Some(items) = skeleton_items(&p)
     {
         skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts);
+        clock.end("skeleton", None);
     }
     // The portfolio gets 40% of the budget (of what the coarse instance or the skeleton
     // left); the improvement stage the rest.
@@ -508,6 +546,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             skeleton: skeleton.as_ref(),
         };
         built = portfolio(&p, &plan, &mut best);
+        clock.end("constructions", Some(best.high));
     }
     let greedy_high = best.high;
     // Coarsening, late (a coarse instance more than half the size): when a few greedy
@@ -518,6 +557,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
         if best.high > lb && pass * 4 <= share {
             solve_coarse(&c, share, opts, &mut best);
+            clock.end("coarse", Some(best.high));
         }
     }
     // Complete canonical search (at most CANONICAL_MAX_ITEMS items) for 15% of what is
@@ -535,6 +575,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let now = Instant::now();
         let until = now + deadline.saturating_duration_since(now).mul_f64(0.15);
         lb = canonical_stage(&p, lb, until, &mut best);
+        clock.end("canonical", Some(best.high));
     }
     let single = p.ivs.len() == n && n > EXACT_MAX_ITEMS && opts.improve;
     // Fixed-height contour search (single-interval problems) for 40% of what is left,
@@ -543,6 +584,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let until = now + deadline.saturating_duration_since(now).mul_f64(0.4);
     if best.high > lb && single && built.sky_estimate * 6 <= until.saturating_duration_since(now) {
         contour_stage(&p, lb, until, opts.seed, threads, &mut best);
+        clock.end("contour", Some(best.high));
     }
     // Randomised skyline restarts for a quarter of what is left (single-interval problems),
     // skipped when fewer than two restarts would fit (large inputs: the improvement stage
@@ -551,6 +593,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let until = now + deadline.saturating_duration_since(now) / 4;
     if best.high > lb && single && built.sky_estimate * 2 <= until.saturating_duration_since(now) {
         skyline_restarts(&p, lb, until, opts.seed, threads, &mut best);
+        clock.end("restarts", Some(best.high));
     }
     if best.high > lb
         && n <= EXACT_MAX_ITEMS
@@ -558,10 +601,12 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     {
         let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
         best.offer(high, off, "exact");
+        clock.end("exact", Some(best.high));
     }
     let mut improvement_steps = 0;
     if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve {
         improvement_steps = improvement_chains(&p, lb, pairs, deadline, opts.seed, threads, &mut best);
+        clock.end("improvement", Some(best.high));
     }
     let offsets = p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best.off[i as usize] }).collect();
     Ok(Placement {
@@ -576,6 +621,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         windows: built.windows,
         strategies_run: built.strategies_run,
         improvement_steps,
+        stages: clock.stages,
     })
 }
 
@@ -1046,6 +1092,33 @@ mod density_tests {
     /// With no budget at all every plan still gets its first greedy pass (the online floor
     /// alone can be far off: 1.8 × the bound on interleaved schedules), alias groups
     /// included; a pass told to stop gives nothing.
+    /// The stages reported are the ones that ran, in order: the preparation and the floor
+    /// first, footprints that never rise, the last at the placement's footprint, and times
+    /// that add up to no more than the whole.
+    #[test]
+    fn stages_tell_what_ran() {
+        use crate::workload;
+        for buffers in
+            [workload::random(3000, 1), workload::packed(2000, 2), workload::random_uniform(600, 3)]
+        {
+            let opts = PlaceOptions { time_budget: Duration::from_millis(100), ..PlaceOptions::default() };
+            let p = place(&buffers, &opts).unwrap();
+            let names: Vec<&str> = p.stages.iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(names[..2], ["prepare", "floor"], "{names:?}");
+            let placed: Vec<u64> = p.stages.iter().filter_map(|s| s.footprint).collect();
+            assert!(placed.windows(2).all(|w| w[1] <= w[0]), "footprints rose: {placed:?}");
+            assert_eq!(placed.last(), Some(&p.footprint), "{names:?}");
+            let staged: Duration = p.stages.iter().map(|s| s.elapsed).sum();
+            assert!(staged <= p.elapsed, "{staged:?} > {:?}", p.elapsed);
+        }
+        let coarse = place(&workload::packed(2000, 2), &PlaceOptions::default()).unwrap();
+        assert!(
+            coarse.stages.iter().any(|s| s.name == "coarse"),
+            "a tiling is coarsened: {:?}",
+            coarse.stages
+        );
+    }
+
     #[test]
     fn the_first_greedy_pass_finishes_when_nothing_else_was_built() {
         let b = crate::workload::random(5_000, 3);
