@@ -98,10 +98,16 @@ fn main() {
         worst = worst.max(plan.ratio());
         slowest = slowest.max(plan.elapsed);
         if plan.elapsed > opts.time_budget.mul_f64(1.25) {
+            let stages: Vec<String> = plan
+                .stages
+                .iter()
+                .map(|st| format!("{} {:.1} ms", st.name, st.elapsed.as_secs_f64() * 1e3))
+                .collect();
             println!(
-                "case {case}: {schedule:?}, {layers} layers, {} buffers: planned in {:.1} ms",
+                "case {case}: {schedule:?}, {layers} layers, {} buffers: planned in {:.1} ms ({})",
                 buffers.len(),
-                plan.elapsed.as_secs_f64() * 1e3
+                plan.elapsed.as_secs_f64() * 1e3,
+                stages.join(", ")
             );
         }
         if plan.ratio() > 1.001 {

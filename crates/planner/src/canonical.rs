@@ -129,31 +129,62 @@ struct Neighbours {
 }
 
 impl Neighbours {
+    /// One sweep over the clock with the live items as a bitset: an item's interval that
+    /// starts while another item is live meets it, so every pair is seen from the later of
+    /// its two starts (ORing the live set into the starting item's row), then the rows are
+    /// made symmetric. `O(intervals × n / 64 + pairs)`; items with many intervals (alias
+    /// groups of long schedules) made a list per meeting of intervals cost 200 ms at 1100
+    /// items.
     fn new(items: &Items<'_>) -> Neighbours {
         let n = items.size.len();
-        // Intervals by start; an interval meets the active ones that end after it starts.
-        let mut order: Vec<(u32, u32, u32)> =
-            (0..n).flat_map(|i| items.ivs(i).iter().map(move |&(s, e)| (s, e, i as u32))).collect();
-        order.sort_unstable();
-        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); n];
-        let mut active: Vec<(u32, u32)> = Vec::new();
-        for &(s, e, i) in &order {
-            active.retain(|&(end, _)| end > s);
-            for &(_, j) in &active {
-                if j != i {
-                    lists[i as usize].push(j);
-                    lists[j as usize].push(i);
+        let words = n.div_ceil(64);
+        // (rank, start?, item), ends before starts at one rank ([s, e) and [e, f) never meet).
+        let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * items.ivs.len());
+        for i in 0..n {
+            for &(s, e) in items.ivs(i) {
+                events.push((s, true, i as u32));
+                events.push((e, false, i as u32));
+            }
+        }
+        events.sort_unstable();
+        let mut rows = vec![0u64; n * words];
+        let mut live = vec![0u64; words];
+        for &(_, is_start, i) in &events {
+            let i = i as usize;
+            if is_start {
+                for (r, l) in rows[i * words..(i + 1) * words].iter_mut().zip(&live) {
+                    *r |= l;
+                }
+                live[i / 64] |= 1 << (i % 64);
+            } else {
+                live[i / 64] &= !(1 << (i % 64));
+            }
+        }
+        // Symmetric: j in i's row puts i in j's.
+        for i in 0..n {
+            for w in 0..words {
+                let mut bits = rows[i * words + w];
+                while bits != 0 {
+                    let j = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    rows[j * words + i / 64] |= 1 << (i % 64);
                 }
             }
-            active.push((e, i));
         }
         let mut start = Vec::with_capacity(n + 1);
-        let mut list = Vec::new();
-        for l in &mut lists {
-            l.sort_unstable();
-            l.dedup();
+        let mut list = Vec::with_capacity(rows.iter().map(|w| w.count_ones() as usize).sum());
+        for i in 0..n {
             start.push(list.len() as u32);
-            list.extend_from_slice(l);
+            for w in 0..words {
+                let mut bits = rows[i * words + w];
+                if w == i / 64 {
+                    bits &= !(1 << (i % 64));
+                }
+                while bits != 0 {
+                    list.push((w * 64) as u32 + bits.trailing_zeros());
+                    bits &= bits - 1;
+                }
+            }
         }
         start.push(list.len() as u32);
         Neighbours { start, list }
@@ -605,6 +636,41 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Every item's neighbours are exactly the items one of whose intervals meets one of
+        /// its own, each once, in order (items of up to four disjoint intervals, some
+        /// touching end to start, which do not meet).
+        #[test]
+        fn neighbours_are_the_items_that_meet(
+            raw in prop::collection::vec(prop::collection::vec((0u32..30, 1u32..6), 1..5), 1..90),
+        ) {
+            // Each item's intervals laid end to end from its first start, gaps of 0–2 ranks.
+            let groups: Vec<Vec<(u32, u32)>> = raw
+                .iter()
+                .map(|ivs| {
+                    let mut at = ivs[0].0;
+                    ivs.iter()
+                        .map(|&(gap, len)| {
+                            at += gap % 3;
+                            let iv = (at, at + len);
+                            at += len;
+                            iv
+                        })
+                        .collect()
+                })
+                .collect();
+            let size = vec![1u64; groups.len()];
+            with_items(&groups, &size, |items| {
+                let nb = Neighbours::new(items);
+                for i in 0..groups.len() {
+                    let expected: Vec<u32> = (0..groups.len())
+                        .filter(|&j| j != i && meet(&groups[i], &groups[j]))
+                        .map(|j| j as u32)
+                        .collect();
+                    assert_eq!(nb.of(i), &expected[..], "item {}", i);
+                }
+            });
+        }
 
         /// Sound and complete: a placement at the optimum, and a proof that one byte less
         /// does not fit — items of one interval, and alias groups of up to three.

@@ -77,9 +77,44 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 type KeyMap<V> = HashMap<(u32, u64), V, KeyHashing>;
+type KeySet = std::collections::HashSet<(u32, u64), KeyHashing>;
 
-/// Coarsens `p` (items of one interval each): see [`Coarse`].
-pub(super) fn coarsen(p: &Problem) -> Coarse {
+/// Which stacks a round of [`coarsen_in_order`] makes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MergeOrder {
+    /// Every group of one lifetime whose members have no possible chain partner.
+    Stacks,
+    /// Only groups whose stack chains at once (a buffer of the stack's size ends where they
+    /// start or starts where they end), while there are any; then as `Stacks`. Pieces of one
+    /// lifetime that are not siblings (a tiling cut twice at the same steps) then do not
+    /// stack before the stacks they belong to have formed and chained: 3 tilings of 500
+    /// pieces keep 26 coarse buffers instead of 70, of 100k 22.2k instead of 24.3k.
+    ChainingStacksFirst,
+}
+
+/// Coarsens `p` (items of one interval each; see [`Coarse`]) in both merge orders, side by
+/// side on two threads when `threads` allows, and keeps the coarser instance (fewer buffers:
+/// more structure found; on a tie the plain order's).
+pub(super) fn coarsen(p: &Problem, threads: usize) -> Coarse {
+    let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
+    let mut both = run_workers(threads.clamp(1, 2), |k| {
+        if threads >= 2 {
+            vec![coarsen_in_order(p, orders[k])]
+        } else {
+            orders.iter().map(|&o| coarsen_in_order(p, o)).collect()
+        }
+    })
+    .into_iter()
+    .flatten();
+    let plain = both.next().expect("the plain order ran");
+    match both.next() {
+        Some(other) if other.buffers.len() < plain.buffers.len() => other,
+        _ => plain,
+    }
+}
+
+/// Coarsens `p` (items of one interval each) in one merge order: see [`Coarse`].
+pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder) -> Coarse {
     /// A coarse buffer over ranks `[s, e)`; its members hang off its `root` item.
     #[derive(Clone, Copy)]
     struct Block {
@@ -95,8 +130,17 @@ pub(super) fn coarsen(p: &Problem) -> Coarse {
     let mut delta = vec![0u64; n];
     let mut cur: Vec<Block> =
         (0..n).map(|i| Block { s: p.ivs[i].0, e: p.ivs[i].1, size: p.size[i], root: i as u32 }).collect();
-    // Stacks wait for possible chains, except when nothing else is left to merge.
-    let mut guard = true;
+    // The stacks a round may make: 0, only those that chain at once; 1, those whose members
+    // have no possible chain partner; 2, all (nothing else was left to merge). A round that
+    // merges anything returns to the order's first level.
+    let first_level = match order {
+        MergeOrder::Stacks => 1u8,
+        MergeOrder::ChainingStacksFirst => 0,
+    };
+    let mut level = first_level;
+    let mut totals: KeyMap<u64> = KeyMap::default();
+    let mut end_keys: KeySet = KeySet::default();
+    let mut start_keys: KeySet = KeySet::default();
     // Scratch kept across rounds (the maps keep their capacity when cleared).
     let mut starting: KeyMap<(u32, u32)> = KeyMap::with_capacity_and_hasher(n, Default::default());
     let mut ending: KeyMap<u32> = KeyMap::with_capacity_and_hasher(n, Default::default());
@@ -153,16 +197,33 @@ pub(super) fn coarsen(p: &Problem) -> Coarse {
         // unless nothing else is left to merge. Only lifetimes shared by two or more buffers
         // free to stack are sorted.
         let free = |x: &Block| {
-            !guard || (!ending.contains_key(&(x.s, x.size)) && !starting.contains_key(&(x.e, x.size)))
+            level == 2 || (!ending.contains_key(&(x.s, x.size)) && !starting.contains_key(&(x.e, x.size)))
         };
         lifetimes.clear();
+        totals.clear();
         for x in cur.iter().filter(|x| free(x)) {
             *lifetimes.entry((x.s, x.e as u64)).or_default() += 1;
+            *totals.entry((x.s, x.e as u64)).or_default() += x.size;
         }
+        if level == 0 {
+            end_keys.clear();
+            start_keys.clear();
+            for x in &cur {
+                end_keys.insert((x.e, x.size));
+                start_keys.insert((x.s, x.size));
+            }
+        }
+        let chains_at_once = |x: &Block| {
+            let total = totals[&(x.s, x.e as u64)];
+            end_keys.contains(&(x.s, total)) || start_keys.contains(&(x.e, total))
+        };
         next.clear();
         stackable.clear();
         for x in cur.drain(..) {
-            if lifetimes.get(&(x.s, x.e as u64)).is_some_and(|&c| c > 1) && free(&x) {
+            if lifetimes.get(&(x.s, x.e as u64)).is_some_and(|&c| c > 1)
+                && free(&x)
+                && (level > 0 || chains_at_once(&x))
+            {
                 stackable.push(x);
             } else {
                 next.push(x);
@@ -182,9 +243,9 @@ pub(super) fn coarsen(p: &Problem) -> Coarse {
         }
         std::mem::swap(&mut cur, &mut next);
         if cur.len() < before {
-            guard = true;
-        } else if guard {
-            guard = false;
+            level = first_level;
+        } else if level < 2 {
+            level += 1;
         } else {
             break;
         }
@@ -241,8 +302,9 @@ mod coarse_tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
-        /// Any valid placement of the coarse instance maps back to a valid placement of
-        /// the items with the same footprint, and coarsening keeps the live bound.
+        /// Any valid placement of the coarse instance (either merge order) maps back to a
+        /// valid placement of the items with the same footprint, and coarsening keeps the
+        /// live bound.
         #[test]
         fn coarse_placements_map_back(raw in prop::collection::vec((0u64..30, 1u64..10, 1u64..8), 1..60)) {
             let b: Vec<Buffer> = raw
@@ -250,20 +312,22 @@ mod coarse_tests {
                 .map(|(start, len, size)| Buffer { start, end: start + len, size: size * 4, group: None })
                 .collect();
             let p = Problem::build(&b).unwrap();
-            let c = coarsen(&p);
-            prop_assert!(c.buffers.len() <= p.len());
-            prop_assert_eq!(live_bound(&c.buffers).unwrap(), p.lower_bound());
-            let opts = PlaceOptions { time_budget: Duration::from_millis(5), threads: 1, ..PlaceOptions::default() };
-            let cp = place(&c.buffers, &opts).unwrap();
-            let offsets: Vec<u64> = (0..b.len())
-                .map(|i| {
-                    let (k, d) = c.member[p.item_of[i] as usize];
-                    cp.offsets[k as usize] + d
-                })
-                .collect();
-            verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let high = (0..b.len()).map(|i| offsets[i] + b[i].size).max().unwrap_or(0);
-            prop_assert_eq!(high, cp.footprint);
+            for order in [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst] {
+                let c = coarsen_in_order(&p, order);
+                prop_assert!(c.buffers.len() <= p.len());
+                prop_assert_eq!(live_bound(&c.buffers).unwrap(), p.lower_bound());
+                let opts = PlaceOptions { time_budget: Duration::from_millis(5), threads: 1, ..PlaceOptions::default() };
+                let cp = place(&c.buffers, &opts).unwrap();
+                let offsets: Vec<u64> = (0..b.len())
+                    .map(|i| {
+                        let (k, d) = c.member[p.item_of[i] as usize];
+                        cp.offsets[k as usize] + d
+                    })
+                    .collect();
+                verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let high = (0..b.len()).map(|i| offsets[i] + b[i].size).max().unwrap_or(0);
+                prop_assert_eq!(high, cp.footprint);
+            }
         }
     }
 
@@ -291,7 +355,44 @@ mod coarse_tests {
         // its optimum (the lower bound) is then found within the default budget.
         let b = crate::workload::packed(2000, 11);
         let p = Problem::build(&b).unwrap();
-        let c = coarsen(&p);
+        let c = coarsen(&p, 2);
         assert!(c.buffers.len() * 4 < b.len(), "{} coarse buffers", c.buffers.len());
+    }
+
+    /// Both merge orders give valid coarse instances (checked by mapping a placement back),
+    /// the coarser one is kept, and on tilings the order that chains stacks first finds more
+    /// structure.
+    #[test]
+    fn the_coarser_merge_order_is_kept() {
+        let (mut plain, mut first) = (0, 0);
+        for seed in 1..=3 {
+            let b = crate::workload::packed(500, seed);
+            let p = Problem::build(&b).unwrap();
+            let a = coarsen_in_order(&p, MergeOrder::Stacks);
+            let c = coarsen_in_order(&p, MergeOrder::ChainingStacksFirst);
+            assert_eq!(coarsen(&p, 2).buffers.len(), a.buffers.len().min(c.buffers.len()));
+            assert_eq!(coarsen(&p, 1).buffers.len(), a.buffers.len().min(c.buffers.len()));
+            for coarse in [&a, &c] {
+                let cp = place(
+                    &coarse.buffers,
+                    &PlaceOptions {
+                        time_budget: Duration::from_millis(5),
+                        threads: 1,
+                        ..PlaceOptions::default()
+                    },
+                )
+                .unwrap();
+                let offsets: Vec<u64> = (0..b.len())
+                    .map(|i| {
+                        let (k, d) = coarse.member[p.item_of[i] as usize];
+                        cp.offsets[k as usize] + d
+                    })
+                    .collect();
+                verify(&b, &offsets).unwrap();
+            }
+            plain += a.buffers.len();
+            first += c.buffers.len();
+        }
+        assert!(first < plain, "chaining stacks first kept {first} coarse buffers, the plain order {plain}");
     }
 }

@@ -497,7 +497,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let coarsenable =
         best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p);
     if coarsenable {
-        let c = coarsen(&p);
+        let c = coarsen(&p, threads);
         if c.buffers.len() * 2 <= n {
             solve_coarse(&c, budget.mul_f64(0.35), opts, &mut best);
             clock.end("coarse", Some(best.high));
