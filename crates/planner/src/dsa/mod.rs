@@ -83,7 +83,7 @@ pub const CANONICAL_MAX_ITEMS: usize = 2000;
 /// are built before the search and cost time in proportion).
 pub const CANONICAL_MAX_PAIRS: u64 = 1_000_000;
 
-/// Share of the budget a coarse instance of at most half the items gets, planned before
+/// Share of the time left a coarse instance of at most half the items gets, planned before
 /// anything else, on lists too large for the canonical search: where one exists its plan is
 /// nearly always the one kept (tilings), and the stages on the whole list after it rarely
 /// lower it (10 tilings of 10k pieces in 1 s: mean 1.0339 of the bound with 35%, 1.0332
@@ -91,6 +91,9 @@ pub const CANONICAL_MAX_PAIRS: u64 = 1_000_000;
 /// search on the whole list places MiniMalloc's H at the bound, which its coarse instance
 /// cannot (1.0137 with 80%).
 pub const COARSE_FIRST_SHARE: f64 = 0.8;
+
+/// Time per item the improvement stage needs left to start (it indexes every item first).
+const IMPROVE_MIN_LEFT_PER_ITEM: Duration = Duration::from_nanos(500);
 
 /// The least budget [`PlaceOptions::scaled_budget_per_item`] caps to: small lists that are
 /// hard to pack (MiniMalloc's and TelaMalloc's benchmark traces of ~400 buffers) lose 4–10%
@@ -507,7 +510,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         && opts.improve;
     // Coarsening (single-interval problems): the instance with stacked and chained buffers
     // merged, when that removes a tenth of the items. A coarse instance of at most half the
-    // items is planned first, with `COARSE_FIRST_SHARE` of the budget (35% where the
+    // items is planned first, with `COARSE_FIRST_SHARE` of the time left (35% where the
     // canonical search will run on the whole list: it can place at the bound where the coarse
     // instance cannot); a larger one after the portfolio.
     let mut coarse = None;
@@ -517,7 +520,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         let c = coarsen(&p, threads);
         if c.buffers.len() * 2 <= n {
             let coarse_share = if canonical { 0.35 } else { COARSE_FIRST_SHARE };
-            solve_coarse(&c, budget.mul_f64(coarse_share), opts, &mut best);
+            let left = deadline.saturating_duration_since(Instant::now());
+            solve_coarse(&c, left.mul_f64(coarse_share), opts, &mut best);
             clock.end("coarse", Some(best.high));
         } else if c.buffers.len() * 10 <= n * 9 {
             coarse = Some(c);
@@ -616,7 +620,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         clock.end("exact", Some(best.high));
     }
     let mut improvement_steps = 0;
-    if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve {
+    // The stage first indexes every item (~0.25 µs each): not worth starting with less left.
+    let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
+    if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && Instant::now() < improve_from {
         improvement_steps = improvement_chains(&p, lb, pairs, deadline, opts.seed, threads, &mut best);
         clock.end("improvement", Some(best.high));
     }
@@ -739,7 +745,7 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
     // end by then too, even after `portfolio_deadline`.
     let first_ns = order.first().map_or(0, |j| measured_or_modelled(j.kind()));
     let first_end = Instant::now() + Duration::from_nanos(first_ns);
-    let start_by = portfolio_deadline.max(first_end);
+    let start_by = portfolio_deadline.max(first_end.min(deadline));
     let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
     run_workers(workers, |_| {
         loop {
@@ -752,6 +758,11 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
             let est = Duration::from_nanos(measured_or_modelled(kind));
             // The layered fill's stretches all start (the construction needs every one).
             if k > 0 && !matches!(order[k], Job::Layered(_)) && Instant::now() + est > start_by {
+                continue;
+            }
+            // With a coarse placement in hand, a first job that cannot end by the deadline
+            // would only be stopped there, giving nothing.
+            if k == 0 && coarse_placed && Instant::now() + est > deadline {
                 continue;
             }
             let t = Instant::now();
