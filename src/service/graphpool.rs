@@ -360,7 +360,7 @@ impl GraphpoolService {
         tracing::info!(
             session = r.session_id, job = %session.job_id, rank = session.rank, footprint = plan.footprint_bytes,
             lower_bound = plan.lower_bound_bytes, predicted = plan.predicted_capture_bytes, reserved,
-            strategy = %plan.strategy, "planned"
+            strategy = %plan.strategy, seconds = plan.planning_seconds, "planned"
         );
         Ok(Response::new(pb::PlanCaptureResponse { plan: Some(plan), reserved_bytes: reserved }))
     }
