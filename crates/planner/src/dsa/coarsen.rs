@@ -92,13 +92,18 @@ pub(super) enum MergeOrder {
     ChainingStacksFirst,
 }
 
-/// Coarsens `p` (items of one interval each; see [`Coarse`]) in both merge orders, side by
-/// side on two threads when `threads` allows, and keeps the coarser instance (fewer buffers:
-/// more structure found; on a tie the plain order's).
+/// Items from which [`coarsen`] runs its two merge orders on two threads (below, both take
+/// less than starting a thread can).
+const PARALLEL_COARSEN_ITEMS: usize = 20_000;
+
+/// Coarsens `p` (items of one interval each; see [`Coarse`]) in both merge orders — side by
+/// side on two threads for large lists when `threads` allows — and keeps the coarser
+/// instance (fewer buffers: more structure found; on a tie the plain order's).
 pub(super) fn coarsen(p: &Problem, threads: usize) -> Coarse {
     let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
-    let mut both = run_workers(threads.clamp(1, 2), |k| {
-        if threads >= 2 {
+    let parallel = threads >= 2 && p.len() >= PARALLEL_COARSEN_ITEMS;
+    let mut both = run_workers(if parallel { 2 } else { 1 }, |k| {
+        if parallel {
             vec![coarsen_in_order(p, orders[k])]
         } else {
             orders.iter().map(|&o| coarsen_in_order(p, o)).collect()
@@ -394,5 +399,10 @@ mod coarse_tests {
             first += c.buffers.len();
         }
         assert!(first < plain, "chaining stacks first kept {first} coarse buffers, the plain order {plain}");
+        // Large lists run the two orders on two threads: the same instance as one thread.
+        let p = Problem::build(&crate::workload::packed(PARALLEL_COARSEN_ITEMS + 1000, 4)).unwrap();
+        assert!(p.len() >= PARALLEL_COARSEN_ITEMS);
+        let (one, two) = (coarsen(&p, 1), coarsen(&p, 2));
+        assert_eq!((one.buffers, one.member), (two.buffers, two.member));
     }
 }
