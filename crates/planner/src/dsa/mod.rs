@@ -1112,9 +1112,6 @@ mod density_tests {
         }
     }
 
-    /// With no budget at all every plan still gets its first greedy pass (the online floor
-    /// alone can be far off: 1.8 × the bound on interleaved schedules), alias groups
-    /// included; a pass told to stop gives nothing.
     /// The stages reported are the ones that ran, in order: the preparation and the floor
     /// first, footprints that never rise, the last at the placement's footprint, and times
     /// that add up to no more than the whole.
@@ -1142,6 +1139,9 @@ mod density_tests {
         );
     }
 
+    /// With no budget at all every plan still gets its first greedy pass (the online floor
+    /// alone can be far off: 1.8 × the bound on interleaved schedules), alias groups
+    /// included; a pass told to stop gives nothing.
     #[test]
     fn the_first_greedy_pass_finishes_when_nothing_else_was_built() {
         let b = crate::workload::random(5_000, 3);
