@@ -101,21 +101,14 @@ const PARALLEL_COARSEN_ITEMS: usize = 20_000;
 /// instance (fewer buffers: more structure found; on a tie the plain order's).
 pub(super) fn coarsen(p: &Problem, threads: usize) -> Coarse {
     let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
-    let parallel = threads >= 2 && p.len() >= PARALLEL_COARSEN_ITEMS;
-    let mut both = run_workers(if parallel { 2 } else { 1 }, |k| {
-        if parallel {
-            vec![coarsen_in_order(p, orders[k])]
-        } else {
-            orders.iter().map(|&o| coarsen_in_order(p, o)).collect()
-        }
-    })
-    .into_iter()
-    .flatten();
-    let plain = both.next().expect("the plain order ran");
-    match both.next() {
-        Some(other) if other.buffers.len() < plain.buffers.len() => other,
-        _ => plain,
-    }
+    let [plain, other] = if threads >= 2 && p.len() >= PARALLEL_COARSEN_ITEMS {
+        let mut both = run_workers(2, |k| coarsen_in_order(p, orders[k]));
+        let other = both.pop().expect("two workers ran");
+        [both.pop().expect("two workers ran"), other]
+    } else {
+        orders.map(|order| coarsen_in_order(p, order))
+    };
+    if other.buffers.len() < plain.buffers.len() { other } else { plain }
 }
 
 /// Coarsens `p` (items of one interval each) in one merge order: see [`Coarse`].

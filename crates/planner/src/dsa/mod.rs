@@ -756,20 +756,21 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
             }
             let kind = order[k].kind();
             let est = Duration::from_nanos(measured_or_modelled(kind));
-            // The layered fill's stretches all start (the construction needs every one).
-            if k > 0 && !matches!(order[k], Job::Layered(_)) && Instant::now() + est > start_by {
-                continue;
-            }
-            // With a coarse placement in hand, a first job that cannot end by the deadline
-            // would only be stopped there, giving nothing.
-            if k == 0 && coarse_placed && Instant::now() + est > deadline {
-                continue;
-            }
-            let t = Instant::now();
             // Jobs stop at the deadline; the first one only once another construction
             // than the online floor exists (every plan gets one, and on a machine slower
             // than the cost model a long first pass does not overrun for nothing).
             let guaranteed = k == 0 && !coarse_placed;
+            // A job starts when it is expected to end by `start_by`; the first job (every
+            // plan waits for it) by the deadline — with a coarse placement in hand one that
+            // cannot would only be stopped there, giving nothing. The guaranteed first job
+            // and the layered fill's stretches (the construction needs every one) always
+            // start.
+            let must_start = guaranteed || matches!(order[k], Job::Layered(_));
+            let start_limit = if k == 0 { deadline } else { start_by };
+            if !must_start && Instant::now() + est > start_limit {
+                continue;
+            }
+            let t = Instant::now();
             let stop =
                 || Instant::now() > deadline && (!guaranteed || built_any.load(AtomicOrdering::Relaxed));
             let done = match order[k] {
