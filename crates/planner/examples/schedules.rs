@@ -1,7 +1,7 @@
 //! Plans random pipeline schedules whose layers differ and reports those above 1.001 × the
 //! lower bound.
 //!
-//! `cargo run --release -p graphpool-planner --example schedules -- [CASES] [BUDGET_MS]`
+//! `cargo run --release -p graphpool-planner --example schedules -- [CASES | FROM-TO] [BUDGET_MS] [THREADS]`
 //!
 //! Case `k` (1..=CASES, default 100) draws, from seed `k`: 1F1B or interleaved 1F1B; pipeline
 //! size 1, 2, 4, 8 or 16 (at least 2 when interleaved) and a rank; for 1F1B 1, 2, 3, pp,
@@ -9,7 +9,8 @@
 //! 4 or 8 microbatches; 1–8 layers per chunk from `pipeline::varied_layers` with sequence
 //! 1024–8192, micro-batch 1–4 and hidden 1024–8192. Each is planned by `plan_schedule` with
 //! `BUDGET_MS` (default 200, the daemon's default) and verified; plans that take over 1.25 ×
-//! the budget are listed too.
+//! the budget are listed too. `CASES` may be a range `FROM-TO`; a third argument sets the
+//! planner's threads (default 0: every core).
 //!
 //! `… --example schedules -- workspaces [BUDGET_MS]` sweeps 1F1B instead (pp 2 / 4 / 8 with
 //! ranks 0, 2, 3, 7 where they exist, M 4, 8, 16, 33, 2 or 4 layers, hidden states of 1, 2,
@@ -61,13 +62,27 @@ fn main() {
         return;
     }
     let arg = |k: usize, default: u64| -> u64 {
-        std::env::args().nth(k).map_or(default, |v| v.parse().expect("usage: schedules [CASES] [BUDGET_MS]"))
+        std::env::args()
+            .nth(k)
+            .map_or(default, |v| v.parse().expect("usage: schedules [CASES | FROM-TO] [BUDGET_MS] [THREADS]"))
     };
-    let (cases, budget_ms) = (arg(1, 100), arg(2, 200));
-    let opts = PlaceOptions { time_budget: Duration::from_millis(budget_ms), ..PlaceOptions::default() };
+    // CASES: a count (cases 1..=CASES) or a range FROM-TO.
+    let (first, cases) = match std::env::args().nth(1) {
+        Some(v) if v.contains('-') => {
+            let (a, b) = v.split_once('-').expect("contains '-'");
+            let parse =
+                |x: &str| x.parse::<u64>().expect("usage: schedules [CASES | FROM-TO] [BUDGET_MS] [THREADS]");
+            (parse(a), parse(b))
+        }
+        _ => (1, arg(1, 100)),
+    };
+    let budget_ms = arg(2, 200);
+    let threads = arg(3, 0) as usize;
+    let opts =
+        PlaceOptions { time_budget: Duration::from_millis(budget_ms), threads, ..PlaceOptions::default() };
     let began = Instant::now();
     let (mut above, mut worst, mut slowest) = (0, 1.0f64, Duration::ZERO);
-    for case in 1..=cases {
+    for case in first..=cases {
         let mut rng = Rng::new(case);
         let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
         let pp = pick(&mut rng, &[1, 2, 4, 8, 16]) as u32;
@@ -97,12 +112,20 @@ fn main() {
         verify(&buffers, &offsets).expect("valid placement");
         worst = worst.max(plan.ratio());
         slowest = slowest.max(plan.elapsed);
+        let stages: Vec<String> = plan
+            .stages
+            .iter()
+            .map(|st| match st.footprint {
+                Some(f) => format!(
+                    "{} {:.1} ms {:.4}",
+                    st.name,
+                    st.elapsed.as_secs_f64() * 1e3,
+                    f as f64 / plan.lower_bound as f64
+                ),
+                None => format!("{} {:.1} ms", st.name, st.elapsed.as_secs_f64() * 1e3),
+            })
+            .collect();
         if plan.elapsed > opts.time_budget.mul_f64(1.25) {
-            let stages: Vec<String> = plan
-                .stages
-                .iter()
-                .map(|st| format!("{} {:.1} ms", st.name, st.elapsed.as_secs_f64() * 1e3))
-                .collect();
             println!(
                 "case {case}: {schedule:?}, {layers} layers, {} buffers: planned in {:.1} ms ({})",
                 buffers.len(),
@@ -113,11 +136,12 @@ fn main() {
         if plan.ratio() > 1.001 {
             above += 1;
             println!(
-                "case {case}: {schedule:?}, {layers} layers, {} buffers: {:.4} of the bound in {:.1} ms ({})",
+                "case {case}: {schedule:?}, {layers} layers, {} buffers: {:.4} of the bound in {:.1} ms ({})\n    stages: {}",
                 plan.buffers.len(),
                 plan.ratio(),
                 plan.elapsed.as_secs_f64() * 1e3,
-                plan.strategy
+                plan.strategy,
+                stages.join(" | ")
             );
         }
     }

@@ -29,11 +29,10 @@
 //! Candidates are tried lowest floor first, then by a static priority; restarts cycle
 //! through three priorities (most bytes live at the item's busiest rank, lifetime, size ×
 //! lifetime, in different precedence) with a node limit that doubles each round. The search
-//! is deterministic but for its deadline.
-
-use std::time::Instant;
+//! is deterministic but for its deadline (and the flag of a search running beside it).
 
 use crate::items::Items;
+use crate::until::Until;
 
 /// What a search at one capacity found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +41,7 @@ pub(crate) enum Outcome {
     Fits(Vec<u64>),
     /// Nothing fits under the capacity (the search finished).
     Infeasible,
-    /// The deadline came first.
+    /// The deadline (or the flag of a search beside it) came first.
     Unknown,
 }
 
@@ -61,12 +60,12 @@ impl Order {
 
 /// Round robin over the orders with a node limit that doubles each round (a bad early
 /// choice costs one round, not the whole budget). Deterministic but for the deadline.
-pub(crate) fn fits_restarting(prep: &Prepared<'_>, capacity: u64, deadline: Instant) -> Outcome {
+pub(crate) fn fits_restarting(prep: &Prepared<'_>, capacity: u64, until: Until<'_>) -> Outcome {
     let mut limit = prep.items.size.len() as u64 * 2;
     loop {
         for order in Order::ALL {
-            match fits(prep, capacity, deadline, order, limit) {
-                Outcome::Unknown if Instant::now() < deadline => {}
+            match fits(prep, capacity, until, order, limit) {
+                Outcome::Unknown if !until.passed() => {}
                 other => return other,
             }
         }
@@ -75,15 +74,17 @@ pub(crate) fn fits_restarting(prep: &Prepared<'_>, capacity: u64, deadline: Inst
 }
 
 /// Bisects the capacities between `lower` (a lower bound) and `upper` (the footprint of a
-/// placement known) until `deadline`: first `lower` itself, then midpoints. A capacity that
-/// fits lowers the upper end to the placement found; one proved infeasible raises the lower
-/// end; the first undecided one ends the search. Returns the lowest placement found with
-/// its footprint, and the proved lower bound (`lower` or higher).
+/// placement known) until `until` passes: first `lower` itself, then midpoints. A capacity
+/// that fits lowers the upper end to the placement found; one proved infeasible raises the
+/// lower end; the first undecided one ends the search. Returns the lowest placement found
+/// with its footprint, and the proved lower bound (`lower` or higher). Raises `until`'s flag
+/// when the search settles the question (the two ends meet: the placement found is optimal,
+/// or nothing below `upper` fits).
 pub(crate) fn search(
     items: &Items<'_>,
     lower: u64,
     upper: u64,
-    deadline: Instant,
+    until: Until<'_>,
 ) -> (Option<(Vec<u64>, u64)>, u64) {
     // The search recurses once per item placed (~0.5 KiB a level in release builds, more in
     // debug ones): its own thread with a stack for that, whatever the caller's.
@@ -91,7 +92,7 @@ pub(crate) fn search(
         std::thread::Builder::new()
             .name("graphpool-canonical".into())
             .stack_size(SEARCH_STACK_BYTES)
-            .spawn_scoped(scope, || bisect(items, lower, upper, deadline))
+            .spawn_scoped(scope, || bisect(items, lower, upper, until))
             .map(|h| h.join().expect("the canonical search panicked"))
             // No thread (resources exhausted): nothing proved, nothing found.
             .unwrap_or((None, lower))
@@ -102,15 +103,15 @@ pub(crate) fn search(
 /// recursion many times over.
 const SEARCH_STACK_BYTES: usize = 64 << 20;
 
-fn bisect(items: &Items<'_>, lower: u64, upper: u64, deadline: Instant) -> (Option<(Vec<u64>, u64)>, u64) {
+fn bisect(items: &Items<'_>, lower: u64, upper: u64, until: Until<'_>) -> (Option<(Vec<u64>, u64)>, u64) {
     let prep = Prepared::new(items);
     let (mut lo, mut hi) = (lower, upper);
     let mut best = None;
     let mut first = true;
-    while lo < hi && Instant::now() < deadline {
+    while lo < hi && !until.passed() {
         let capacity = if first { lo } else { lo + (hi - lo) / 2 };
         first = false;
-        match fits_restarting(&prep, capacity, deadline) {
+        match fits_restarting(&prep, capacity, until) {
             Outcome::Fits(off) => {
                 hi = (0..items.size.len()).map(|i| off[i] + items.size[i]).max().unwrap_or(0);
                 best = Some((off, hi));
@@ -118,6 +119,9 @@ fn bisect(items: &Items<'_>, lower: u64, upper: u64, deadline: Instant) -> (Opti
             Outcome::Infeasible => lo = capacity + 1,
             Outcome::Unknown => break,
         }
+    }
+    if lo >= hi {
+        until.raise();
     }
     (best, lo)
 }
@@ -262,11 +266,11 @@ impl<'a> Prepared<'a> {
 }
 
 /// Decides whether the prepared items fit under `capacity` (see the module documentation),
-/// trying candidates in `order`; gives up at `deadline` or after `node_limit` nodes.
+/// trying candidates in `order`; gives up when `until` passes or after `node_limit` nodes.
 pub(crate) fn fits(
     prep: &Prepared<'_>,
     capacity: u64,
-    deadline: Instant,
+    until: Until<'_>,
     order: Order,
     node_limit: u64,
 ) -> Outcome {
@@ -283,7 +287,7 @@ pub(crate) fn fits(
     let mut solver = Solver {
         items,
         capacity,
-        deadline,
+        until,
         node_limit,
         nodes: 0,
         nb: &prep.nb,
@@ -318,7 +322,7 @@ enum Status {
 struct Solver<'a, 'b> {
     items: &'a Items<'b>,
     capacity: u64,
-    deadline: Instant,
+    until: Until<'a>,
     node_limit: u64,
     nodes: u64,
     nb: &'a Neighbours,
@@ -444,7 +448,7 @@ impl Solver<'_, '_> {
 
     fn search(&mut self, part: &[u32], lo: usize, hi: usize, level: u64, last: u32) -> Status {
         self.nodes += 1;
-        if self.nodes >= self.node_limit || Instant::now() > self.deadline {
+        if self.nodes >= self.node_limit || self.until.passed() {
             return Status::Stopped;
         }
         if part.iter().all(|&j| self.placed[j as usize]) {
@@ -517,7 +521,7 @@ impl Solver<'_, '_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     /// Decides items of one interval each at `capacity`.
     fn run(ivs: &[(u32, u32)], size: &[u64], capacity: u64) -> Outcome {
@@ -536,7 +540,11 @@ mod tests {
     /// Decides `groups` (each item a list of intervals) at `capacity`.
     fn run_groups(groups: &[Vec<(u32, u32)>], size: &[u64], capacity: u64) -> Outcome {
         with_items(groups, size, |items| {
-            fits_restarting(&Prepared::new(items), capacity, Instant::now() + Duration::from_secs(10))
+            fits_restarting(
+                &Prepared::new(items),
+                capacity,
+                Until::at(Instant::now() + Duration::from_secs(10)),
+            )
         })
     }
 
@@ -708,7 +716,7 @@ mod tests {
             prop_assert_eq!(run_groups(&groups, &size, best - 1), Outcome::Infeasible);
             // Bisecting from 0 proves the optimum as the bound and places there.
             let (found, proved) = with_items(&groups, &size, |items| {
-                search(items, 0, 2 * best + 1, Instant::now() + Duration::from_secs(10))
+                search(items, 0, 2 * best + 1, Until::at(Instant::now() + Duration::from_secs(10)))
             });
             prop_assert_eq!(proved, best);
             prop_assert_eq!(found.map(|f| f.1), Some(best));

@@ -13,6 +13,7 @@ pub(crate) mod items;
 pub mod pipeline;
 pub mod rng;
 pub mod schedule;
+pub(crate) mod until;
 pub mod workload;
 
 pub use dsa::{Buffer, PlaceError, PlaceOptions, Placement, Stage, live_bound, lower_bound, place, verify};

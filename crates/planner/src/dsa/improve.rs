@@ -3,6 +3,7 @@
 //! floor; kept when the window's top does not rise.
 
 use super::*;
+use crate::until::Until;
 
 #[derive(Debug, Default)]
 pub(super) struct ImproveStats {
@@ -172,16 +173,18 @@ pub(super) const WINDOW_ITEMS: u64 = 4096;
 /// Placed items one window re-placement may visit, about (see `improve`).
 pub(super) const WINDOW_WORK: u64 = 1_000_000;
 
-/// The improvement stage from `off` (see the `dsa` module documentation); `pairs` is
+/// The improvement stage from `off` (see the `dsa` module documentation) until `until`
+/// passes or the footprint reaches `lb` (then it raises `until`'s flag); `pairs` is
 /// [`Problem::overlapping_pairs`].
 pub(super) fn improve(
     p: &Problem,
     off: &mut [u64],
     lb: u64,
     pairs: u64,
-    deadline: Instant,
+    until: Until<'_>,
     seed: u64,
 ) -> ImproveStats {
+    let deadline = until.deadline;
     let n = p.len();
     let mut stats = ImproveStats::default();
     let mut index = Index::new(p);
@@ -209,7 +212,7 @@ pub(super) fn improve(
     let mut scratch = FindScratch::default();
     let single = p.ivs.len() == n;
     let mut rp = Repack { stamp: vec![0; n], ..Repack::default() };
-    while high > lb && Instant::now() < deadline {
+    while high > lb && !until.passed() {
         // A buffer at the top.
         let c = loop {
             if crit.is_empty() {
@@ -304,7 +307,7 @@ pub(super) fn improve(
             index.insert(p, i, o);
             placed += 1;
             after.add(o + p.size[i]);
-            if after > before || (placed % 64 == 0 && Instant::now() > deadline) {
+            if after > before || (placed % 64 == 0 && until.passed()) {
                 after.high = u64::MAX;
                 break;
             }
@@ -330,6 +333,9 @@ pub(super) fn improve(
     }
     let final_high = top.iter().copied().max().unwrap_or(0);
     stats.improved = final_high < start_high;
+    if final_high <= lb {
+        until.raise();
+    }
     stats
 }
 

@@ -30,7 +30,9 @@
 //!    planned by this same engine when that removes a tenth of the items (see `coarsen`);
 //!    then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete **canonical search** at the
 //!    lower bound and above it (`crate::canonical`, MiniMalloc-style inference, dominance
-//!    and decomposition; 15% of what is left), and a fixed-height **contour search** with
+//!    and decomposition; 15% of what is left on lists of single intervals; on lists with
+//!    alias groups half of it, or a core of its own beside the improvement chains until the
+//!    deadline with three cores or more), and a fixed-height **contour search** with
 //!    backjumping and a bisection of the target height (`crate::contour`), when a few
 //!    skyline passes fit in its share;
 //! 6. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
@@ -38,7 +40,8 @@
 //!    the footprint (a random stretch of its lifetime when that is long) are taken out with
 //!    that buffer and re-placed with perturbed orders; a window is kept when its highest
 //!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
-//!    moves), and a re-placement stops as soon as it is worse;
+//!    moves), and a re-placement stops as soon as it is worse; the chains (and a canonical
+//!    search beside them) stop as soon as one of them settles the answer;
 //! 7. an **exact** branch-and-bound search over canonical placements when there are at most
 //!    [`EXACT_MAX_ITEMS`] items.
 //!
@@ -71,6 +74,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOr
 use std::time::{Duration, Instant};
 
 use crate::rng::Rng;
+use crate::until::Until;
 
 /// Interval comparisons the alias bound may spend growing its clique (about 20 ms).
 pub const ALIAS_BOUND_WORK: u64 = 40_000_000;
@@ -236,7 +240,9 @@ pub struct Stage {
     /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarse`
     /// (the coarse instance planned), `skeleton` (the layered construction's skeleton
     /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
-    /// (skyline restarts), `exact` or `improvement`; the stages that ran, in order.
+    /// (skyline restarts), `exact`, `improvement`, or `canonical+improvement` (the two side
+    /// by side, lists with alias groups on three cores or more); the stages that ran, in
+    /// order.
     pub name: String,
     /// Wall-clock time it took.
     pub elapsed: Duration,
@@ -582,18 +588,24 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             clock.end("coarse", Some(best.high));
         }
     }
-    // Complete canonical search (at most CANONICAL_MAX_ITEMS items) for 15% of what is
-    // left: at the bound first — tight instances, where the constructions stop a few percent
-    // short, it places there in milliseconds — then, when it proves the bound infeasible,
-    // between the bound and the best placement; each capacity proved infeasible raises the
-    // bound reported (and where the later stages stop).
-    if best.high > lb && canonical {
+    // Complete canonical search (at most CANONICAL_MAX_ITEMS items): at the bound first —
+    // tight instances, where the constructions stop a few percent short, it places there in
+    // milliseconds — then, when it proves the bound infeasible, between the bound and the
+    // best placement; each capacity proved infeasible raises the bound reported (and where
+    // the later stages stop). Lists of single intervals give it 15% of what is left, before
+    // the contour search and the restarts. Lists with alias groups (only the improvement
+    // stage follows) run it on a core of its own beside the improvement chains until the
+    // deadline when that leaves the chains two cores or more, whichever settles the answer
+    // first stopping the other; with fewer cores it takes half of what is left first.
+    let single = p.ivs.len() == n && n > EXACT_MAX_ITEMS && opts.improve;
+    let canonical_beside = canonical && !single && threads >= 3;
+    if best.high > lb && canonical && !canonical_beside {
+        let share = if single { 0.15 } else { 0.5 };
         let now = Instant::now();
-        let until = now + deadline.saturating_duration_since(now).mul_f64(0.15);
-        lb = canonical_stage(&p, lb, until, &mut best);
+        let until = now + deadline.saturating_duration_since(now).mul_f64(share);
+        lb = canonical_stage(&p, lb, Until::at(until), &mut best);
         clock.end("canonical", Some(best.high));
     }
-    let single = p.ivs.len() == n && n > EXACT_MAX_ITEMS && opts.improve;
     // Fixed-height contour search (single-interval problems) for 40% of what is left,
     // when a few skyline passes fit in it.
     let now = Instant::now();
@@ -622,8 +634,54 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let mut improvement_steps = 0;
     // The stage first indexes every item (~0.25 µs each): not worth starting with less left.
     let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
-    if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && Instant::now() < improve_from {
-        improvement_steps = improvement_chains(&p, lb, pairs, deadline, opts.seed, threads, &mut best);
+    let settled = AtomicBool::new(false);
+    if best.high > lb && canonical_beside {
+        let upper = best.high;
+        let (proved, found, steps) = std::thread::scope(|scope| {
+            let search = scope.spawn(|| {
+                let items = crate::items::Items {
+                    ivp: Some(&p.ivp),
+                    ivs: &p.ivs,
+                    hull: &p.hull,
+                    size: &p.size,
+                    ranks: p.ranks,
+                };
+                crate::canonical::search(&items, lb, upper, Until::or_raised(deadline, &settled))
+            });
+            let steps = if Instant::now() < improve_from {
+                improvement_chains(
+                    &p,
+                    lb,
+                    pairs,
+                    Until::or_raised(deadline, &settled),
+                    opts.seed,
+                    threads - 1,
+                    &mut best,
+                )
+            } else {
+                0
+            };
+            // The chains stop at the deadline or at the bound: the search need not go on.
+            settled.store(true, AtomicOrdering::Relaxed);
+            let (found, proved) = search.join().expect("the canonical search panicked");
+            (proved, found, steps)
+        });
+        improvement_steps = steps;
+        if let Some((off, high)) = found {
+            best.offer(high, off, "canonical");
+        }
+        lb = lb.max(proved);
+        clock.end("canonical+improvement", Some(best.high));
+    } else if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && Instant::now() < improve_from {
+        improvement_steps = improvement_chains(
+            &p,
+            lb,
+            pairs,
+            Until::or_raised(deadline, &settled),
+            opts.seed,
+            threads,
+            &mut best,
+        );
         clock.end("improvement", Some(best.high));
     }
     let offsets = p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best.off[i as usize] }).collect();
@@ -873,7 +931,7 @@ fn portfolio(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfol
 
 /// The complete canonical search until `until` (see `place`); returns the bound, raised
 /// where it proved a capacity infeasible.
-fn canonical_stage(p: &Problem, lb: u64, until: Instant, best: &mut Incumbent) -> u64 {
+fn canonical_stage(p: &Problem, lb: u64, until: Until<'_>, best: &mut Incumbent) -> u64 {
     let items =
         crate::items::Items { ivp: Some(&p.ivp), ivs: &p.ivs, hull: &p.hull, size: &p.size, ranks: p.ranks };
     let (found, proved) = crate::canonical::search(&items, lb, best.high, until);
@@ -921,25 +979,25 @@ fn skyline_restarts(p: &Problem, lb: u64, until: Instant, seed: u64, threads: us
     }
 }
 
-/// The improvement stage until `deadline`: independent chains (one per core, different
-/// seeds) from the same start; the lowest result is kept (the search's outcome varies a
-/// lot between seeds). Returns the steps of all chains.
+/// The improvement stage until `until` passes: independent chains (one per core, different
+/// seeds) from the same start, all stopping once one reaches `lb`; the lowest result is kept
+/// (the search's outcome varies a lot between seeds). Returns the steps of all chains.
 fn improvement_chains(
     p: &Problem,
     lb: u64,
     pairs: u64,
-    deadline: Instant,
+    until: Until<'_>,
     seed: u64,
     threads: usize,
     best: &mut Incumbent,
 ) -> u64 {
     let n = p.len();
-    let chains = workers_for(threads.clamp(1, 8), deadline.saturating_duration_since(Instant::now()));
+    let chains = workers_for(threads.clamp(1, 8), until.deadline.saturating_duration_since(Instant::now()));
     let start = &best.off;
     let results: Vec<(Vec<u64>, ImproveStats)> = run_workers(chains, |k| {
         let mut off = start.clone();
         let seed = seed.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let stats = improve(p, &mut off, lb, pairs, deadline, seed);
+        let stats = improve(p, &mut off, lb, pairs, until, seed);
         (off, stats)
     });
     let mut steps = 0;
@@ -1194,6 +1252,40 @@ mod long_group_tests {
     use super::*;
     use crate::pipeline::{schedule_buffers, varied_layers};
     use crate::{Schedule, SchedulePlanInput};
+
+    /// With three cores or more, lists with alias groups run the canonical search beside the
+    /// improvement chains; whichever settles the answer stops the other, so a plan proved
+    /// optimal returns long before its budget, and the stage says what ran.
+    #[test]
+    fn the_canonical_search_beside_the_chains_stops_them() {
+        // Schedules whose constructions stop above the bound and whose optimum is found and
+        // proved within milliseconds (others of this family stay 1.5–2.2% above the alias
+        // bound however long they search).
+        for seed in [8, 25, 30] {
+            let input = SchedulePlanInput {
+                schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: (seed % 4) as u32, num_microbatches: 8 },
+                layers: varied_layers(1, 2, 1024, 1, 1024, seed),
+            };
+            let buffers = schedule_buffers(&input).unwrap().buffers;
+            let opts = PlaceOptions {
+                time_budget: Duration::from_secs(10),
+                threads: 3,
+                scaled_budget_per_item: None,
+                ..PlaceOptions::default()
+            };
+            let placed = place(&buffers, &opts).unwrap();
+            verify(&buffers, &placed.offsets).unwrap();
+            let names: Vec<&str> = placed.stages.iter().map(|s| s.name.as_str()).collect();
+            assert!(names.contains(&"canonical+improvement"), "seed {seed}: {names:?}");
+            assert!(placed.greedy_footprint > placed.lower_bound, "seed {seed}: nothing left to search");
+            assert_eq!(placed.footprint, placed.lower_bound, "seed {seed}: {}", placed.strategy);
+            assert!(
+                placed.elapsed < Duration::from_secs(5),
+                "seed {seed}: {:?} — neither stopped the other",
+                placed.elapsed
+            );
+        }
+    }
 
     /// Two slots replayed by 128 microbatches: every alias group spans the whole clock, so
     /// no window of the clock holds one; the windows take the groups live in them instead,
