@@ -597,11 +597,6 @@ impl ConflictGraph {
         ConflictGraph { n, words, rows: vec![0; n * words] }
     }
 
-    pub(super) fn connect(&mut self, a: usize, b: usize) {
-        self.rows[a * self.words + b / 64] |= 1 << (b % 64);
-        self.rows[b * self.words + a / 64] |= 1 << (a % 64);
-    }
-
     pub(super) fn adjacent(&self, a: usize, b: usize) -> bool {
         self.rows[a * self.words + b / 64] >> (b % 64) & 1 == 1
     }
