@@ -64,6 +64,31 @@ fn a_buffer_list_is_planned_and_every_offset_printed() {
     }
 }
 
+/// Three alias groups, each pair live together at some step but never all three: the lower
+/// bound (a clique of groups) is above the live bound, and the report shows both.
+#[test]
+fn alias_groups_show_the_live_bound_beside_the_lower_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "groups.csv",
+        "buffer,start,end,size,alias_group\n\
+         a1,0,1,4,a\na2,2,3,4,a\nb1,0,1,4,b\nb2,4,5,4,b\nc1,2,3,4,c\nc2,4,5,4,c\n",
+    );
+    let path = path.to_str().unwrap();
+    let report = stdout(&plan(&["--buffers", path]));
+    assert_eq!(row(&report, "lower bound"), "12 B (12 bytes)");
+    assert!(row(&report, "live bound").starts_with("8 B (8 bytes; most bytes live at once, 1.5000 × it"), "{report}");
+    let json: serde_json::Value = serde_json::from_str(&stdout(&plan(&["--buffers", path, "--json"]))).unwrap();
+    assert_eq!(json["live_bound_bytes"], 8);
+    assert_eq!(json["lower_bound_bytes"], 12);
+    assert_eq!(json["footprint_bytes"], 12);
+    // Without alias groups the two bounds agree and the row is left out.
+    let plain = write(dir.path(), "plain.csv", "buffer,start,end,size\na,0,2,4\nb,1,3,4\n");
+    let report = stdout(&plan(&["--buffers", plain.to_str().unwrap()]));
+    assert!(!report.contains("live bound"), "{report}");
+}
+
 #[test]
 fn another_allocators_file_and_offsets_are_read_and_checked() {
     let dir = tempfile::tempdir().unwrap();

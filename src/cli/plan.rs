@@ -486,6 +486,19 @@ pub fn report(plan: &Plan) -> String {
     let row = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<19} {v}\n"));
     row(&mut s, "footprint", format!("{} ({} bytes)", SizeDisplay(plan.footprint), plan.footprint));
     row(&mut s, "lower bound", format!("{} ({} bytes)", SizeDisplay(plan.lower_bound), plan.lower_bound));
+    if plan.live_bound < plan.lower_bound {
+        // Alias groups hold one offset for all their members: what that costs.
+        row(
+            &mut s,
+            "live bound",
+            format!(
+                "{} ({} bytes; most bytes live at once, {:.4} × it: alias groups keep their offsets)",
+                SizeDisplay(plan.live_bound),
+                plan.live_bound,
+                plan.footprint as f64 / plan.live_bound.max(1) as f64
+            ),
+        );
+    }
     row(&mut s, "ratio", format!("{:.4}", plan.ratio()));
     row(&mut s, "strategy", plan.strategy.clone());
     row(&mut s, "planning time", format!("{:.1} ms", plan.elapsed.as_secs_f64() * 1e3));
@@ -531,6 +544,7 @@ pub fn plan_json(plan: &Plan) -> serde_json::Value {
     json!({
         "footprint_bytes": plan.footprint,
         "lower_bound_bytes": plan.lower_bound,
+        "live_bound_bytes": plan.live_bound,
         "ratio": plan.ratio(),
         "strategy": plan.strategy,
         "planning_seconds": plan.elapsed.as_secs_f64(),

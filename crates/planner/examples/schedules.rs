@@ -136,9 +136,10 @@ fn main() {
         if plan.ratio() > 1.001 {
             above += 1;
             println!(
-                "case {case}: {schedule:?}, {layers} layers, {} buffers: {:.4} of the bound in {:.1} ms ({})\n    stages: {}",
+                "case {case}: {schedule:?}, {layers} layers, {} buffers: {:.4} of the bound ({:.4} of the live bound) in {:.1} ms ({})\n    stages: {}",
                 plan.buffers.len(),
                 plan.ratio(),
+                plan.footprint as f64 / plan.live_bound.max(1) as f64,
                 plan.elapsed.as_secs_f64() * 1e3,
                 plan.strategy,
                 stages.join(" | ")
