@@ -78,8 +78,12 @@ fn alias_groups_show_the_live_bound_beside_the_lower_bound() {
     let path = path.to_str().unwrap();
     let report = stdout(&plan(&["--buffers", path]));
     assert_eq!(row(&report, "lower bound"), "12 B (12 bytes)");
-    assert!(row(&report, "live bound").starts_with("8 B (8 bytes; most bytes live at once, 1.5000 × it"), "{report}");
-    let json: serde_json::Value = serde_json::from_str(&stdout(&plan(&["--buffers", path, "--json"]))).unwrap();
+    assert!(
+        row(&report, "live bound").starts_with("8 B (8 bytes; most bytes live at once, 1.5000 × it"),
+        "{report}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&plan(&["--buffers", path, "--json"]))).unwrap();
     assert_eq!(json["live_bound_bytes"], 8);
     assert_eq!(json["lower_bound_bytes"], 12);
     assert_eq!(json["footprint_bytes"], 12);
