@@ -240,6 +240,17 @@ impl Problem {
         &self.ivs[self.ivp[i] as usize..self.ivp[i + 1] as usize]
     }
 
+    /// The items as the complete searches read them (`crate::canonical`).
+    pub(super) fn items(&self) -> crate::items::Items<'_> {
+        crate::items::Items {
+            ivp: Some(&self.ivp),
+            ivs: &self.ivs,
+            hull: &self.hull,
+            size: &self.size,
+            ranks: self.ranks,
+        }
+    }
+
     /// The most bytes live at any rank (see [`Problem::live_bound`]).
     pub(super) fn lower_bound(&self) -> u64 {
         self.live_bound

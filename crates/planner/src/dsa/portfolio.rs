@@ -1,0 +1,273 @@
+//! The portfolio of constructions (stage 3 of the module documentation): greedy orders,
+//! skyline rules, the online aligned constructions and the layered fill, as jobs on all
+//! cores, each started only when the cost model says it ends in time; the best per window
+//! of the decomposition is kept.
+
+use super::*;
+
+/// One construction of the portfolio.
+#[derive(Debug, Clone, Copy)]
+enum Job {
+    /// A greedy order of [`Strategy::PORTFOLIO`] (on the decomposition).
+    Greedy(usize),
+    /// A rule of [`SKYLINE_RULES`].
+    Skyline(usize),
+    /// A variant of [`ALIGNED_VARIANTS`].
+    Aligned(usize),
+    /// One stretch of the clock filled in around the planned skeleton (a greedy pass over
+    /// its items; see [`layered_fill`]).
+    Layered(usize),
+}
+
+impl Job {
+    /// Index of the job's kind (for the cost estimates).
+    fn kind(self) -> usize {
+        match self {
+            Job::Greedy(_) => 0,
+            Job::Skyline(_) => 1,
+            Job::Aligned(_) => 2,
+            Job::Layered(_) => 3,
+        }
+    }
+}
+
+/// A construction of the portfolio.
+struct Built {
+    /// Position in the job order (breaks ties).
+    job: usize,
+    name: String,
+    off: Vec<u64>,
+    high: u64,
+}
+
+/// How much higher than the lowest construction of the portfolio one earlier in the job
+/// order may be and still be preferred as the start (see [`run`]).
+const START_TIE: f64 = 0.01;
+
+/// What the portfolio is given (see [`run`]).
+pub(super) struct PortfolioPlan<'a> {
+    pub(super) lb: u64,
+    pub(super) dense: bool,
+    /// The cost model's estimate of one greedy pass.
+    pub(super) greedy_pass: Duration,
+    /// When every job stops.
+    pub(super) deadline: Instant,
+    /// After this no job starts that its estimate says would not finish.
+    pub(super) portfolio_deadline: Instant,
+    pub(super) threads: usize,
+    /// A coarse placement exists already (the first job need not finish).
+    pub(super) coarse_placed: bool,
+    /// A planned skeleton: the layered construction's stretches are the first jobs.
+    pub(super) skeleton: Option<&'a Skeleton>,
+}
+
+/// What the portfolio did.
+pub(super) struct Portfolio {
+    /// Windows of the decomposition.
+    pub(super) windows: usize,
+    /// Greedy orders that finished.
+    pub(super) strategies_run: usize,
+    /// The slowest skyline pass and greedy pass (the cost model's estimate when none ran,
+    /// zero when the portfolio did not run).
+    pub(super) sky_estimate: Duration,
+    pub(super) greedy_estimate: Duration,
+}
+
+impl Default for Portfolio {
+    fn default() -> Self {
+        Portfolio {
+            windows: 1,
+            strategies_run: 0,
+            sky_estimate: Duration::ZERO,
+            greedy_estimate: Duration::ZERO,
+        }
+    }
+}
+
+/// The portfolio of constructions (see the module documentation), on all cores and
+/// time-boxed; offers the start for the stages after it to `best`.
+pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfolio {
+    let PortfolioPlan { lb, dense, greedy_pass, deadline, portfolio_deadline, threads, .. } = *plan;
+    let (coarse_placed, skeleton) = (plan.coarse_placed, plan.skeleton);
+    let n = p.len();
+    let d = decompose(p, lb);
+    let threads = threads.clamp(1, Strategy::PORTFOLIO.len());
+    // Skyline passes need items of one interval each.
+    let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
+    // Jobs, most useful first: greedy orders, skyline rules and the online aligned
+    // constructions interleaved; dense inputs lead with the aligned constructions and a
+    // skyline pass (the greedy passes there cost most of the budget).
+    let mut order: Vec<Job> = Vec::new();
+    // The layered fill, one stretch of the clock per worker, first.
+    let parts = workers_for(threads, deadline.saturating_duration_since(Instant::now()));
+    let fill = skeleton.map(|sk| layered_fill(p, sk, parts));
+    if let Some(fill) = &fill {
+        order.extend((0..fill.parts()).map(Job::Layered));
+    }
+    if dense {
+        order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
+        order.push(Job::Skyline(0));
+    }
+    order.push(Job::Greedy(0));
+    if with_skyline && !dense {
+        order.push(Job::Skyline(0));
+        // The aligned constructions lead on lists of uniform sizes (few small buffers to
+        // fill gaps: 10k lists 1.064 → 1.050 with them), and cost ~2 µs per item.
+        order.extend([0, 2, 1].map(Job::Aligned));
+    }
+    order.push(Job::Greedy(1));
+    if with_skyline {
+        order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
+    }
+    order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
+    let jobs = order.len();
+    let next = AtomicUsize::new(0);
+    // The slowest finished job of each kind estimates the next one of that kind; until
+    // one has finished, the cost model does: a greedy pass from the pairs of items live
+    // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one, and
+    // for a stretch of the layered fill that greedy pass shared among the stretches.
+    let greedy_ns = greedy_pass.as_nanos() as u64;
+    let part_ns = greedy_ns / fill.as_ref().map_or(1, |f| f.parts().max(1)) as u64;
+    let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, part_ns];
+    let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+    let measured_or_modelled = |kind: usize| match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
+        0 => modelled_ns[kind],
+        e => e,
+    };
+    let runs: Mutex<Vec<Run>> = Mutex::new(Vec::new());
+    let filled: Mutex<Vec<Option<FilledPart>>> =
+        Mutex::new((0..fill.as_ref().map_or(0, |f| f.parts())).map(|_| None).collect());
+    let built_any = AtomicBool::new(false);
+    let at_bound = AtomicBool::new(false);
+    // Whole-instance constructions.
+    let whole: Mutex<Vec<Built>> = Mutex::new(Vec::new());
+    // The portfolio waits for its first job, which always runs (the layered stretches: all
+    // of them): until that is expected to end, the other workers take any job expected to
+    // end by then too, even after `portfolio_deadline`.
+    let first_ns = order.first().map_or(0, |j| measured_or_modelled(j.kind()));
+    let first_end = Instant::now() + Duration::from_nanos(first_ns);
+    let start_by = portfolio_deadline.max(first_end.min(deadline));
+    let workers = workers_for(threads.min(jobs), deadline.saturating_duration_since(Instant::now()));
+    run_workers(workers, |_| {
+        loop {
+            let k = next.fetch_add(1, AtomicOrdering::Relaxed);
+            // Nothing is lower than the bound: once a construction reaches it, no job starts.
+            if k >= jobs || at_bound.load(AtomicOrdering::Relaxed) {
+                break;
+            }
+            let kind = order[k].kind();
+            let est = Duration::from_nanos(measured_or_modelled(kind));
+            // Jobs stop at the deadline; the first one only once another construction
+            // than the online floor exists (every plan gets one, and on a machine slower
+            // than the cost model a long first pass does not overrun for nothing).
+            let guaranteed = k == 0 && !coarse_placed;
+            // A job starts when it is expected to end by `start_by`; the first job (every
+            // plan waits for it) by the deadline — with a coarse placement in hand one that
+            // cannot would only be stopped there, giving nothing. The guaranteed first job
+            // and the layered fill's stretches (the construction needs every one) always
+            // start.
+            let must_start = guaranteed || matches!(order[k], Job::Layered(_));
+            let start_limit = if k == 0 { deadline } else { start_by };
+            if !must_start && Instant::now() + est > start_limit {
+                continue;
+            }
+            let t = Instant::now();
+            let stop =
+                || Instant::now() > deadline && (!guaranteed || built_any.load(AtomicOrdering::Relaxed));
+            let done = match order[k] {
+                Job::Skyline(j) => {
+                    let (rule, name) = SKYLINE_RULES[j];
+                    skyline(p, rule, None, deadline).map(|(off, high)| (name.to_string(), off, high))
+                }
+                Job::Aligned(j) => {
+                    let (candidates, weight, name) = ALIGNED_VARIANTS[j];
+                    online_aligned(p, candidates, weight, stop)
+                        .map(|(off, high)| (name.to_string(), off, high))
+                }
+                Job::Layered(j) => {
+                    let Some(fill) = &fill else { continue };
+                    let part = fill_part(p, fill, j, stop);
+                    estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                    filled.lock().expect("portfolio worker panicked")[j] = part;
+                    continue;
+                }
+                Job::Greedy(j) => {
+                    let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
+                    built_any.store(true, AtomicOrdering::Relaxed);
+                    if run.window_high.iter().all(|&h| h <= lb) && run.crossing_high <= lb {
+                        at_bound.store(true, AtomicOrdering::Relaxed);
+                    }
+                    estimate_ns[0].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+                    runs.lock().expect("portfolio worker panicked").push(run);
+                    continue;
+                }
+            };
+            estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
+            if let Some((name, off, high)) = done {
+                built_any.store(true, AtomicOrdering::Relaxed);
+                if high <= lb {
+                    at_bound.store(true, AtomicOrdering::Relaxed);
+                }
+                whole.lock().expect("portfolio worker panicked").push(Built { job: k, name, off, high });
+            }
+        }
+    });
+    let mut built = whole.into_inner().expect("portfolio worker panicked");
+    // The layered construction, when every stretch was filled.
+    if let (Some(fill), Some(sk)) = (&fill, skeleton)
+        && let Some(parts) = filled.into_inner().expect("portfolio worker panicked").into_iter().collect()
+    {
+        let (off, high) = assemble(fill, parts);
+        let name = format!("layered({}: {})", sk.items.len(), sk.strategy);
+        built.push(Built { job: 0, name, off, high });
+    }
+    let mut runs = runs.into_inner().expect("portfolio worker panicked");
+    let strategies_run = runs.len();
+    if !runs.is_empty() {
+        runs.sort_by_key(|r| Strategy::PORTFOLIO.iter().position(|s| *s == r.strategy));
+        // Per window, the run with the lowest top; crossing items are the same in every run.
+        let mut off = runs[0].off.clone();
+        let mut high = runs[0].crossing_high;
+        let mut chosen: Vec<usize> = Vec::with_capacity(d.windows);
+        for w in 0..d.windows {
+            let k = (0..runs.len()).min_by_key(|&k| (runs[k].window_high[w], k)).unwrap_or(0);
+            high = high.max(runs[k].window_high[w]);
+            chosen.push(k);
+        }
+        for &i in &d.rest {
+            let i = i as usize;
+            off[i] = runs[chosen[d.window[i] as usize]].off[i];
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for &k in &chosen {
+            let name = runs[k].strategy.name();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        let name =
+            if names.len() == 1 { names[0].to_string() } else { format!("mixed({})", names.join(",")) };
+        let job = order.iter().position(|j| matches!(j, Job::Greedy(0))).unwrap_or(0);
+        built.push(Built { job, name, off, high });
+    }
+    // The start for what follows: the lowest construction, except that one within
+    // `START_TIE` of it that comes earlier in the job order is preferred (the order puts
+    // the constructions the improvement stage does best from first; footprints that
+    // close are within what that stage changes).
+    if let Some(low) = built.iter().map(|b| b.high).min() {
+        let within = low.saturating_add((low as f64 * START_TIE) as u64);
+        if let Some(k) = (0..built.len())
+            .filter(|&k| built[k].high <= within)
+            .min_by_key(|&k| (built[k].job, built[k].high))
+        {
+            let b = built.swap_remove(k);
+            best.offer(b.high, b.off, b.name);
+        }
+    }
+    Portfolio {
+        windows: d.windows,
+        strategies_run,
+        sky_estimate: Duration::from_nanos(measured_or_modelled(1)),
+        greedy_estimate: Duration::from_nanos(measured_or_modelled(0)),
+    }
+}
