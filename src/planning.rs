@@ -249,6 +249,7 @@ pub fn plan_to_proto(p: &pipeline::Plan) -> pb::Plan {
             .collect(),
         footprint_bytes: p.footprint,
         lower_bound_bytes: p.lower_bound,
+        live_bound_bytes: p.live_bound,
         saved_by_aliasing_bytes: p.saved_by_aliasing,
         planning_seconds: p.elapsed.as_secs_f64(),
         strategy: p.strategy.clone(),

@@ -504,6 +504,7 @@ async fn plan_capture_is_checked_reserved_and_recorded() {
         .into_inner();
     let plan = resp.plan.unwrap();
     assert_eq!(plan.lower_bound_bytes, 64 * MIB, "b1 and b2 overlap at step 2");
+    assert_eq!(plan.live_bound_bytes, 64 * MIB, "no alias groups: the two bounds agree");
     assert!(plan.footprint_bytes >= plan.lower_bound_bytes);
     assert_eq!(plan.buffers.len(), 3);
     assert_eq!(resp.reserved_bytes, 64 * MIB);

@@ -359,7 +359,8 @@ impl GraphpoolService {
         self.shared.ledger.record_plan(r.session_id, plan.footprint_bytes, plan.saved_by_aliasing_bytes);
         tracing::info!(
             session = r.session_id, job = %session.job_id, rank = session.rank, footprint = plan.footprint_bytes,
-            lower_bound = plan.lower_bound_bytes, predicted = plan.predicted_capture_bytes, reserved,
+            lower_bound = plan.lower_bound_bytes, live_bound = plan.live_bound_bytes,
+            predicted = plan.predicted_capture_bytes, reserved,
             strategy = %plan.strategy, seconds = plan.planning_seconds, "planned"
         );
         Ok(Response::new(pb::PlanCaptureResponse { plan: Some(plan), reserved_bytes: reserved }))

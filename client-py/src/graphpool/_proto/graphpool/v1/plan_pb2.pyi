@@ -130,7 +130,7 @@ class BufferSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., size_bytes: _Optional[int] = ..., alias_group: _Optional[str] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("slots", "microbatch_slot", "buffers", "footprint_bytes", "lower_bound_bytes", "saved_by_aliasing_bytes", "planning_seconds", "strategy", "steps", "predicted_capture_bytes", "graphs", "pools", "overhead_bytes")
+    __slots__ = ("slots", "microbatch_slot", "buffers", "footprint_bytes", "lower_bound_bytes", "saved_by_aliasing_bytes", "planning_seconds", "strategy", "steps", "predicted_capture_bytes", "graphs", "pools", "overhead_bytes", "live_bound_bytes")
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     MICROBATCH_SLOT_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +144,7 @@ class Plan(_message.Message):
     GRAPHS_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     OVERHEAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_BOUND_BYTES_FIELD_NUMBER: _ClassVar[int]
     slots: int
     microbatch_slot: _containers.RepeatedScalarFieldContainer[int]
     buffers: _containers.RepeatedCompositeFieldContainer[PlannedBuffer]
@@ -157,7 +158,8 @@ class Plan(_message.Message):
     graphs: int
     pools: int
     overhead_bytes: int
-    def __init__(self, slots: _Optional[int] = ..., microbatch_slot: _Optional[_Iterable[int]] = ..., buffers: _Optional[_Iterable[_Union[PlannedBuffer, _Mapping]]] = ..., footprint_bytes: _Optional[int] = ..., lower_bound_bytes: _Optional[int] = ..., saved_by_aliasing_bytes: _Optional[int] = ..., planning_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., predicted_capture_bytes: _Optional[int] = ..., graphs: _Optional[int] = ..., pools: _Optional[int] = ..., overhead_bytes: _Optional[int] = ...) -> None: ...
+    live_bound_bytes: int
+    def __init__(self, slots: _Optional[int] = ..., microbatch_slot: _Optional[_Iterable[int]] = ..., buffers: _Optional[_Iterable[_Union[PlannedBuffer, _Mapping]]] = ..., footprint_bytes: _Optional[int] = ..., lower_bound_bytes: _Optional[int] = ..., saved_by_aliasing_bytes: _Optional[int] = ..., planning_seconds: _Optional[float] = ..., strategy: _Optional[str] = ..., steps: _Optional[_Iterable[int]] = ..., predicted_capture_bytes: _Optional[int] = ..., graphs: _Optional[int] = ..., pools: _Optional[int] = ..., overhead_bytes: _Optional[int] = ..., live_bound_bytes: _Optional[int] = ...) -> None: ...
 
 class PlannedBuffer(_message.Message):
     __slots__ = ("name", "start", "end", "size_bytes", "offset", "alias_group")
