@@ -187,10 +187,7 @@ pub(super) fn improve(
     let deadline = until.deadline;
     let n = p.len();
     let mut stats = ImproveStats::default();
-    let mut index = Index::new(p);
-    for i in 0..n {
-        index.insert(p, i, off[i]);
-    }
+    let mut index = Index::with_placed(p, off.iter().copied().enumerate());
     let mut top: Vec<u64> = (0..n).map(|i| off[i] + p.size[i]).collect();
     let mut high = top.iter().copied().max().unwrap_or(0);
     let start_high = high;

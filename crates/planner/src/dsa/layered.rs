@@ -104,14 +104,13 @@ pub(super) type FilledPart = (Vec<(u32, u64)>, u64);
 /// go in now.
 pub(super) fn layered_fill(p: &Problem, sk: &Skeleton, parts: usize) -> LayeredFill {
     let n = p.len();
-    let mut base = Index::new(p);
+    let mut base = Index::with_placed(p, sk.items.iter().zip(&sk.off).map(|(&i, &o)| (i as usize, o)));
     let mut off = vec![0u64; n];
     let mut in_skeleton = vec![false; n];
     let mut high = 0;
     for (k, &i) in sk.items.iter().enumerate() {
         let i = i as usize;
         off[i] = sk.off[k];
-        base.insert(p, i, off[i]);
         in_skeleton[i] = true;
         high = high.max(off[i] + p.size[i]);
     }

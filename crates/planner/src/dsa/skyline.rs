@@ -79,15 +79,21 @@ pub(super) fn skyline_on(
     let mut high = 0u64;
     let mut left = n;
     let mut steps = 0u32;
+    let mut work = 0usize;
     while left > 0 {
         let Some(Reverse((h, a))) = seg.heap.pop() else { break };
         let a = a as usize;
         if !seg.on[a] || seg.height[a] != h {
             continue;
         }
+        // The clock is read every 512 steps, or sooner when the steps scan long candidate
+        // lists (thousands of items of one start: each step looks at all of them).
         steps = steps.wrapping_add(1);
-        if steps.is_multiple_of(512) && Instant::now() > deadline {
+        if (steps.is_multiple_of(512) || work > DEADLINE_WORK) && Instant::now() > deadline {
             return None;
+        }
+        if work > DEADLINE_WORK {
+            work = 0;
         }
         let b = seg.end[a] as usize;
         let left_h = (seg.prev[a] != NIL).then(|| seg.height[seg.prev[a] as usize]);
@@ -99,6 +105,7 @@ pub(super) fn skyline_on(
         while st < b {
             let list = &by_start[st];
             let k = list.partition_point(|&i| p.ivs[i as usize].1 as usize <= b);
+            work += list.len();
             if k > 0 {
                 let choice = skyline_pick(p, list, k, rule, h, a, b, left_h, right_h);
                 let choice = with_noise(choice, k, &mut noise);
@@ -190,6 +197,10 @@ pub(super) fn skyline_on(
     }
     Some((off, high))
 }
+
+/// Candidate entries a skyline pass looks at between two readings of the clock, at most
+/// about (a reading costs ~25 ns; this many entries take ~0.1 ms).
+const DEADLINE_WORK: usize = 1 << 16;
 
 /// No segment (before the first).
 pub(super) const NIL: u32 = u32::MAX;
