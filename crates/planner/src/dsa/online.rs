@@ -26,6 +26,9 @@ pub(super) enum SortedPairs {
     Large(BTreeSet<(u64, u64)>),
 }
 
+/// An entry of a [`SortedPairs`].
+pub(super) type Pair = (u64, u64);
+
 /// Entries above which a [`SortedPairs`] turns into a B-tree (for good).
 pub(super) const SORTED_VEC_MAX: usize = 4096;
 
@@ -99,7 +102,7 @@ impl SortedPairs {
     }
 
     /// The last entry before `x` and the first at or after it (one search).
-    pub(super) fn around(&self, x: (u64, u64)) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+    pub(super) fn around(&self, x: Pair) -> (Option<Pair>, Option<Pair>) {
         match self {
             SortedPairs::Small(v) => {
                 let k = v.partition_point(|y| *y < x);
