@@ -530,6 +530,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             lb,
             dense,
             greedy_pass,
+            budget,
             deadline,
             portfolio_deadline,
             threads,
@@ -968,6 +969,23 @@ mod density_tests {
             let d = decompose(&p, p.lower_bound());
             assert!(run_strategy(&p, &d, super::Strategy::PORTFOLIO[0], || true).is_none());
         }
+    }
+
+    /// A first construction expected to take far more than the budget (here: 60k buffers
+    /// and 1 ms; a million buffers at the default budget) is not started: the online floor
+    /// is the answer, not a pass several budgets long.
+    #[test]
+    fn a_first_pass_far_over_the_budget_is_not_forced() {
+        let b = crate::workload::random_uniform(60_000, 2);
+        let opts = PlaceOptions {
+            time_budget: Duration::from_millis(1),
+            scaled_budget_per_item: None,
+            ..PlaceOptions::default()
+        };
+        let placed = place(&b, &opts).unwrap();
+        verify(&b, &placed.offsets).unwrap();
+        assert_eq!(placed.strategy, "online-best-fit");
+        assert_eq!(placed.footprint, placed.floor_footprint);
     }
 
     /// A dense input (every buffer live with hundreds of others), where one greedy pass

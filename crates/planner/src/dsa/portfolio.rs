@@ -44,12 +44,18 @@ struct Built {
 /// order may be and still be preferred as the start (see [`run`]).
 const START_TIE: f64 = 0.01;
 
+/// The first job of the portfolio runs to its end (past the deadline) when it is expected
+/// to take at most the plan's budget or this, whichever is more.
+pub(super) const GUARANTEED_PASS_MIN: Duration = Duration::from_millis(100);
+
 /// What the portfolio is given (see [`run`]).
 pub(super) struct PortfolioPlan<'a> {
     pub(super) lb: u64,
     pub(super) dense: bool,
     /// The cost model's estimate of one greedy pass.
     pub(super) greedy_pass: Duration,
+    /// The plan's whole budget (bounds the first job's guarantee).
+    pub(super) budget: Duration,
     /// When every job stops.
     pub(super) deadline: Instant,
     /// After this no job starts that its estimate says would not finish.
@@ -159,8 +165,11 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
             let est = Duration::from_nanos(measured_or_modelled(kind));
             // Jobs stop at the deadline; the first one only once another construction
             // than the online floor exists (every plan gets one, and on a machine slower
-            // than the cost model a long first pass does not overrun for nothing).
-            let guaranteed = k == 0 && !coarse_placed;
+            // than the cost model a long first pass does not overrun for nothing) — unless
+            // it is expected to take more than the budget, and more than
+            // `GUARANTEED_PASS_MIN` (a million buffers: the floor is the answer then, not a
+            // pass several budgets long).
+            let guaranteed = k == 0 && !coarse_placed && est <= plan.budget.max(GUARANTEED_PASS_MIN);
             // A job starts when it is expected to end by `start_by`; the first job (every
             // plan waits for it) by the deadline — with a coarse placement in hand one that
             // cannot would only be stopped there, giving nothing. The guaranteed first job
