@@ -45,8 +45,12 @@ struct Built {
 const START_TIE: f64 = 0.01;
 
 /// The first job of the portfolio runs to its end (past the deadline) when it is expected
-/// to take at most the plan's budget or this, whichever is more.
+/// to take at most the plan's budget or this, whichever is more ...
 pub(super) const GUARANTEED_PASS_MIN: Duration = Duration::from_millis(100);
+/// ... or, when the online floor is above `FAR_FLOOR` × the bound, this many times that.
+pub(super) const FAR_FLOOR_PASS_BUDGETS: u32 = 20;
+/// See [`FAR_FLOOR_PASS_BUDGETS`].
+pub(super) const FAR_FLOOR: f64 = 1.1;
 
 /// What the portfolio is given (see [`run`]).
 pub(super) struct PortfolioPlan<'a> {
@@ -94,6 +98,7 @@ impl Default for Portfolio {
 /// time-boxed; offers the start for the stages after it to `best`.
 pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfolio {
     let PortfolioPlan { lb, dense, greedy_pass, deadline, portfolio_deadline, threads, .. } = *plan;
+    let floor_far = best.high as f64 > lb as f64 * FAR_FLOOR;
     let (coarse_placed, skeleton) = (plan.coarse_placed, plan.skeleton);
     let n = p.len();
     let d = decompose(p, lb);
@@ -165,11 +170,15 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
             let est = Duration::from_nanos(measured_or_modelled(kind));
             // Jobs stop at the deadline; the first one only once another construction
             // than the online floor exists (every plan gets one, and on a machine slower
-            // than the cost model a long first pass does not overrun for nothing) — unless
-            // it is expected to take more than the budget, and more than
-            // `GUARANTEED_PASS_MIN` (a million buffers: the floor is the answer then, not a
-            // pass several budgets long).
-            let guaranteed = k == 0 && !coarse_placed && est <= plan.budget.max(GUARANTEED_PASS_MIN);
+            // than the cost model a long first pass does not overrun for nothing) — when it
+            // is expected to take at most the budget (or `GUARANTEED_PASS_MIN`), or, where
+            // the floor is far above the bound (schedules: 1.8–2.5 ×), at most
+            // `FAR_FLOOR_PASS_BUDGETS` budgets. Beyond that the floor is the answer, not a
+            // pass that many budgets long (a million buffers near the bound; 1.3 million
+            // in alias groups: a 245 s pass).
+            let allowed = plan.budget.max(GUARANTEED_PASS_MIN);
+            let allowed = if floor_far { allowed * FAR_FLOOR_PASS_BUDGETS } else { allowed };
+            let guaranteed = k == 0 && !coarse_placed && est <= allowed;
             // A job starts when it is expected to end by `start_by`; the first job (every
             // plan waits for it) by the deadline — with a coarse placement in hand one that
             // cannot would only be stopped there, giving nothing. The guaranteed first job
