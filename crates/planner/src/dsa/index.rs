@@ -53,16 +53,7 @@ impl Index {
     pub(super) fn with_placed(p: &Problem, placed: impl IntoIterator<Item = (usize, u64)>) -> Index {
         let mut index = Index::new(p);
         for (item, off) in placed {
-            let top = off + p.size[item];
-            for &(s, e) in p.ivs(item) {
-                let en = Entry { off, top, s, e, item: item as u32 };
-                let k = index.level_of(s, e);
-                let level = &mut index.levels[k];
-                level.entries += 1;
-                for b in (s >> level.shift)..=((e - 1) >> level.shift) {
-                    level.buckets[b as usize].push(en);
-                }
-            }
+            index.add(p, item, off, |bucket, en| bucket.push(en));
         }
         for level in &mut index.levels {
             for bucket in &mut level.buckets {
@@ -83,6 +74,14 @@ impl Index {
     }
 
     pub(super) fn insert(&mut self, p: &Problem, item: usize, off: u64) {
+        self.add(p, item, off, |bucket, en| {
+            let pos = bucket.partition_point(|x| x.off <= en.off);
+            bucket.insert(pos, en);
+        });
+    }
+
+    /// Hands `put` every bucket `item` at `off` belongs in, with its entry there.
+    fn add(&mut self, p: &Problem, item: usize, off: u64, mut put: impl FnMut(&mut Vec<Entry>, Entry)) {
         let top = off + p.size[item];
         for &(s, e) in p.ivs(item) {
             let en = Entry { off, top, s, e, item: item as u32 };
@@ -90,9 +89,7 @@ impl Index {
             let level = &mut self.levels[k];
             level.entries += 1;
             for b in (s >> level.shift)..=((e - 1) >> level.shift) {
-                let bucket = &mut level.buckets[b as usize];
-                let pos = bucket.partition_point(|x| x.off <= off);
-                bucket.insert(pos, en);
+                put(&mut level.buckets[b as usize], en);
             }
         }
     }
