@@ -190,9 +190,11 @@ impl Strategy {
 /// Knobs of [`place`].
 #[derive(Debug, Clone)]
 pub struct PlaceOptions {
-    /// Upper bound on planning time. The portfolio skips strategies that would not finish
-    /// in time, every stage stops at the deadline, and the online best-fit floor (always
-    /// built) is the answer when nothing else finished.
+    /// Planning time. The portfolio skips strategies that would not finish in time, every
+    /// stage stops at the deadline, and the online best-fit floor (always built) is the
+    /// answer when nothing else finished — except that the portfolio's first construction
+    /// runs to its end while nothing else was built, when it is expected within this budget
+    /// (or 100 ms), or 20 times that where the floor is above 1.1 × the bound.
     pub time_budget: Duration,
     /// Worker threads for the portfolio (0 = all cores).
     pub threads: usize,
@@ -542,8 +544,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     }
     let greedy_high = best.high;
     // Coarsening, late (a coarse instance more than half the size): when a few greedy
-    // passes over it fit in 35% of what is left (the nested portfolio always runs its first
-    // job).
+    // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
+    // the end when that is expected within its budget).
     if let Some(c) = coarse.take() {
         let pass = built.greedy_estimate.max(built.sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
         let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
