@@ -464,61 +464,16 @@ impl Problem {
         }
     }
 
-    /// The conflict graph (items live at a common rank), built by a sweep over the
-    /// intervals; `None` above [`CLIQUE_MAX_ITEMS`] items or when the sweep would visit more
-    /// than [`ALIAS_BOUND_WORK`] pairs of intervals (one per interval live at another's
-    /// start). The sweep keeps the items live as a bitset and ORs it into the row of each
-    /// item whose interval starts (an item's own intervals are disjoint: it is never live
-    /// then), so a start costs `n / 64` words whatever its pairs; the rows are made
-    /// symmetric at the end.
+    /// The conflict graph (items live at a common rank, [`crate::items::Items::meeting_rows`]);
+    /// `None` above [`CLIQUE_MAX_ITEMS`] items or when the sweep would visit more than
+    /// [`ALIAS_BOUND_WORK`] pairs of intervals.
     pub(super) fn conflict_graph(&self) -> Option<ConflictGraph> {
         let n = self.len();
         if n > CLIQUE_MAX_ITEMS {
             return None;
         }
-        // (rank, start?, item): ends before starts at one rank (intervals are half-open).
-        let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * self.ivs.len());
-        for i in 0..n {
-            for &(s, e) in self.ivs(i) {
-                events.push((s, true, i as u32));
-                events.push((e, false, i as u32));
-            }
-        }
-        events.sort_unstable();
-        let mut graph = ConflictGraph::new(n);
-        let words = graph.words;
-        let mut live = vec![0u64; words];
-        let mut count = 0u64;
-        let mut work = 0u64;
-        for &(_, start, i) in &events {
-            let i = i as usize;
-            if !start {
-                live[i / 64] &= !(1 << (i % 64));
-                count -= 1;
-                continue;
-            }
-            work += count + 1;
-            if work > ALIAS_BOUND_WORK {
-                return None;
-            }
-            for (row, &l) in graph.rows[i * words..(i + 1) * words].iter_mut().zip(&live) {
-                *row |= l;
-            }
-            live[i / 64] |= 1 << (i % 64);
-            count += 1;
-        }
-        // Each conflict was recorded in the row of the item that started later.
-        for i in 0..n {
-            for k in 0..words {
-                let mut bits = graph.rows[i * words + k];
-                while bits != 0 {
-                    let j = k * 64 + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    graph.rows[j * words + i / 64] |= 1 << (i % 64);
-                }
-            }
-        }
-        Some(graph)
+        let rows = self.items().meeting_rows(ALIAS_BOUND_WORK)?;
+        Some(ConflictGraph { n, words: n.div_ceil(64), rows })
     }
 
     /// The greedy clique of [`Problem::alias_bound`] (no conflict graph needed).
@@ -603,11 +558,6 @@ pub(super) struct ConflictGraph {
 }
 
 impl ConflictGraph {
-    pub(super) fn new(n: usize) -> ConflictGraph {
-        let words = n.div_ceil(64);
-        ConflictGraph { n, words, rows: vec![0; n * words] }
-    }
-
     pub(super) fn adjacent(&self, a: usize, b: usize) -> bool {
         self.rows[a * self.words + b / 64] >> (b % 64) & 1 == 1
     }
