@@ -872,18 +872,23 @@ mod density_tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
-        /// The pair count that schedules the portfolio is the number of pairs of items whose
-        /// hulls overlap.
+        /// The pair count that schedules the portfolio is the number of pairs of intervals
+        /// of different items that overlap (alias groups give items several intervals).
         #[test]
-        fn overlapping_pairs_are_counted(raw in prop::collection::vec((0u64..40, 1u64..15), 1..60)) {
-            let b: Vec<Buffer> =
-                raw.iter().map(|&(s, l)| Buffer { start: s, end: s + l, size: 1, group: None }).collect();
+        fn overlapping_pairs_are_counted(raw in prop::collection::vec((0u64..40, 1u64..15, 0u32..8), 1..60)) {
+            let b: Vec<Buffer> = raw
+                .iter()
+                .map(|&(s, l, g)| Buffer { start: s, end: s + l, size: 1, group: (g < 4).then_some(g) })
+                .collect();
             let p = Problem::build(&b).unwrap();
             let mut brute = 0u64;
             for i in 0..p.len() {
                 for j in 0..i {
-                    let (x, y) = (p.hull[i], p.hull[j]);
-                    brute += u64::from(x.0 < y.1 && y.0 < x.1);
+                    for x in p.ivs(i) {
+                        for y in p.ivs(j) {
+                            brute += u64::from(x.0 < y.1 && y.0 < x.1);
+                        }
+                    }
                 }
             }
             prop_assert_eq!(p.overlapping_pairs(), brute);

@@ -514,17 +514,18 @@ impl Problem {
         weight
     }
 
-    /// Average interval length in ranks.
-    /// Pairs of items whose hulls overlap in time: what one greedy pass's gap queries visit
-    /// (each item's query sees every placed item live with it). `O(n log n)`.
+    /// Pairs of intervals (of different items) that overlap in time: what one greedy pass's
+    /// gap queries visit (each interval's query sees every placed interval live with it; an
+    /// item's hull would count the neighbours of a slot's microbatches far apart in the
+    /// schedule, which it never visits). `O(n log n)`.
     pub(super) fn overlapping_pairs(&self) -> u64 {
-        let mut starts: Vec<u32> = self.hull.iter().map(|h| h.0).collect();
+        let mut starts: Vec<u32> = self.ivs.iter().map(|iv| iv.0).collect();
         starts.sort_unstable();
-        // Two hulls overlap when one starts inside the other: per item, count the items
-        // starting inside its hull. That counts each item itself once and pairs with the
-        // same start twice.
+        // Two intervals overlap when one starts inside the other: per interval, count the
+        // intervals starting inside it. That counts each interval itself once and pairs
+        // with the same start twice (an item's own intervals are disjoint).
         let mut pairs = 0u64;
-        for &(s, e) in &self.hull {
+        for &(s, e) in &self.ivs {
             let lo = starts.partition_point(|&x| x < s);
             let hi = starts.partition_point(|&x| x < e);
             pairs += (hi - lo) as u64;
@@ -537,6 +538,7 @@ impl Problem {
         pairs
     }
 
+    /// Average interval length in ranks.
     pub(super) fn mean_span(&self) -> u32 {
         if self.ivs.is_empty() {
             return 1;
