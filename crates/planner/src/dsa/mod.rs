@@ -22,7 +22,9 @@
 //!    items hold most of the area (bytes × lifetime), the **layered** construction leads:
 //!    those items are planned first as a list of their own by this same engine, and the
 //!    portfolio's first jobs fill the others in around them, a stretch of the clock each
-//!    (see `layered`);
+//!    (see `layered`); on dense inputs only those holding all but the last 0.5% of the area
+//!    go in by that greedy fill, and the rest — most of the items — by an online best-fit
+//!    sweep around them (`online_around`);
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. **coarsening** (single-interval problems): buffers with one lifetime stacked into one,
@@ -504,19 +506,30 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // `SKELETON_BUDGET` of the budget on all cores; filling the rest in around it, a
     // stretch of the clock per worker, is the portfolio's first jobs — when that fits in
     // what is left.
-    let fill_pass = greedy_pass / threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
+    // Dense lists leave the items holding the last `TIERED_FILL_AREA` of the area to an
+    // online sweep (a greedy fill of them all costs a greedy pass there).
+    let fill_threads = threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
+    let fits = |fill: Duration| began.elapsed() + budget.mul_f64(SKELETON_BUDGET) + fill < budget;
     let mut skeleton = None;
+    let mut fill_pass = greedy_pass / fill_threads;
     if best.high > lb
         && !coarsenable
-        && !dense
         && opts.improve
         && p.ivs.len() == n
         && n >= LAYERED_MIN_ITEMS
-        && began.elapsed() + budget.mul_f64(SKELETON_BUDGET) + fill_pass < budget
+        && (dense || fits(fill_pass))
         && let Some(items) = skeleton_items(&p)
     {
-        skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts);
-        clock.end("skeleton", None);
+        if dense {
+            fill_pass = tiered_fill_estimate(&p, &items, fill_threads);
+        }
+        if fits(fill_pass) {
+            skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts);
+            if let Some(sk) = skeleton.as_mut() {
+                sk.tiered = dense;
+            }
+            clock.end("skeleton", None);
+        }
     }
     // The portfolio gets 40% of the budget (of what the coarse instance or the skeleton
     // left); the improvement stage the rest.
@@ -538,6 +551,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             threads,
             coarse_placed,
             skeleton: skeleton.as_ref(),
+            fill_pass,
         };
         built = portfolio::run(&p, &plan, &mut best);
         clock.end("constructions", Some(best.high));
@@ -997,6 +1011,22 @@ mod density_tests {
         assert!(placed.floor_footprint > placed.lower_bound, "the portfolio must have had work");
         assert_eq!(placed.strategy, "online-best-fit");
         assert_eq!(placed.footprint, placed.floor_footprint);
+    }
+
+    /// Dense lists get the tiered layered construction when its fill fits the budget: the
+    /// skeleton is planned, and the plan is valid.
+    #[test]
+    fn dense_inputs_plan_a_skeleton() {
+        let b = crate::workload::random_dense(20_000, 3);
+        let opts = PlaceOptions {
+            time_budget: Duration::from_secs(2),
+            scaled_budget_per_item: None,
+            ..PlaceOptions::default()
+        };
+        let placed = place(&b, &opts).unwrap();
+        verify(&b, &placed.offsets).unwrap();
+        assert!(placed.stages.iter().any(|s| s.name == "skeleton"), "{:?}", placed.stages);
+        assert!(placed.footprint < placed.floor_footprint);
     }
 
     /// A dense input (every buffer live with hundreds of others), where one greedy pass

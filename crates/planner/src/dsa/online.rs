@@ -159,6 +159,34 @@ impl FreeSpace {
         }
     }
 
+    /// Takes `[o, o + size)` out of the free space: it lies in one gap, or above the top
+    /// (from a gap ending at the top or from the top on).
+    pub(super) fn claim(&mut self, o: u64, size: u64) {
+        if o >= self.top {
+            if o > self.top {
+                // The space skipped joins the gap ending at the top, if any.
+                let top = self.top;
+                match self.by_off.last() {
+                    Some((go, gl)) if go + gl == top => {
+                        self.remove(go, gl);
+                        self.insert(go, o - go);
+                    }
+                    _ => self.insert(top, o - top),
+                }
+            }
+            self.top = o + size;
+            return;
+        }
+        let (gap, _) = self.by_off.around((o, u64::MAX));
+        let (go, gl) = gap.expect("a claimed range below the top lies in a gap");
+        assert!(go <= o && (o + size <= go + gl || go + gl == self.top), "a claimed range is free");
+        let inside = size.min(go + gl - o);
+        self.take(go, gl, o, inside);
+        if o + size > self.top {
+            self.top = o + size;
+        }
+    }
+
     /// Where an item that fits in no gap goes: the gap that ends at the top, else the top.
     pub(super) fn above(&mut self, size: u64) -> u64 {
         match self.by_off.last() {
@@ -286,6 +314,94 @@ pub(super) fn online_aligned(
     Some((off, free.top))
 }
 
+/// Gaps a tail item of [`online_around`] tries (smallest first) before it goes to the top.
+const AROUND_CANDIDATES: usize = 16;
+
+/// Online best fit in clock order for the `tail` items around the items already placed
+/// (every item not in `tail`, at its offset in `off`): each tail item takes the smallest of
+/// the [`AROUND_CANDIDATES`] smallest free gaps at its start that has room clear of the
+/// placed items starting while it lives (the lowest such room in it), else the lowest clear
+/// room at the top. Writes the tail's offsets into `off`; returns the footprint. Items of one
+/// interval each.
+pub(super) fn online_around(p: &Problem, off: &mut [u64], tail: &[u32]) -> u64 {
+    let n = p.len();
+    let mut in_tail = vec![false; n];
+    for &i in tail {
+        in_tail[i as usize] = true;
+    }
+    // The placed items by start: their starts, and their (offset, top) in that order.
+    let mut placed: Vec<(u32, u64, u64)> =
+        (0..n).filter(|&i| !in_tail[i]).map(|i| (p.hull[i].0, off[i], off[i] + p.size[i])).collect();
+    placed.sort_unstable();
+    let starts: Vec<u32> = placed.iter().map(|x| x.0).collect();
+    let ranges: Vec<(u64, u64)> = placed.iter().map(|x| (x.1, x.2)).collect();
+    // Events: ends first, then placed starts, then tail starts (largest first) at each rank.
+    let mut events: Vec<(u32, u8, u64, u32)> = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        let (s, e) = p.hull[i];
+        events.push((e, 0, 0, i as u32));
+        let kind = if in_tail[i] { 2 } else { 1 };
+        events.push((s, kind, u64::MAX - p.size[i], i as u32));
+    }
+    events.sort_unstable();
+    let mut free = FreeSpace::default();
+    let mut meets: Vec<(u64, u64)> = Vec::new();
+    for (t, kind, _, i) in events {
+        let i = i as usize;
+        let size = p.size[i];
+        match kind {
+            0 => free.free(off[i], size),
+            1 => free.claim(off[i], size),
+            _ => {
+                // The placed items starting while it lives.
+                let ahead = &ranges
+                    [starts.partition_point(|&x| x <= t)..starts.partition_point(|&x| x < p.hull[i].1)];
+                let mut at = None;
+                for &(len, o) in free.fitting(size).take(AROUND_CANDIDATES) {
+                    meets.clear();
+                    meets.extend(ahead.iter().filter(|x| x.0 < o + len && x.1 > o));
+                    if meets.is_empty() {
+                        at = Some(o);
+                        break;
+                    }
+                    if let Some(room) = lowest_room(&mut meets, o, o + len, size) {
+                        at = Some(room);
+                        break;
+                    }
+                }
+                let at = at.unwrap_or_else(|| {
+                    // The top, or the gap ending there.
+                    let from = match free.by_off.last() {
+                        Some((o, len)) if o + len == free.top => o,
+                        _ => free.top,
+                    };
+                    meets.clear();
+                    meets.extend(ahead.iter().filter(|x| x.1 > from));
+                    lowest_room(&mut meets, from, u64::MAX, size).expect("room above every range")
+                });
+                off[i] = at;
+                free.claim(at, size);
+            }
+        }
+    }
+    free.top
+}
+
+/// The lowest offset in `[lo, hi)` with `size` bytes clear of the `(offset, top)` ranges of
+/// `meets` (which it sorts; they may overlap one another: two of them need never be live
+/// together).
+fn lowest_room(meets: &mut [(u64, u64)], lo: u64, hi: u64, size: u64) -> Option<u64> {
+    meets.sort_unstable();
+    let mut cur = lo;
+    for &(o, top) in meets.iter() {
+        if o >= cur && o - cur >= size {
+            break;
+        }
+        cur = cur.max(top);
+    }
+    (cur < hi && hi - cur >= size).then_some(cur)
+}
+
 /// The online aligned constructions the portfolio runs (see [`online_aligned`]):
 /// candidate gaps, weight of the end distance, name.
 pub(super) const ALIGNED_VARIANTS: [(usize, f64, &str); 3] =
@@ -332,6 +448,61 @@ mod tests {
                 prop_assert_eq!(pairs.len(), reference.len());
             }
             prop_assert!(pairs.from((0, 0)).copied().eq(reference.iter().copied()));
+        }
+    }
+
+    /// Claimed ranges come out of the gap holding them, or extend the top; the space a claim
+    /// above the top skips joins the gap ending there, so a later claim across both holds.
+    #[test]
+    fn claims_keep_the_gaps_whole() {
+        let mut free = FreeSpace::default();
+        free.claim(0, 10);
+        free.free(5, 5);
+        assert_eq!((free.top, free.gaps()), (10, 1));
+        // Above the top: [5, 10) and [10, 12) are one gap.
+        free.claim(12, 3);
+        assert_eq!((free.top, free.gaps()), (15, 1));
+        assert_eq!(free.fitting(7).next(), Some(&(7, 5)));
+        free.claim(5, 7);
+        assert_eq!((free.top, free.gaps()), (15, 0));
+        // Inside a gap: what is left on either side stays free.
+        free.free(0, 15);
+        free.claim(4, 2);
+        assert_eq!(free.fitting(0).copied().collect::<Vec<_>>(), vec![(4, 0), (9, 6)]);
+        // Across the gap ending at the top and beyond it.
+        free.claim(13, 5);
+        assert_eq!((free.top, free.gaps()), (18, 2));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// The online sweep around placed items places every tail item without overlaps,
+        /// leaves the placed items where they were, and returns the true footprint.
+        #[test]
+        fn the_sweep_around_placed_items_is_valid(
+            raw in prop::collection::vec((0u64..50, 1u64..30, 1u64..64, any::<bool>()), 1..120),
+        ) {
+            let b: Vec<Buffer> = raw
+                .iter()
+                .map(|&(start, life, size, _)| Buffer { start, end: start + life, size, group: None })
+                .collect();
+            let p = Problem::build(&b).unwrap();
+            let (placed, tail): (Vec<u32>, Vec<u32>) = (0..p.len() as u32).partition(|&i| {
+                let k = p.item_of.iter().position(|&x| x == i).unwrap();
+                raw[k].3
+            });
+            let mut off = vec![0u64; p.len()];
+            let mut index = Index::new(&p);
+            greedy(&p, &placed, Fit::BestFit, &mut index, &mut off);
+            let before = off.clone();
+            let high = online_around(&p, &mut off, &tail);
+            let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
+            verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
+            for &i in &placed {
+                prop_assert_eq!(off[i as usize], before[i as usize]);
+            }
         }
     }
 

@@ -69,6 +69,8 @@ pub(super) struct PortfolioPlan<'a> {
     pub(super) coarse_placed: bool,
     /// A planned skeleton: the layered construction's stretches are the first jobs.
     pub(super) skeleton: Option<&'a Skeleton>,
+    /// What filling in around the skeleton is expected to take per worker.
+    pub(super) fill_pass: Duration,
 }
 
 /// What the portfolio did.
@@ -153,7 +155,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one, and
     // for a stretch of the layered fill that greedy pass shared among the stretches.
     let greedy_ns = greedy_pass.as_nanos() as u64;
-    let part_ns = greedy_ns / fill.as_ref().map_or(1, |f| f.parts().max(1)) as u64;
+    let part_ns = plan.fill_pass.as_nanos() as u64;
     let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, part_ns];
     let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
     let measured_or_modelled = |kind: usize| match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
@@ -221,11 +223,24 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
                         .map(|(off, high)| (name.to_string(), off, high))
                 }
                 Job::Layered(j) => {
-                    let Some(fill) = &fill else { continue };
+                    let (Some(fill), Some(sk)) = (&fill, skeleton) else { continue };
                     let part = fill_part(p, fill, j, stop);
+                    // The worker that fills the last stretch puts the construction together.
+                    let parts = {
+                        let mut filled = filled.lock().expect("portfolio worker panicked");
+                        filled[j] = part;
+                        if filled.iter().all(Option::is_some) {
+                            filled.drain(..).collect::<Option<Vec<FilledPart>>>()
+                        } else {
+                            None
+                        }
+                    };
+                    let done = parts.map(|parts| {
+                        let (off, high) = assemble(p, fill, parts);
+                        (format!("layered({}: {})", sk.items.len(), sk.strategy), off, high)
+                    });
                     estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
-                    filled.lock().expect("portfolio worker panicked")[j] = part;
-                    continue;
+                    done
                 }
                 Job::Greedy(j) => {
                     let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
@@ -249,14 +264,6 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
         }
     });
     let mut built = whole.into_inner().expect("portfolio worker panicked");
-    // The layered construction, when every stretch was filled.
-    if let (Some(fill), Some(sk)) = (&fill, skeleton)
-        && let Some(parts) = filled.into_inner().expect("portfolio worker panicked").into_iter().collect()
-    {
-        let (off, high) = assemble(fill, parts);
-        let name = format!("layered({}: {})", sk.items.len(), sk.strategy);
-        built.push(Built { job: 0, name, off, high });
-    }
     let mut runs = runs.into_inner().expect("portfolio worker panicked");
     let strategies_run = runs.len();
     if !runs.is_empty() {
