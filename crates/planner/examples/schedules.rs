@@ -59,6 +59,15 @@ fn workspaces(budget_ms: u64) {
     println!("{total} schedules, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}");
 }
 
+/// The plan of `input` (a generated schedule: valid), its placement checked.
+fn plan_verified(input: &SchedulePlanInput, opts: &PlaceOptions) -> Plan {
+    let plan = plan_schedule(input, opts).expect("generated schedules are valid");
+    let buffers = graphpool_planner::pipeline::schedule_buffers(input).expect("valid").buffers;
+    let offsets: Vec<u64> = plan.buffers.iter().map(|b| b.offset).collect();
+    verify(&buffers, &offsets).expect("valid placement");
+    plan
+}
+
 /// Each stage of `plan`: name, time and the footprint after it over the bound.
 fn stage_list(plan: &Plan) -> Vec<String> {
     plan.stages
@@ -125,17 +134,14 @@ fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
         let hidden = pick(&mut rng, &[1024, 2048, 4096, 8192]);
         let schedule = Schedule::Explicit { order, num_microbatches: m, virtual_chunks: v };
         let input = SchedulePlanInput { schedule, layers: varied_layers(v, layers, 2048, 1, hidden, case) };
-        let plan = plan_schedule(&input, &opts).expect("generated orders are valid");
-        let buffers = graphpool_planner::pipeline::schedule_buffers(&input).expect("valid").buffers;
-        let offsets: Vec<u64> = plan.buffers.iter().map(|b| b.offset).collect();
-        verify(&buffers, &offsets).expect("valid placement");
+        let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
         slowest = slowest.max(plan.elapsed);
         if plan.ratio() > 1.001 || plan.elapsed > opts.time_budget.mul_f64(1.25) {
             above += usize::from(plan.ratio() > 1.001);
             println!(
                 "case {case}: {v} chunks, M {m}, window {window}, eager {eager}, {layers} layers, {} buffers: {:.4} of the bound ({:.4} of the live bound) in {:.1} ms, {} slots ({})\n    stages: {}",
-                buffers.len(),
+                plan.buffers.len(),
                 plan.ratio(),
                 plan.footprint as f64 / plan.live_bound.max(1) as f64,
                 plan.elapsed.as_secs_f64() * 1e3,
@@ -214,17 +220,14 @@ fn main() {
             schedule: schedule.clone(),
             layers: varied_layers(chunks, layers, seq, batch, hidden, case),
         };
-        let plan = plan_schedule(&input, &opts).expect("generated schedules are valid");
-        let buffers = graphpool_planner::pipeline::schedule_buffers(&input).expect("valid").buffers;
-        let offsets: Vec<u64> = plan.buffers.iter().map(|b| b.offset).collect();
-        verify(&buffers, &offsets).expect("valid placement");
+        let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
         slowest = slowest.max(plan.elapsed);
         let stages = stage_list(&plan);
         if plan.elapsed > opts.time_budget.mul_f64(1.25) {
             println!(
                 "case {case}: {schedule:?}, {layers} layers, {} buffers: planned in {:.1} ms ({})",
-                buffers.len(),
+                plan.buffers.len(),
                 plan.elapsed.as_secs_f64() * 1e3,
                 stages.join(", ")
             );
