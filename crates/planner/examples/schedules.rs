@@ -246,7 +246,8 @@ fn main() {
         }
     }
     println!(
-        "{cases} schedules, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}, slowest plan {:.1} ms ({:.1} s in all)",
+        "{} schedules, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}, slowest plan {:.1} ms ({:.1} s in all)",
+        cases + 1 - first,
         slowest.as_secs_f64() * 1e3,
         began.elapsed().as_secs_f64()
     );
