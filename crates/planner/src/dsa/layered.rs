@@ -214,8 +214,9 @@ pub(super) fn fill_part(
 }
 
 /// The layered construction, second half: every stretch filled (`filled[k]` for stretch k)
-/// and put together, then the tail swept in around them. Offsets and footprint.
-pub(super) fn assemble(p: &Problem, fill: &LayeredFill, filled: Vec<FilledPart>) -> (Vec<u64>, u64) {
+/// and put together, then the tail swept in around them. Offsets and footprint (`None`
+/// only if the sweep found the placed items overlapping, which would be a bug).
+pub(super) fn assemble(p: &Problem, fill: &LayeredFill, filled: Vec<FilledPart>) -> Option<(Vec<u64>, u64)> {
     let mut off = fill.off.clone();
     let mut high = fill.high;
     for (items, h) in filled {
@@ -225,9 +226,9 @@ pub(super) fn assemble(p: &Problem, fill: &LayeredFill, filled: Vec<FilledPart>)
         high = high.max(h);
     }
     if !fill.tail.is_empty() {
-        high = online_around(p, &mut off, &fill.tail);
+        high = online_around(p, &mut off, &fill.tail)?;
     }
-    (off, high)
+    Some((off, high))
 }
 
 /// The whole layered construction on one thread, in `parts` stretches (tests).
@@ -235,7 +236,7 @@ pub(super) fn assemble(p: &Problem, fill: &LayeredFill, filled: Vec<FilledPart>)
 fn layered(p: &Problem, sk: &Skeleton, parts: usize, stop: impl Fn() -> bool) -> Option<(Vec<u64>, u64)> {
     let fill = layered_fill(p, sk, parts);
     let filled = (0..fill.parts()).map(|k| fill_part(p, &fill, k, &stop)).collect::<Option<Vec<_>>>()?;
-    Some(assemble(p, &fill, filled))
+    assemble(p, &fill, filled)
 }
 
 #[cfg(test)]

@@ -160,8 +160,10 @@ impl FreeSpace {
     }
 
     /// Takes `[o, o + size)` out of the free space: it lies in one gap, or above the top
-    /// (from a gap ending at the top or from the top on).
-    pub(super) fn claim(&mut self, o: u64, size: u64) {
+    /// (from a gap ending at the top or from the top on). `false` (and nothing taken) when
+    /// it is not free.
+    #[must_use]
+    pub(super) fn claim(&mut self, o: u64, size: u64) -> bool {
         if o >= self.top {
             if o > self.top {
                 // The space skipped joins the gap ending at the top, if any.
@@ -175,16 +177,18 @@ impl FreeSpace {
                 }
             }
             self.top = o + size;
-            return;
+            return true;
         }
-        let (gap, _) = self.by_off.around((o, u64::MAX));
-        let (go, gl) = gap.expect("a claimed range below the top lies in a gap");
-        assert!(go <= o && (o + size <= go + gl || go + gl == self.top), "a claimed range is free");
+        let Some((go, gl)) = self.by_off.around((o, u64::MAX)).0 else { return false };
+        if go + gl <= o || (o + size > go + gl && go + gl != self.top) {
+            return false;
+        }
         let inside = size.min(go + gl - o);
         self.take(go, gl, o, inside);
         if o + size > self.top {
             self.top = o + size;
         }
+        true
     }
 
     /// Where an item that fits in no gap goes: the gap that ends at the top, else the top.
@@ -322,8 +326,9 @@ const AROUND_CANDIDATES: usize = 16;
 /// the [`AROUND_CANDIDATES`] smallest free gaps at its start that has room clear of the
 /// placed items starting while it lives (the lowest such room in it), else the lowest clear
 /// room at the top. Writes the tail's offsets into `off`; returns the footprint. Items of one
-/// interval each.
-pub(super) fn online_around(p: &Problem, off: &mut [u64], tail: &[u32]) -> u64 {
+/// interval each. `None` when the placed items overlap (a caller's error: the construction
+/// is dropped rather than the plan).
+pub(super) fn online_around(p: &Problem, off: &mut [u64], tail: &[u32]) -> Option<u64> {
     let n = p.len();
     let mut in_tail = vec![false; n];
     for &i in tail {
@@ -351,7 +356,11 @@ pub(super) fn online_around(p: &Problem, off: &mut [u64], tail: &[u32]) -> u64 {
         let size = p.size[i];
         match kind {
             0 => free.free(off[i], size),
-            1 => free.claim(off[i], size),
+            1 => {
+                if !free.claim(off[i], size) {
+                    return None;
+                }
+            }
             _ => {
                 // The placed items starting while it lives.
                 let ahead = &ranges
@@ -380,11 +389,13 @@ pub(super) fn online_around(p: &Problem, off: &mut [u64], tail: &[u32]) -> u64 {
                     lowest_room(&mut meets, from, u64::MAX, size).expect("room above every range")
                 });
                 off[i] = at;
-                free.claim(at, size);
+                if !free.claim(at, size) {
+                    return None;
+                }
             }
         }
     }
-    free.top
+    Some(free.top)
 }
 
 /// The lowest offset in `[lo, hi)` with `size` bytes clear of the `(offset, top)` ranges of
@@ -456,21 +467,24 @@ mod tests {
     #[test]
     fn claims_keep_the_gaps_whole() {
         let mut free = FreeSpace::default();
-        free.claim(0, 10);
+        assert!(free.claim(0, 10));
         free.free(5, 5);
         assert_eq!((free.top, free.gaps()), (10, 1));
         // Above the top: [5, 10) and [10, 12) are one gap.
-        free.claim(12, 3);
+        assert!(free.claim(12, 3));
         assert_eq!((free.top, free.gaps()), (15, 1));
         assert_eq!(free.fitting(7).next(), Some(&(7, 5)));
-        free.claim(5, 7);
+        assert!(free.claim(5, 7));
         assert_eq!((free.top, free.gaps()), (15, 0));
+        // Taken space is refused.
+        assert!(!free.claim(3, 4));
         // Inside a gap: what is left on either side stays free.
         free.free(0, 15);
-        free.claim(4, 2);
+        assert!(free.claim(4, 2));
+        assert!(!free.claim(5, 2));
         assert_eq!(free.fitting(0).copied().collect::<Vec<_>>(), vec![(4, 0), (9, 6)]);
         // Across the gap ending at the top and beyond it.
-        free.claim(13, 5);
+        assert!(free.claim(13, 5));
         assert_eq!((free.top, free.gaps()), (18, 2));
     }
 
@@ -496,7 +510,7 @@ mod tests {
             let mut index = Index::new(&p);
             greedy(&p, &placed, Fit::BestFit, &mut index, &mut off);
             let before = off.clone();
-            let high = online_around(&p, &mut off, &tail);
+            let high = online_around(&p, &mut off, &tail).expect("the placed items do not overlap");
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
             verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
