@@ -326,8 +326,8 @@ const AROUND_CANDIDATES: usize = 16;
 /// the [`AROUND_CANDIDATES`] smallest free gaps at its start that has room clear of the
 /// placed items starting while it lives (the lowest such room in it), else the lowest clear
 /// room at the top. Writes the tail's offsets into `off`; returns the footprint. Items of one
-/// interval each. `None` when the placed items overlap (a caller's error: the construction
-/// is dropped rather than the plan).
+/// interval each. `None` when the placed items overlap or no room is left below 2^64 (the
+/// construction is dropped then, not the plan).
 pub(super) fn online_around(p: &Problem, off: &mut [u64], tail: &[u32]) -> Option<u64> {
     let n = p.len();
     let mut in_tail = vec![false; n];
@@ -378,16 +378,19 @@ pub(super) fn online_around(p: &Problem, off: &mut [u64], tail: &[u32]) -> Optio
                         break;
                     }
                 }
-                let at = at.unwrap_or_else(|| {
-                    // The top, or the gap ending there.
-                    let from = match free.by_off.last() {
-                        Some((o, len)) if o + len == free.top => o,
-                        _ => free.top,
-                    };
-                    meets.clear();
-                    meets.extend(ahead.iter().filter(|x| x.1 > from));
-                    lowest_room(&mut meets, from, u64::MAX, size).expect("room above every range")
-                });
+                let at = match at {
+                    Some(at) => at,
+                    None => {
+                        // The top, or the gap ending there.
+                        let from = match free.by_off.last() {
+                            Some((o, len)) if o + len == free.top => o,
+                            _ => free.top,
+                        };
+                        meets.clear();
+                        meets.extend(ahead.iter().filter(|x| x.1 > from));
+                        lowest_room(&mut meets, from, u64::MAX, size)?
+                    }
+                };
                 off[i] = at;
                 if !free.claim(at, size) {
                     return None;
