@@ -87,8 +87,8 @@ pub(super) struct Skeleton {
     pub(super) off: Vec<u64>,
     /// What planned it (the nested plan's strategy).
     pub(super) strategy: String,
-    /// Whether the items holding the last [`TIERED_FILL_AREA`] of the area are left to an
-    /// online sweep instead of the greedy fill.
+    /// Whether the items beyond [`TIERED_FILL_AREA`] of the area (the smallest areas) are
+    /// left to an online sweep instead of the greedy fill.
     pub(super) tiered: bool,
 }
 
@@ -115,12 +115,13 @@ pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
 }
 
 /// Plans the skeleton `items` of `p` as a list of their own (real clock, no alias groups)
-/// with `budget`, uncapped.
+/// with `budget`, uncapped; `tiered`: see [`Skeleton::tiered`].
 pub(super) fn plan_skeleton(
     p: &Problem,
     items: Vec<u32>,
     budget: Duration,
     opts: &PlaceOptions,
+    tiered: bool,
 ) -> Option<Skeleton> {
     let buffers: Vec<Buffer> = items
         .iter()
@@ -131,7 +132,7 @@ pub(super) fn plan_skeleton(
         .collect();
     let sub = PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..opts.clone() };
     let plan = place(&buffers, &sub).ok()?;
-    Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tiered: false })
+    Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tiered })
 }
 
 /// The layered construction's fill, split into stretches of the clock that workers fill
@@ -269,7 +270,7 @@ mod tests {
             let p = Problem::build(&b).unwrap();
             let Some(items) = skeleton_items(&p) else { return Ok(()) };
             let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
-            let mut sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts).unwrap();
+            let mut sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts, false).unwrap();
             sk.tiered = tiered;
             let (off, high) = layered(&p, &sk, parts, || false).unwrap();
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
@@ -312,7 +313,7 @@ mod tests {
         let p = Problem::build(&b).unwrap();
         let items = skeleton_items(&p).unwrap();
         let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
-        let mut sk = plan_skeleton(&p, items, Duration::from_millis(30), &opts).unwrap();
+        let mut sk = plan_skeleton(&p, items, Duration::from_millis(30), &opts, false).unwrap();
         for (parts, tiered) in [(1, false), (2, false), (8, false), (1, true), (2, true)] {
             sk.tiered = tiered;
             let (off, high) = layered(&p, &sk, parts, || false).unwrap();

@@ -524,10 +524,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             fill_pass = tiered_fill_estimate(&p, &items, fill_threads);
         }
         if fits(fill_pass) {
-            skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts);
-            if let Some(sk) = skeleton.as_mut() {
-                sk.tiered = dense;
-            }
+            skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts, dense);
             clock.end("skeleton", None);
         }
     }
