@@ -25,9 +25,7 @@
 //! The graphs of chunk `c` are replayed by several microbatches: those whose spans in that
 //! chunk (forward of chunk `c` to backward of chunk `c`) do not overlap share a slot of the
 //! chunk. Each chunk has as many slots as it has microbatches in flight at once (the
-//! minimum), handed out by interval colouring — the lowest free slot or the one freed last
-//! ([`SlotRule`]), whichever gives buffers with the lower bound where the two differ
-//! (explicit orders). Each buffer above belongs to the alias group
+//! minimum), handed out by interval colouring. Each buffer above belongs to the alias group
 //! `s<slot>.c<chunk>.l<layer>.<kind>`: one offset for every microbatch of the slot, live over
 //! the union of their intervals. The graph count is `Σ_chunks slots × layers × 2`, whatever
 //! the number of microbatches.
@@ -38,7 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::dsa::{self, Buffer, PlaceError, PlaceOptions};
-use crate::schedule::{Schedule, ScheduleError, SlotRule, Step, assign_chunk_slots};
+use crate::schedule::{Schedule, ScheduleError, assign_chunk_slots};
 
 /// Element type of a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -458,10 +456,11 @@ pub struct ScheduleBuffers {
     pub pools: u32,
 }
 
-/// The layers of `input`, per chunk in order, checked (each chunk numbers its layers
-/// `0..n` once each) and with their tensors' bytes.
-fn parse_layers(input: &SchedulePlanInput) -> Result<Vec<Vec<Layer>>, PlanError> {
+/// Builds the buffers of a schedule: see the module documentation.
+pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, PlanError> {
+    let steps = input.schedule.steps()?;
     let chunks = input.schedule.chunks() as usize;
+    let m = input.schedule.num_microbatches() as usize;
     if input.layers.is_empty() {
         return Err(invalid("layers", "is empty; describe at least one layer per chunk"));
     }
@@ -518,46 +517,9 @@ fn parse_layers(input: &SchedulePlanInput) -> Result<Vec<Vec<Layer>>, PlanError>
         }
         layers.push(out);
     }
-    Ok(layers)
-}
-
-/// Builds the buffers of a schedule: see the module documentation.
-pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, PlanError> {
-    let steps = input.schedule.steps()?;
-    let chunks = input.schedule.chunks() as usize;
-    let m = input.schedule.num_microbatches() as usize;
-    let layers = parse_layers(input)?;
-    // Slots by both rules where they differ: the buffers with the lower bound (plans follow
-    // their bound: on random explicit orders the rule with the lower bound had the smaller
-    // plan in 14 of 14 cases where they differed).
-    let lowest = assign_chunk_slots(&steps, chunks as u32, m as u32, SlotRule::LowestFree);
-    let last = assign_chunk_slots(&steps, chunks as u32, m as u32, SlotRule::LastFreed);
-    let compare = last != lowest;
-    let out = slotted_buffers(&steps, &layers, m, lowest);
-    if compare && out.buffers.len() <= SLOT_RULES_COMPARED_MAX {
-        let other = slotted_buffers(&steps, &layers, m, last);
-        if dsa::lower_bound(&other.buffers)? < dsa::lower_bound(&out.buffers)? {
-            return Ok(other);
-        }
-    }
-    Ok(out)
-}
-
-/// Buffers up to which [`schedule_buffers`] builds a schedule's buffers under both
-/// [`SlotRule`]s (where they differ) and keeps those with the lower bound.
-pub const SLOT_RULES_COMPARED_MAX: usize = 200_000;
-
-/// The buffers of `steps` over `layers` with each chunk's slots (`chunk_slots`: per chunk,
-/// slots and the slot of each of the `m` microbatches).
-fn slotted_buffers(
-    steps: &[Step],
-    layers: &[Vec<Layer>],
-    m: usize,
-    chunk_slots: Vec<(u32, Vec<u32>)>,
-) -> ScheduleBuffers {
-    let chunks = layers.len();
+    let chunk_slots = assign_chunk_slots(&steps, chunks as u32, m as u32);
     let slots = chunk_slots.iter().map(|c| c.0).max().unwrap_or(0);
-    let graphs = chunk_slots.iter().zip(layers).map(|(c, l)| c.0 * l.len() as u32 * 2).sum();
+    let graphs = chunk_slots.iter().zip(&layers).map(|(c, l)| c.0 * l.len() as u32 * 2).sum();
     let pools = chunk_slots.iter().map(|c| c.0).sum::<u32>() + 1;
     let microbatch_slot: Vec<u32> = chunk_slots.iter().flat_map(|c| c.1.iter().copied()).collect();
     // Clock: base tick of every step; the forward / backward step of each (chunk, microbatch).
@@ -638,7 +600,7 @@ fn slotted_buffers(
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Plans a schedule: slots, buffers, offsets and figures.
@@ -823,52 +785,6 @@ mod tests {
         // no overhead given: the prediction is the footprint
         let bare = plan(4);
         assert_eq!((bare.overhead_bytes, bare.predicted_capture_bytes), (0, bare.footprint));
-    }
-
-    /// Where the slot rules give different slots, the buffers kept are those with the lower
-    /// bound; on random explicit orders that happens, and neither rule always wins.
-    #[test]
-    fn the_slot_rule_with_the_lower_bound_is_kept() {
-        let (mut lower_with_last, mut lower_with_lowest) = (0, 0);
-        for seed in 1..=40u64 {
-            let mut rng = crate::rng::Rng::new(seed);
-            let (m, v) = (12u32, 2usize);
-            // Random valid order: forwards through the chunks, backwards in reverse.
-            let (mut fwd, mut bwd) = (vec![0u32; v], vec![0u32; v]);
-            let mut order = Vec::new();
-            while order.len() < 2 * m as usize * v {
-                let f: Vec<usize> =
-                    (0..v).filter(|&c| fwd[c] < m && (c == 0 || fwd[c - 1] > fwd[c])).collect();
-                let b: Vec<usize> =
-                    (0..v).filter(|&c| bwd[c] < fwd[c] && (c + 1 == v || bwd[c + 1] > bwd[c])).collect();
-                let forward = b.is_empty() || (!f.is_empty() && rng.below(2) == 0);
-                let list = if forward { &f } else { &b };
-                let c = list[rng.below(list.len() as u64) as usize];
-                if forward {
-                    fwd[c] += 1;
-                    order.push(c as i32 + 1);
-                } else {
-                    bwd[c] += 1;
-                    order.push(-(c as i32 + 1));
-                }
-            }
-            let input = SchedulePlanInput {
-                schedule: Schedule::Explicit { order, num_microbatches: m, virtual_chunks: v as u32 },
-                layers: varied_layers(v as u32, 2, 1024, 1, 1024, seed),
-            };
-            let steps = input.schedule.steps().unwrap();
-            let chosen = dsa::lower_bound(&schedule_buffers(&input).unwrap().buffers).unwrap();
-            let parsed = parse_layers(&input).unwrap();
-            let bound_with = |rule| {
-                let slots = assign_chunk_slots(&steps, v as u32, m, rule);
-                dsa::lower_bound(&slotted_buffers(&steps, &parsed, m as usize, slots).buffers).unwrap()
-            };
-            let (a, b) = (bound_with(SlotRule::LowestFree), bound_with(SlotRule::LastFreed));
-            assert_eq!(chosen, a.min(b), "seed {seed}");
-            lower_with_last += usize::from(b < a);
-            lower_with_lowest += usize::from(a < b);
-        }
-        assert!(lower_with_last > 0 && lower_with_lowest > 0, "{lower_with_last} / {lower_with_lowest}");
     }
 
     /// An explicit GPipe-like order (each microbatch's forwards through the four chunks
