@@ -31,22 +31,16 @@ pub(super) const SKELETON_BUDGET: f64 = 0.3;
 /// and 73% of the items) goes in by an online sweep around them.
 pub(super) const TIERED_FILL_AREA: f64 = 0.995;
 
-/// The items of `p` outside `skeleton` split into those the greedy fill places and the
-/// tail (empty unless `tiered`): the largest areas go to the fill until it and the
-/// skeleton hold [`TIERED_FILL_AREA`] of the area.
-fn tiers(p: &Problem, skeleton: &[u32], tiered: bool) -> (Vec<u32>, Vec<u32>) {
+/// The *tail* of a tiered construction around `skeleton`: the items of `p` outside it with
+/// the smallest areas, those beyond the largest that bring the area held (with the
+/// skeleton's) to [`TIERED_FILL_AREA`].
+pub(super) fn tail_items(p: &Problem, skeleton: &[u32]) -> Vec<u32> {
     let n = p.len();
-    let mut in_skeleton = vec![false; n];
-    for &i in skeleton {
-        in_skeleton[i as usize] = true;
-    }
-    let mut rest: Vec<u32> = (0..n as u32).filter(|&i| !in_skeleton[i as usize]).collect();
-    if !tiered {
-        return (rest, Vec::new());
-    }
+    let in_skeleton = mask(n, skeleton);
     let area = |i: u32| p.size[i as usize] as f64 * p.life[i as usize] as f64;
     let total: f64 = (0..n as u32).map(area).sum();
     let mut held: f64 = skeleton.iter().map(|&i| area(i)).sum();
+    let mut rest: Vec<u32> = (0..n as u32).filter(|&i| !in_skeleton[i as usize]).collect();
     rest.sort_unstable_by(|&a, &b| area(b).total_cmp(&area(a)).then(a.cmp(&b)));
     let keep = rest
         .iter()
@@ -55,8 +49,22 @@ fn tiers(p: &Problem, skeleton: &[u32], tiered: bool) -> (Vec<u32>, Vec<u32>) {
             held > TIERED_FILL_AREA * total
         })
         .map_or(rest.len(), |k| k + 1);
-    let tail = rest.split_off(keep);
-    (rest, tail)
+    rest.split_off(keep)
+}
+
+/// Marks of the `items` among `n`.
+fn mask(n: usize, items: &[u32]) -> Vec<bool> {
+    let mut marked = vec![false; n];
+    for &i in items {
+        marked[i as usize] = true;
+    }
+    marked
+}
+
+/// The items of `p` in neither `skeleton` nor `tail`: those the greedy fill places.
+fn fill_items(p: &Problem, skeleton: &[u32], tail: &[u32]) -> Vec<u32> {
+    let (in_skeleton, in_tail) = (mask(p.len(), skeleton), mask(p.len(), tail));
+    (0..p.len() as u32).filter(|&i| !in_skeleton[i as usize] && !in_tail[i as usize]).collect()
 }
 
 /// What the online sweep of a tiered construction takes per tail item, about (measured:
@@ -65,9 +73,9 @@ const TAIL_SWEEP_PER_ITEM: Duration = Duration::from_micros(2);
 
 /// What the fill of a tiered construction around `skeleton` is expected to take with
 /// `threads` workers: a greedy pass over the items it fills (by the pairs of their
-/// intervals and the skeleton's) shared among them, then the online sweep of its tail.
-pub(super) fn tiered_fill_estimate(p: &Problem, skeleton: &[u32], threads: u32) -> Duration {
-    let (fill, tail) = tiers(p, skeleton, true);
+/// intervals and the skeleton's) shared among them, then the online sweep of `tail`.
+pub(super) fn tiered_fill_estimate(p: &Problem, skeleton: &[u32], tail: &[u32], threads: u32) -> Duration {
+    let fill = fill_items(p, skeleton, tail);
     // Pairs among the skeleton and the fill: a sweep over their starts.
     let mut hulls: Vec<(u32, u32)> = skeleton.iter().chain(&fill).map(|&i| p.hull[i as usize]).collect();
     hulls.sort_unstable();
@@ -87,9 +95,9 @@ pub(super) struct Skeleton {
     pub(super) off: Vec<u64>,
     /// What planned it (the nested plan's strategy).
     pub(super) strategy: String,
-    /// Whether the items beyond [`TIERED_FILL_AREA`] of the area (the smallest areas) are
-    /// left to an online sweep instead of the greedy fill.
-    pub(super) tiered: bool,
+    /// The items left to an online sweep instead of the greedy fill (a tiered construction;
+    /// [`tail_items`]); empty: none.
+    pub(super) tail: Vec<u32>,
 }
 
 /// The items of `p` (one interval each) with the largest areas, largest first, that
@@ -115,13 +123,13 @@ pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
 }
 
 /// Plans the skeleton `items` of `p` as a list of their own (real clock, no alias groups)
-/// with `budget`, uncapped; `tiered`: see [`Skeleton::tiered`].
+/// with `budget`, uncapped; `tail`: see [`Skeleton::tail`].
 pub(super) fn plan_skeleton(
     p: &Problem,
     items: Vec<u32>,
     budget: Duration,
     opts: &PlaceOptions,
-    tiered: bool,
+    tail: Vec<u32>,
 ) -> Option<Skeleton> {
     let buffers: Vec<Buffer> = items
         .iter()
@@ -132,7 +140,7 @@ pub(super) fn plan_skeleton(
         .collect();
     let sub = PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..opts.clone() };
     let plan = place(&buffers, &sub).ok()?;
-    Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tiered })
+    Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tail })
 }
 
 /// The layered construction's fill, split into stretches of the clock that workers fill
@@ -177,7 +185,8 @@ pub(super) fn layered_fill(p: &Problem, sk: &Skeleton, parts: usize) -> LayeredF
         off[i] = sk.off[k];
         high = high.max(off[i] + p.size[i]);
     }
-    let (mut rest, tail) = tiers(p, &sk.items, sk.tiered);
+    let mut rest = fill_items(p, &sk.items, &sk.tail);
+    let tail = sk.tail.clone();
     sort_items(p, &mut rest, Order::Lifetime, 0.0, &mut Rng::new(0));
     let mut starts: Vec<u32> = rest.iter().map(|&i| p.hull[i as usize].0).collect();
     starts.sort_unstable();
@@ -270,8 +279,8 @@ mod tests {
             let p = Problem::build(&b).unwrap();
             let Some(items) = skeleton_items(&p) else { return Ok(()) };
             let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
-            let mut sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts, false).unwrap();
-            sk.tiered = tiered;
+            let mut sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts, Vec::new()).unwrap();
+            sk.tail = if tiered { tail_items(&p, &sk.items) } else { Vec::new() };
             let (off, high) = layered(&p, &sk, parts, || false).unwrap();
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
             verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -313,9 +322,9 @@ mod tests {
         let p = Problem::build(&b).unwrap();
         let items = skeleton_items(&p).unwrap();
         let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
-        let mut sk = plan_skeleton(&p, items, Duration::from_millis(30), &opts, false).unwrap();
+        let mut sk = plan_skeleton(&p, items, Duration::from_millis(30), &opts, Vec::new()).unwrap();
         for (parts, tiered) in [(1, false), (2, false), (8, false), (1, true), (2, true)] {
-            sk.tiered = tiered;
+            sk.tail = if tiered { tail_items(&p, &sk.items) } else { Vec::new() };
             let (off, high) = layered(&p, &sk, parts, || false).unwrap();
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
             verify(&b, &offsets).unwrap();
@@ -335,7 +344,8 @@ mod tests {
         let b = crate::workload::random_dense(20_000, 2);
         let p = Problem::build(&b).unwrap();
         let items = skeleton_items(&p).unwrap();
-        let (fill, tail) = tiers(&p, &items, true);
+        let tail = tail_items(&p, &items);
+        let fill = fill_items(&p, &items, &tail);
         assert_eq!(items.len() + fill.len() + tail.len(), p.len());
         assert!(tail.len() * 2 > p.len(), "{} of {} items in the tail", tail.len(), p.len());
         let area = |i: u32| p.size[i as usize] as f64 * p.life[i as usize] as f64;
@@ -344,7 +354,6 @@ mod tests {
         assert!(held >= TIERED_FILL_AREA * total);
         let least = fill.iter().map(|&i| area(i)).fold(f64::INFINITY, f64::min);
         assert!(tail.iter().all(|&i| area(i) <= least));
-        let (all, none) = tiers(&p, &items, false);
-        assert_eq!((all.len(), none.len()), (fill.len() + tail.len(), 0));
+        assert_eq!(fill_items(&p, &items, &[]).len(), fill.len() + tail.len());
     }
 }

@@ -520,11 +520,12 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         && (dense || fits(fill_pass))
         && let Some(items) = skeleton_items(&p)
     {
+        let tail = if dense { tail_items(&p, &items) } else { Vec::new() };
         if dense {
-            fill_pass = tiered_fill_estimate(&p, &items, fill_threads);
+            fill_pass = tiered_fill_estimate(&p, &items, &tail, fill_threads);
         }
         if fits(fill_pass) {
-            skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts, dense);
+            skeleton = plan_skeleton(&p, items, budget.mul_f64(SKELETON_BUDGET), opts, tail);
             clock.end("skeleton", None);
         }
     }
