@@ -506,8 +506,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // `SKELETON_BUDGET` of the budget on all cores; filling the rest in around it, a
     // stretch of the clock per worker, is the portfolio's first jobs — when that fits in
     // what is left.
-    // Dense lists leave the items holding the last `TIERED_FILL_AREA` of the area to an
-    // online sweep (a greedy fill of them all costs a greedy pass there).
+    // Dense lists leave the items with the smallest areas (those beyond `TIERED_FILL_AREA`
+    // of the area) to an online sweep (a greedy fill of them all costs a greedy pass there).
     let fill_threads = threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
     let fits = |fill: Duration| began.elapsed() + budget.mul_f64(SKELETON_BUDGET) + fill < budget;
     let mut skeleton = None;
