@@ -84,6 +84,21 @@ fn stage_list(plan: &Plan) -> Vec<String> {
         .collect()
 }
 
+/// How `plan` came out: buffers, footprint over the bound and the live bound, time, slots,
+/// strategy, and its stages on a line of their own.
+fn outcome(plan: &Plan) -> String {
+    format!(
+        "{} buffers: {:.4} of the bound ({:.4} of the live bound) in {:.1} ms, {} slots ({})\n    stages: {}",
+        plan.buffers.len(),
+        plan.ratio(),
+        plan.footprint as f64 / plan.live_bound.max(1) as f64,
+        plan.elapsed.as_secs_f64() * 1e3,
+        plan.slots,
+        plan.strategy,
+        stage_list(plan).join(" | ")
+    )
+}
+
 /// A random valid explicit order of `m` microbatches through `v` chunks (see the module
 /// documentation): at most `window` microbatches in flight, a forward taken before an
 /// allowed backward with probability `eager`.
@@ -140,14 +155,8 @@ fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
         if plan.ratio() > 1.001 || plan.elapsed > opts.time_budget.mul_f64(1.25) {
             above += usize::from(plan.ratio() > 1.001);
             println!(
-                "case {case}: {v} chunks, M {m}, window {window}, eager {eager}, {layers} layers, {} buffers: {:.4} of the bound ({:.4} of the live bound) in {:.1} ms, {} slots ({})\n    stages: {}",
-                plan.buffers.len(),
-                plan.ratio(),
-                plan.footprint as f64 / plan.live_bound.max(1) as f64,
-                plan.elapsed.as_secs_f64() * 1e3,
-                plan.slots,
-                plan.strategy,
-                stage_list(&plan).join(" | ")
+                "case {case}: {v} chunks, M {m}, window {window}, eager {eager}, {layers} layers, {}",
+                outcome(&plan)
             );
         }
     }
@@ -234,15 +243,7 @@ fn main() {
         }
         if plan.ratio() > 1.001 {
             above += 1;
-            println!(
-                "case {case}: {schedule:?}, {layers} layers, {} buffers: {:.4} of the bound ({:.4} of the live bound) in {:.1} ms ({})\n    stages: {}",
-                plan.buffers.len(),
-                plan.ratio(),
-                plan.footprint as f64 / plan.live_bound.max(1) as f64,
-                plan.elapsed.as_secs_f64() * 1e3,
-                plan.strategy,
-                stages.join(" | ")
-            );
+            println!("case {case}: {schedule:?}, {layers} layers, {}", outcome(&plan));
         }
     }
     println!(
