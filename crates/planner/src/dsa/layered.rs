@@ -76,14 +76,8 @@ const TAIL_SWEEP_PER_ITEM: Duration = Duration::from_micros(2);
 /// intervals and the skeleton's) shared among them, then the online sweep of `tail`.
 pub(super) fn tiered_fill_estimate(p: &Problem, skeleton: &[u32], tail: &[u32], threads: u32) -> Duration {
     let fill = fill_items(p, skeleton, tail);
-    // Pairs among the skeleton and the fill: a sweep over their starts.
-    let mut hulls: Vec<(u32, u32)> = skeleton.iter().chain(&fill).map(|&i| p.hull[i as usize]).collect();
-    hulls.sort_unstable();
-    let starts: Vec<u32> = hulls.iter().map(|h| h.0).collect();
-    let pairs: u64 = hulls
-        .iter()
-        .map(|&(s, e)| (starts.partition_point(|&x| x < e) - starts.partition_point(|&x| x < s)) as u64)
-        .sum();
+    let ivs: Vec<(u32, u32)> = skeleton.iter().chain(&fill).map(|&i| p.hull[i as usize]).collect();
+    let pairs = overlapping_pairs(&ivs);
     greedy_pass_estimate(fill.len(), pairs) / threads.max(1) + TAIL_SWEEP_PER_ITEM * tail.len() as u32
 }
 

@@ -153,7 +153,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     // The slowest finished job of each kind estimates the next one of that kind; until
     // one has finished, the cost model does: a greedy pass from the pairs of items live
     // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one, and
-    // for a stretch of the layered fill that greedy pass shared among the stretches.
+    // for a stretch of the layered fill what `PortfolioPlan::fill_pass` expects per worker.
     let greedy_ns = greedy_pass.as_nanos() as u64;
     let part_ns = plan.fill_pass.as_nanos() as u64;
     let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, part_ns];

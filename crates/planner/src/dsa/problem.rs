@@ -519,23 +519,7 @@ impl Problem {
     /// item's hull would count the neighbours of a slot's microbatches far apart in the
     /// schedule, which it never visits). `O(n log n)`.
     pub(super) fn overlapping_pairs(&self) -> u64 {
-        let mut starts: Vec<u32> = self.ivs.iter().map(|iv| iv.0).collect();
-        starts.sort_unstable();
-        // Two intervals overlap when one starts inside the other: per interval, count the
-        // intervals starting inside it. That counts each interval itself once and pairs
-        // with the same start twice (an item's own intervals are disjoint).
-        let mut pairs = 0u64;
-        for &(s, e) in &self.ivs {
-            let lo = starts.partition_point(|&x| x < s);
-            let hi = starts.partition_point(|&x| x < e);
-            pairs += (hi - lo) as u64;
-        }
-        pairs -= starts.len() as u64;
-        for run in starts.chunk_by(|a, b| a == b) {
-            let k = run.len() as u64;
-            pairs -= k * (k - 1) / 2;
-        }
-        pairs
+        overlapping_pairs(&self.ivs)
     }
 
     /// Average interval length in ranks.
@@ -546,6 +530,28 @@ impl Problem {
         let total: u64 = self.ivs.iter().map(|&(s, e)| (e - s) as u64).sum();
         (total / self.ivs.len() as u64).max(1) as u32
     }
+}
+
+/// Pairs of intervals of `ivs` that overlap in time (intervals of one item are disjoint, so
+/// these are pairs of different items' intervals). `O(n log n)`.
+pub(super) fn overlapping_pairs(ivs: &[(u32, u32)]) -> u64 {
+    let mut starts: Vec<u32> = ivs.iter().map(|iv| iv.0).collect();
+    starts.sort_unstable();
+    // Two intervals overlap when one starts inside the other: per interval, count the
+    // intervals starting inside it. That counts each interval itself once and pairs with
+    // the same start twice.
+    let mut pairs = 0u64;
+    for &(s, e) in ivs {
+        let lo = starts.partition_point(|&x| x < s);
+        let hi = starts.partition_point(|&x| x < e);
+        pairs += (hi - lo) as u64;
+    }
+    pairs -= starts.len() as u64;
+    for run in starts.chunk_by(|a, b| a == b) {
+        let k = run.len() as u64;
+        pairs -= k * (k - 1) / 2;
+    }
+    pairs
 }
 
 /// Items up to which [`Problem::alias_bound`] builds the conflict graph and searches it
