@@ -149,6 +149,119 @@ pub(super) fn repack<'a>(
     if kept { Some(&rp.window) } else { None }
 }
 
+/// Candidate offsets an ejection move weighs (see [`eject`]).
+pub(super) const EJECT_CANDIDATES: usize = 16;
+/// Share of the improvement steps on items with one interval that are ejection moves, in
+/// percent: one costs tens of microseconds, a window re-placement up to a millisecond, so
+/// at this share the windows still take most of the time.
+pub(super) const EJECT_PERCENT: u64 = 95;
+
+/// Scratch space of [`eject`].
+#[derive(Default)]
+pub(super) struct Eject {
+    pub(super) near: Vec<(u64, u64, u32)>,
+    pub(super) out: Vec<u32>,
+    pub(super) new_off: Vec<u64>,
+}
+
+/// An ejection move (improvement stage, items with one interval): the item `c` at the top
+/// goes down to an offset where an item live with it below starts or ends — of
+/// [`EJECT_CANDIDATES`] drawn, the one with the least area in its way — the items in its way
+/// there are taken out and re-placed one by one by a greedy fit, largest or longest-lived
+/// first (sometimes with noise). Kept when `c` and those items reach no higher (then no more
+/// of them to the top) than before, as the window moves are. Returns the items that moved
+/// when kept.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn eject<'a>(
+    p: &Problem,
+    index: &mut Index,
+    off: &mut [u64],
+    c: usize,
+    rng: &mut Rng,
+    scratch: &mut FindScratch,
+    ej: &'a mut Eject,
+) -> Option<&'a [u32]> {
+    let (s, e) = p.hull[c];
+    let size = p.size[c];
+    ej.near.clear();
+    index.for_each(s, e, |en| {
+        if en.item as usize != c && en.off < off[c] {
+            ej.near.push((en.off, en.top, en.item));
+        }
+    });
+    if ej.near.is_empty() {
+        return None;
+    }
+    // The candidate whose way holds the least area (bytes × lifetime: long-lived items are
+    // the hard ones to re-place).
+    let mut y = 0;
+    let mut best_cost = f64::INFINITY;
+    for _ in 0..EJECT_CANDIDATES {
+        let (o, t, _) = ej.near[rng.below(ej.near.len() as u64) as usize];
+        let cand = if rng.below(2) == 0 { o } else { t.min(off[c] - 1) };
+        let mut cost = 0.0;
+        for &(o, t, i) in &ej.near {
+            if o < cand + size && t > cand {
+                cost += p.size[i as usize] as f64 * p.life[i as usize] as f64;
+            }
+        }
+        if cost < best_cost {
+            best_cost = cost;
+            y = cand;
+        }
+    }
+    ej.out.clear();
+    for &(o, t, i) in &ej.near {
+        if o < y + size && t > y {
+            ej.out.push(i);
+        }
+    }
+    let mut before = Reach::default();
+    before.add(off[c] + size);
+    for &i in &ej.out {
+        before.add(off[i as usize] + p.size[i as usize]);
+        index.remove(p, i as usize, off[i as usize]);
+    }
+    index.remove(p, c, off[c]);
+    index.insert(p, c, y);
+    let mut after = Reach::default();
+    after.add(y + size);
+    let noise = [0.0, 0.1, 0.5][rng.below(3) as usize];
+    let order = if rng.below(2) == 0 { Order::Size } else { Order::Lifetime };
+    sort_items(p, &mut ej.out, order, noise, rng);
+    let fit = if rng.below(2) == 0 { Fit::BestFit } else { Fit::LowestOffset };
+    ej.new_off.clear();
+    let mut placed = 0;
+    for &i in &ej.out {
+        let i = i as usize;
+        let o = index.find(p, i, fit, scratch);
+        index.insert(p, i, o);
+        ej.new_off.push(o);
+        placed += 1;
+        after.add(o + p.size[i]);
+        if after > before {
+            break;
+        }
+    }
+    if after <= before {
+        off[c] = y;
+        for (k, &i) in ej.out.iter().enumerate() {
+            off[i as usize] = ej.new_off[k];
+        }
+        ej.out.push(c as u32);
+        return Some(&ej.out);
+    }
+    for k in 0..placed {
+        index.remove(p, ej.out[k] as usize, ej.new_off[k]);
+    }
+    index.remove(p, c, y);
+    index.insert(p, c, off[c]);
+    for &i in &ej.out {
+        index.insert(p, i as usize, off[i as usize]);
+    }
+    None
+}
+
 /// How high a set of items reaches (the improvement stage's acceptance test): the highest
 /// top, then how many items reach it. Lower is better; it can only grow as items are added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -209,6 +322,7 @@ pub(super) fn improve(
     let mut scratch = FindScratch::default();
     let single = p.ivs.len() == n;
     let mut rp = Repack { stamp: vec![0; n], ..Repack::default() };
+    let mut ej = Eject::default();
     while high > lb && !until.passed() {
         // A buffer at the top.
         let c = loop {
@@ -226,6 +340,17 @@ pub(super) fn improve(
             break;
         }
         stats.steps += 1;
+        if single && rng.below(100) < EJECT_PERCENT {
+            if let Some(kept) = eject(p, &mut index, off, c, &mut rng, &mut scratch, &mut ej) {
+                for &i in kept {
+                    top[i as usize] = off[i as usize] + p.size[i as usize];
+                    if top[i as usize] == high {
+                        crit.push(i);
+                    }
+                }
+            }
+            continue;
+        }
         if single && rng.below(4) == 0 {
             if let Some(kept) =
                 repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp)
@@ -391,6 +516,88 @@ mod repack_tests {
 
         #[test]
         fn repacks_keep_small_placements_valid(
+            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60),
+            seed in 0u64..1000,
+        ) {
+            let b: Vec<Buffer> = raw
+                .into_iter()
+                .map(|(start, life, size)| Buffer { start, end: start + life, size, group: None })
+                .collect();
+            check(&b, 40, seed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod eject_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Runs `moves` ejection moves from the online best fit, each on an item at the top;
+    /// every one leaves a valid placement no higher than before. Returns how many were kept.
+    fn check(b: &[Buffer], moves: usize, seed: u64) -> usize {
+        let p = Problem::build(b).unwrap();
+        if p.len() == 0 || p.ivs.len() != p.len() {
+            return 0;
+        }
+        let (mut off, mut high) = online_best_fit(&p);
+        let mut index = Index::with_placed(&p, off.iter().copied().enumerate());
+        let mut rng = crate::rng::Rng::new(seed);
+        let (mut scratch, mut ej) = (FindScratch::default(), Eject::default());
+        let mut kept = 0;
+        for step in 0..moves {
+            let tops: Vec<usize> = (0..p.len()).filter(|&i| off[i] + p.size[i] == high).collect();
+            let c = tops[rng.below(tops.len() as u64) as usize];
+            let before = off.clone();
+            match eject(&p, &mut index, &mut off, c, &mut rng, &mut scratch, &mut ej) {
+                Some(moved) => {
+                    kept += 1;
+                    assert!(moved.contains(&(c as u32)), "the item at the top is among those moved");
+                    for i in 0..p.len() {
+                        assert!(
+                            off[i] == before[i] || moved.contains(&(i as u32)),
+                            "item {i} moved unreported"
+                        );
+                    }
+                }
+                None => assert_eq!(off, before, "a move not kept changed offsets"),
+            }
+            let offsets: Vec<u64> =
+                p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
+            verify(b, &offsets).unwrap();
+            // The index still describes the placement: a fresh one finds the same gaps.
+            if step % 20 == 0 || step + 1 == moves {
+                let fresh = Index::with_placed(&p, off.iter().copied().enumerate());
+                for i in (0..p.len()).step_by(7) {
+                    let mut s2 = FindScratch::default();
+                    assert_eq!(
+                        index.find(&p, i, Fit::LowestOffset, &mut scratch),
+                        fresh.find(&p, i, Fit::LowestOffset, &mut s2)
+                    );
+                }
+            }
+            let now = (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+            assert!(now <= high, "an ejection raised the footprint: {now} > {high}");
+            high = now;
+        }
+        kept
+    }
+
+    #[test]
+    fn ejections_keep_random_placements_valid() {
+        let mut kept = 0;
+        for seed in 1..=3 {
+            kept += check(&crate::workload::random_uniform_sizes(2000, seed), 300, seed);
+            kept += check(&crate::workload::random(2000, seed), 300, seed);
+        }
+        assert!(kept > 0, "no ejection was kept: the test checks nothing");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn ejections_keep_small_placements_valid(
             raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60),
             seed in 0u64..1000,
         ) {
