@@ -1,6 +1,7 @@
 //! The time-boxed improvement stage: windows of the clock around an item at the top taken
-//! out and re-placed with perturbed orders, and skyline re-packs of a window's top on its
-//! floor; kept when the window's top does not rise.
+//! out and re-placed with perturbed orders, skyline re-packs of a window's top on its
+//! floor, and ejection moves (the item at the top moved down, the items in its way
+//! re-placed); each kept when the moved items' top does not rise.
 
 use super::*;
 use crate::until::Until;

@@ -42,7 +42,9 @@
 //!    the footprint (a random stretch of its lifetime when that is long) are taken out with
 //!    that buffer and re-placed with perturbed orders; a window is kept when its highest
 //!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
-//!    moves), and a re-placement stops as soon as it is worse; the chains (and a canonical
+//!    moves), and a re-placement stops as soon as it is worse; on single-interval problems
+//!    most steps are cheaper *ejection moves* (the buffer at the top moved down, the buffers
+//!    in its way re-placed, kept under the same test); the chains (and a canonical
 //!    search beside them) stop as soon as one of them settles the answer;
 //! 7. an **exact** branch-and-bound search over canonical placements when there are at most
 //!    [`EXACT_MAX_ITEMS`] items.
