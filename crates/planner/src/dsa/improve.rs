@@ -178,6 +178,7 @@ pub(super) fn eject<'a>(
     index: &mut Index,
     off: &mut [u64],
     c: usize,
+    deadline: Instant,
     rng: &mut Rng,
     scratch: &mut FindScratch,
     ej: &'a mut Eject,
@@ -240,7 +241,9 @@ pub(super) fn eject<'a>(
         ej.new_off.push(o);
         placed += 1;
         after.add(o + p.size[i]);
-        if after > before {
+        // On dense lists one gap query visits thousands of items: check the clock often.
+        if after > before || (placed % 8 == 0 && Instant::now() > deadline) {
+            after.high = u64::MAX;
             break;
         }
     }
@@ -342,7 +345,7 @@ pub(super) fn improve(
         }
         stats.steps += 1;
         if single && rng.below(100) < EJECT_PERCENT {
-            if let Some(kept) = eject(p, &mut index, off, c, &mut rng, &mut scratch, &mut ej) {
+            if let Some(kept) = eject(p, &mut index, off, c, deadline, &mut rng, &mut scratch, &mut ej) {
                 for &i in kept {
                     top[i as usize] = off[i as usize] + p.size[i as usize];
                     if top[i as usize] == high {
@@ -550,7 +553,8 @@ mod eject_tests {
             let tops: Vec<usize> = (0..p.len()).filter(|&i| off[i] + p.size[i] == high).collect();
             let c = tops[rng.below(tops.len() as u64) as usize];
             let before = off.clone();
-            match eject(&p, &mut index, &mut off, c, &mut rng, &mut scratch, &mut ej) {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            match eject(&p, &mut index, &mut off, c, deadline, &mut rng, &mut scratch, &mut ej) {
                 Some(moved) => {
                     kept += 1;
                     assert!(moved.contains(&(c as u32)), "the item at the top is among those moved");
