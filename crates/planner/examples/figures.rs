@@ -98,6 +98,11 @@ fn main() {
             cases.push((format!("dense n={n} seed={seed}"), workload::random_dense(n, seed)));
         }
     }
+    for n in [10_000, 100_000] {
+        for &seed in &seeds {
+            cases.push((format!("bimodal n={n} seed={seed}"), workload::random_bimodal(n, seed)));
+        }
+    }
     for n in [100, 1_000, 10_000] {
         for &seed in &seeds {
             cases.push((format!("packed n={n} seed={seed}"), workload::packed(n, seed)));

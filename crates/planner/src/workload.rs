@@ -43,6 +43,22 @@ pub fn random_dense(n: usize, seed: u64) -> Vec<Buffer> {
     })
 }
 
+/// `n` random buffers of two populations, as in training, where weights and optimizer
+/// state live long beside short-lived activations: 2% large and long-lived (lifetimes
+/// uniform in `n/100..=n/5` steps, sizes uniform in 64..=256 MiB), the others small and
+/// short-lived (lifetimes uniform in `1..=50`, sizes uniform in 1 KiB..=2 MiB), starts
+/// uniform over `[0, n)`.
+pub fn random_bimodal(n: usize, seed: u64) -> Vec<Buffer> {
+    let n64 = n as u64;
+    uniform_starts(n, Rng::new(seed ^ 0xb1_0da1), |rng| {
+        if rng.below(50) == 0 {
+            (rng.range((n64 / 100).max(1), (n64 / 5).max(2)), rng.range(64, 256) << 20)
+        } else {
+            (rng.range(1, 50), rng.range(1, 2048) << 10)
+        }
+    })
+}
+
 /// `n` buffers starting uniformly over `[0, n)` (one arrival per clock step on average),
 /// each with the (lifetime, size) `draw` gives.
 fn uniform_starts(n: usize, mut rng: Rng, mut draw: impl FnMut(&mut Rng) -> (u64, u64)) -> Vec<Buffer> {

@@ -6,7 +6,8 @@
 //! Where a few items hold most of the area (sizes and lifetimes spread over orders of
 //! magnitude), the skeleton decides the footprint, and a small instance gets far more
 //! search per item than the whole list would; the many small items then fit into what
-//! it leaves.
+//! it leaves. A population of large items standing apart from the rest (a tenfold drop
+//! between consecutive areas) is kept whole in the skeleton ([`NATURAL_BREAK`]).
 //!
 //! A *tiered* construction (dense lists, where the greedy fill of every other item would
 //! cost a whole greedy pass: each gap query visits the ~1400 items live with it) fills
@@ -19,6 +20,10 @@ use super::*;
 
 /// Share of the total area (bytes × lifetime) the skeleton holds.
 pub(super) const SKELETON_AREA: f64 = 0.85;
+/// Consecutive areas (largest first) this many times apart make a *natural break*: a
+/// skeleton that ends just before one is extended to it, so that a population of large items
+/// is planned together rather than split between the skeleton and the greedy fill.
+pub(super) const NATURAL_BREAK: f64 = 10.0;
 /// The skeleton may be at most this share of the items: where the area is spread so evenly
 /// that 85% of it needs most of the items, planning them apart gains nothing.
 pub(super) const SKELETON_MAX_SHARE: f64 = 0.6;
@@ -95,8 +100,9 @@ pub(super) struct Skeleton {
 }
 
 /// The items of `p` (one interval each) with the largest areas, largest first, that
-/// together hold [`SKELETON_AREA`] of the area; `None` where they are more than
-/// [`SKELETON_MAX_SHARE`] of the items.
+/// together hold [`SKELETON_AREA`] of the area — or more, up to a [`NATURAL_BREAK`] in the
+/// areas further on within [`SKELETON_MAX_SHARE`] of the items; `None` where they are more
+/// than that share.
 pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
     let n = p.len();
     let area = |i: u32| p.size[i as usize] as f64 * p.life[i as usize] as f64;
@@ -108,6 +114,12 @@ pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
     while k < n && held < SKELETON_AREA * total {
         held += area(order[k]);
         k += 1;
+    }
+    let most = (SKELETON_MAX_SHARE * n as f64) as usize;
+    if k > 0
+        && let Some(j) = (k..n.min(most + 1)).find(|&j| area(order[j - 1]) >= NATURAL_BREAK * area(order[j]))
+    {
+        k = j;
     }
     if k == 0 || k as f64 > SKELETON_MAX_SHARE * n as f64 {
         return None;
@@ -349,5 +361,29 @@ mod tests {
         let least = fill.iter().map(|&i| area(i)).fold(f64::INFINITY, f64::min);
         assert!(tail.iter().all(|&i| area(i) <= least));
         assert_eq!(fill_items(&p, &items, &[]).len(), fill.len() + tail.len());
+    }
+
+    /// Where the areas fall off a cliff (a population of large, long-lived items beside small,
+    /// short-lived ones), the skeleton takes the whole large population; where they do not
+    /// (log-uniform sizes and lifetimes), it holds just [`SKELETON_AREA`] of the area.
+    #[test]
+    fn natural_breaks_keep_a_population_together() {
+        let area = |p: &Problem, i: u32| p.size[i as usize] as f64 * p.life[i as usize] as f64;
+        let b = crate::workload::random_bimodal(10_000, 1);
+        let p = Problem::build(&b).unwrap();
+        let items = skeleton_items(&p).unwrap();
+        let large = (0..p.len()).filter(|&i| p.size[i] >= 64 << 20).count();
+        assert_eq!(items.len(), large, "the skeleton is the large population");
+        assert!(items.iter().all(|&i| p.size[i as usize] >= 64 << 20));
+        let total: f64 = (0..p.len() as u32).map(|i| area(&p, i)).sum();
+        let prefix: f64 = items.iter().map(|&i| area(&p, i)).sum();
+        assert!(prefix > 0.99 * total, "the break lies beyond {SKELETON_AREA} of the area");
+        let b = crate::workload::random(10_000, 1);
+        let p = Problem::build(&b).unwrap();
+        let items = skeleton_items(&p).unwrap();
+        let total: f64 = (0..p.len() as u32).map(|i| area(&p, i)).sum();
+        let held: f64 = items.iter().map(|&i| area(&p, i)).sum();
+        let last = area(&p, *items.last().unwrap());
+        assert!(held >= SKELETON_AREA * total && held - last < SKELETON_AREA * total);
     }
 }
