@@ -1,7 +1,7 @@
 //! `cargo bench -p graphpool-planner`: planning time on generated pipeline schedules and
-//! random / dense / tightly packed buffer lists up to 100k buffers, and `plan_schedule` (what
-//! PlanCapture runs) on schedules with varied layers at the daemon's default budget. Ratios
-//! are printed by `cargo run --release -p graphpool-planner --example figures`.
+//! random / dense / two-population / tightly packed buffer lists up to 100k buffers, and
+//! `plan_schedule` (what PlanCapture runs) on schedules with varied layers at the daemon's
+//! default budget. Ratios are printed by `cargo run --release -p graphpool-planner --example figures`.
 
 use std::time::Duration;
 
@@ -44,6 +44,7 @@ fn bench(c: &mut Criterion) {
         ("usize_100k".into(), workload::random_uniform_sizes(100_000, 1)),
         ("dense_10k".into(), workload::random_dense(10_000, 1)),
         ("dense_100k".into(), workload::random_dense(100_000, 1)),
+        ("bimodal_100k".into(), workload::random_bimodal(100_000, 1)),
         // A tiling the canonical search places at the bound (in its coarse instance).
         ("packed_1k_seed7".into(), workload::packed(1_000, 7)),
         ("packed_10k".into(), workload::packed(10_000, 1)),
