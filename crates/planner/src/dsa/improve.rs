@@ -156,22 +156,118 @@ pub(super) const EJECT_CANDIDATES: usize = 16;
 /// percent: one costs tens of microseconds, a window re-placement up to a millisecond, so
 /// at this share the windows still take most of the time.
 pub(super) const EJECT_PERCENT: u64 = 95;
+/// Items of an ejection move that may go down in turn when they would reach above the top
+/// (see [`eject`]).
+pub(super) const EJECT_CHAIN: u32 = 3;
 
 /// Scratch space of [`eject`].
 #[derive(Default)]
 pub(super) struct Eject {
-    pub(super) near: Vec<(u64, u64, u32)>,
-    pub(super) out: Vec<u32>,
-    pub(super) new_off: Vec<u64>,
+    near: Vec<(u64, u64, u32)>,
+    way: Vec<u32>,
+    pending: Vec<u32>,
+    moved: Vec<(u32, u64)>,
+    out: Vec<u32>,
+    stamp: Vec<u32>,
+    epoch: u32,
+}
+
+impl Eject {
+    /// A fresh mark for the items one move takes out.
+    fn next_epoch(&mut self, n: usize) {
+        if self.stamp.len() < n {
+            self.stamp.resize(n, 0);
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.stamp.fill(0);
+            self.epoch = 1;
+        }
+    }
+
+    fn taken(&self, i: u32) -> bool {
+        self.stamp[i as usize] == self.epoch
+    }
+}
+
+/// Moves the elements of `v` for which `pred` holds to its front; returns how many.
+fn partition_front<T>(v: &mut [T], pred: impl Fn(&T) -> bool) -> usize {
+    let mut k = 0;
+    for j in 0..v.len() {
+        if pred(&v[j]) {
+            v.swap(k, j);
+            k += 1;
+        }
+    }
+    k
+}
+
+/// Where item `i` (one interval) could go below `limit`: of [`EJECT_CANDIDATES`] offsets
+/// where an item live with it below `limit` starts or ends, the one whose way holds the
+/// least area (bytes × lifetime: long-lived items are the hard ones to re-place) and no item
+/// this move has already taken out; the items in its way are left in `ej.way`.
+fn eject_target(
+    p: &Problem,
+    index: &Index,
+    i: usize,
+    limit: u64,
+    rng: &mut Rng,
+    ej: &mut Eject,
+) -> Option<u64> {
+    let (s, e) = p.hull[i];
+    let size = p.size[i];
+    if limit == 0 {
+        return None;
+    }
+    // Candidates come from the items below `limit`; the way at one may reach up to
+    // `limit - 1 + size`. Those below `limit` first.
+    ej.near.clear();
+    index.for_each(s, e, |en| {
+        if en.item as usize != i && en.off < limit - 1 + size {
+            ej.near.push((en.off, en.top, en.item));
+        }
+    });
+    let below = partition_front(&mut ej.near, |&(o, _, _)| o < limit);
+    if below == 0 {
+        return None;
+    }
+    let mut best: Option<(f64, u64)> = None;
+    for _ in 0..EJECT_CANDIDATES {
+        let (o, t, _) = ej.near[rng.below(below as u64) as usize];
+        let cand = if rng.below(2) == 0 { o } else { t.min(limit - 1) };
+        let mut cost = 0.0;
+        for &(o, t, j) in &ej.near {
+            if o < cand + size && t > cand {
+                if ej.taken(j) {
+                    cost = f64::INFINITY;
+                    break;
+                }
+                cost += p.size[j as usize] as f64 * p.life[j as usize] as f64;
+            }
+        }
+        if cost.is_finite() && best.is_none_or(|(c, _)| cost < c) {
+            best = Some((cost, cand));
+        }
+    }
+    let (_, y) = best?;
+    ej.way.clear();
+    for &(o, t, j) in &ej.near {
+        if o < y + size && t > y {
+            ej.way.push(j);
+        }
+    }
+    Some(y)
 }
 
 /// An ejection move (improvement stage, items with one interval): the item `c` at the top
 /// goes down to an offset where an item live with it below starts or ends — of
 /// [`EJECT_CANDIDATES`] drawn, the one with the least area in its way — the items in its way
 /// there are taken out and re-placed one by one by a greedy fit, largest or longest-lived
-/// first (sometimes with noise). Kept when `c` and those items reach no higher (then no more
-/// of them to the top) than before, as the window moves are. Returns the items that moved
-/// when kept.
+/// first (sometimes with noise); one that would reach above the items' top before the move
+/// may in turn go down by the same rule, taking out the items in its way (at most
+/// [`EJECT_CHAIN`] times a move). Kept when the items moved reach no higher (then no more of
+/// them to the top) than before, as the window moves are. Returns the items that moved when
+/// kept.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn eject<'a>(
     p: &Problem,
@@ -183,83 +279,79 @@ pub(super) fn eject<'a>(
     scratch: &mut FindScratch,
     ej: &'a mut Eject,
 ) -> Option<&'a [u32]> {
-    let (s, e) = p.hull[c];
-    let size = p.size[c];
-    ej.near.clear();
-    index.for_each(s, e, |en| {
-        if en.item as usize != c && en.off < off[c] {
-            ej.near.push((en.off, en.top, en.item));
-        }
-    });
-    if ej.near.is_empty() {
-        return None;
-    }
-    // The candidate whose way holds the least area (bytes × lifetime: long-lived items are
-    // the hard ones to re-place).
-    let mut y = 0;
-    let mut best_cost = f64::INFINITY;
-    for _ in 0..EJECT_CANDIDATES {
-        let (o, t, _) = ej.near[rng.below(ej.near.len() as u64) as usize];
-        let cand = if rng.below(2) == 0 { o } else { t.min(off[c] - 1) };
-        let mut cost = 0.0;
-        for &(o, t, i) in &ej.near {
-            if o < cand + size && t > cand {
-                cost += p.size[i as usize] as f64 * p.life[i as usize] as f64;
-            }
-        }
-        if cost < best_cost {
-            best_cost = cost;
-            y = cand;
-        }
-    }
-    ej.out.clear();
-    for &(o, t, i) in &ej.near {
-        if o < y + size && t > y {
-            ej.out.push(i);
-        }
-    }
-    let mut before = Reach::default();
-    before.add(off[c] + size);
-    for &i in &ej.out {
-        before.add(off[i as usize] + p.size[i as usize]);
-        index.remove(p, i as usize, off[i as usize]);
-    }
-    index.remove(p, c, off[c]);
-    index.insert(p, c, y);
-    let mut after = Reach::default();
-    after.add(y + size);
+    ej.next_epoch(p.len());
+    let y = eject_target(p, index, c, off[c], rng, ej)?;
     let noise = [0.0, 0.1, 0.5][rng.below(3) as usize];
     let order = if rng.below(2) == 0 { Order::Size } else { Order::Lifetime };
-    sort_items(p, &mut ej.out, order, noise, rng);
     let fit = if rng.below(2) == 0 { Fit::BestFit } else { Fit::LowestOffset };
-    ej.new_off.clear();
-    let mut placed = 0;
-    for &i in &ej.out {
-        let i = i as usize;
-        let o = index.find(p, i, fit, scratch);
+    let mut before = Reach::default();
+    let mut after = Reach::default();
+    ej.pending.clear();
+    ej.moved.clear();
+    ej.out.clear();
+    // Takes the items in `ej.way` out of the index (to `pending`, in the move's order).
+    fn take_way(
+        p: &Problem,
+        index: &mut Index,
+        off: &[u64],
+        before: &mut Reach,
+        ej: &mut Eject,
+        noise: f64,
+        order: Order,
+        rng: &mut Rng,
+    ) {
+        let from = ej.pending.len();
+        for k in 0..ej.way.len() {
+            let j = ej.way[k];
+            ej.stamp[j as usize] = ej.epoch;
+            ej.out.push(j);
+            before.add(off[j as usize] + p.size[j as usize]);
+            index.remove(p, j as usize, off[j as usize]);
+            ej.pending.push(j);
+        }
+        sort_items(p, &mut ej.pending[from..], order, noise, rng);
+    }
+    ej.stamp[c] = ej.epoch;
+    ej.out.push(c as u32);
+    before.add(off[c] + p.size[c]);
+    take_way(p, index, off, &mut before, ej, noise, order, rng);
+    index.remove(p, c, off[c]);
+    index.insert(p, c, y);
+    ej.moved.push((c as u32, y));
+    after.add(y + p.size[c]);
+    let mut chains = EJECT_CHAIN;
+    let mut k = 0;
+    let mut failed = false;
+    while k < ej.pending.len() {
+        let i = ej.pending[k] as usize;
+        k += 1;
+        let mut o = index.find(p, i, fit, scratch);
+        if o + p.size[i] > before.high && chains > 0 && before.high >= p.size[i] {
+            let limit = before.high - p.size[i] + 1;
+            if let Some(y) = eject_target(p, index, i, limit, rng, ej) {
+                chains -= 1;
+                take_way(p, index, off, &mut before, ej, noise, order, rng);
+                o = y;
+            }
+        }
         index.insert(p, i, o);
-        ej.new_off.push(o);
-        placed += 1;
+        ej.moved.push((i as u32, o));
         after.add(o + p.size[i]);
         // On dense lists one gap query visits thousands of items: check the clock often.
-        if after > before || (placed % 8 == 0 && Instant::now() > deadline) {
-            after.high = u64::MAX;
+        if after > before || (k % 8 == 0 && Instant::now() > deadline) {
+            failed = true;
             break;
         }
     }
-    if after <= before {
-        off[c] = y;
-        for (k, &i) in ej.out.iter().enumerate() {
-            off[i as usize] = ej.new_off[k];
+    if !failed && after <= before {
+        for &(i, o) in &ej.moved {
+            off[i as usize] = o;
         }
-        ej.out.push(c as u32);
         return Some(&ej.out);
     }
-    for k in 0..placed {
-        index.remove(p, ej.out[k] as usize, ej.new_off[k]);
+    for &(i, o) in &ej.moved {
+        index.remove(p, i as usize, o);
     }
-    index.remove(p, c, y);
-    index.insert(p, c, off[c]);
     for &i in &ej.out {
         index.insert(p, i as usize, off[i as usize]);
     }

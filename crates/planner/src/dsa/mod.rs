@@ -44,7 +44,8 @@
 //!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
 //!    moves), and a re-placement stops as soon as it is worse; on single-interval problems
 //!    most steps are cheaper *ejection moves* (the buffer at the top moved down, the buffers
-//!    in its way re-placed, kept under the same test); the chains (and a canonical
+//!    in its way re-placed — or moved down in turn, a short chain — kept under the same
+//!    test); the chains (and a canonical
 //!    search beside them) stop as soon as one of them settles the answer;
 //! 7. an **exact** branch-and-bound search over canonical placements when there are at most
 //!    [`EXACT_MAX_ITEMS`] items.
