@@ -558,98 +558,38 @@ pub(super) fn improve(
 }
 
 #[cfg(test)]
-mod repack_tests {
+mod move_tests {
     use super::*;
-    use proptest::prelude::*;
+    use crate::rng::Rng;
+    use proptest::prelude::{ProptestConfig, Strategy as _, prop, proptest};
 
-    /// Repeated skyline re-packs of the top of a placement keep it valid and never raise
-    /// its footprint.
-    /// Runs `moves` re-packs from the online best fit;
-    /// every one leaves a valid placement no higher than before. Returns how many were kept.
-    fn check(b: &[Buffer], moves: usize, seed: u64) -> usize {
-        let p = Problem::build(b).unwrap();
-        if p.len() == 0 || p.ivs.len() != p.len() {
-            return 0;
-        }
-        let mut kept = 0;
-        let (mut off, mut high) = online_best_fit(&p);
-        let mut index = Index::new(&p);
-        for (i, &o) in off.iter().enumerate() {
-            index.insert(&p, i, o);
-        }
-        let mut rng = crate::rng::Rng::new(seed);
-        let mut rp = Repack { stamp: vec![0; p.len()], ..Repack::default() };
-        let span = p.mean_span() as u64;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        for _ in 0..moves {
-            let tops: Vec<usize> = (0..p.len()).filter(|&i| off[i] + p.size[i] == high).collect();
-            let c = tops[rng.below(tops.len() as u64) as usize];
-            kept += usize::from(
-                repack(&p, &mut index, &mut off, high, c, span, deadline, &mut rng, &mut rp).is_some(),
-            );
-            let offsets: Vec<u64> =
-                p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
-            verify(b, &offsets).unwrap();
-            let now = (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
-            assert!(now <= high, "re-pack raised the footprint: {now} > {high}");
-            high = now;
-        }
-        kept
-    }
-
-    #[test]
-    fn repacks_keep_random_placements_valid() {
-        let mut kept = 0;
-        for seed in 1..=3 {
-            kept += check(&crate::workload::random(2000, seed), 300, seed);
-            kept += check(&crate::workload::random_uniform(2000, seed), 300, seed);
-        }
-        assert!(kept > 0, "no re-pack was kept: the test checks nothing");
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
-
-        #[test]
-        fn repacks_keep_small_placements_valid(
-            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60),
-            seed in 0u64..1000,
-        ) {
-            let b: Vec<Buffer> = raw
-                .into_iter()
-                .map(|(start, life, size)| Buffer { start, end: start + life, size, group: None })
-                .collect();
-            check(&b, 40, seed);
-        }
-    }
-}
-
-#[cfg(test)]
-mod eject_tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    /// Runs `moves` ejection moves from the online best fit, each on an item at the top;
-    /// every one leaves a valid placement no higher than before. Returns how many were kept.
-    fn check(b: &[Buffer], moves: usize, seed: u64) -> usize {
+    /// Runs `moves` improvement moves from the online best fit of `b`, each made by `make`
+    /// on a random item at the top (given the problem, the index, the offsets, the top, the
+    /// item and a generator; it returns the items it moved, `None` when not kept). After
+    /// every move the placement is valid and no higher than before, offsets change only for
+    /// the items reported (none when the move is not kept), and every so often the index
+    /// finds the same gaps as one built afresh. Returns how many moves were kept.
+    fn drive(
+        b: &[Buffer],
+        moves: usize,
+        seed: u64,
+        mut make: impl FnMut(&Problem, &mut Index, &mut [u64], u64, usize, &mut Rng) -> Option<Vec<u32>>,
+    ) -> usize {
         let p = Problem::build(b).unwrap();
         if p.len() == 0 || p.ivs.len() != p.len() {
             return 0;
         }
         let (mut off, mut high) = online_best_fit(&p);
         let mut index = Index::with_placed(&p, off.iter().copied().enumerate());
-        let mut rng = crate::rng::Rng::new(seed);
-        let (mut scratch, mut ej) = (FindScratch::default(), Eject::default());
+        let mut rng = Rng::new(seed);
         let mut kept = 0;
         for step in 0..moves {
             let tops: Vec<usize> = (0..p.len()).filter(|&i| off[i] + p.size[i] == high).collect();
             let c = tops[rng.below(tops.len() as u64) as usize];
             let before = off.clone();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            match eject(&p, &mut index, &mut off, c, deadline, &mut rng, &mut scratch, &mut ej) {
+            match make(&p, &mut index, &mut off, high, c, &mut rng) {
                 Some(moved) => {
                     kept += 1;
-                    assert!(moved.contains(&(c as u32)), "the item at the top is among those moved");
                     for i in 0..p.len() {
                         assert!(
                             off[i] == before[i] || moved.contains(&(i as u32)),
@@ -662,47 +602,77 @@ mod eject_tests {
             let offsets: Vec<u64> =
                 p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
             verify(b, &offsets).unwrap();
-            // The index still describes the placement: a fresh one finds the same gaps.
             if step % 20 == 0 || step + 1 == moves {
                 let fresh = Index::with_placed(&p, off.iter().copied().enumerate());
+                let (mut s1, mut s2) = (FindScratch::default(), FindScratch::default());
                 for i in (0..p.len()).step_by(7) {
-                    let mut s2 = FindScratch::default();
                     assert_eq!(
-                        index.find(&p, i, Fit::LowestOffset, &mut scratch),
+                        index.find(&p, i, Fit::LowestOffset, &mut s1),
                         fresh.find(&p, i, Fit::LowestOffset, &mut s2)
                     );
                 }
             }
             let now = (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
-            assert!(now <= high, "an ejection raised the footprint: {now} > {high}");
+            assert!(now <= high, "a move raised the footprint: {now} > {high}");
             high = now;
         }
         kept
     }
 
+    /// Skyline re-packs of a window's top ([`repack`]).
+    fn repacks(b: &[Buffer], moves: usize, seed: u64) -> usize {
+        let mut rp = Repack { stamp: vec![0; b.len()], ..Repack::default() };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        drive(b, moves, seed, |p, index, off, high, c, rng| {
+            let span = p.mean_span() as u64;
+            repack(p, index, off, high, c, span, deadline, rng, &mut rp).map(<[u32]>::to_vec)
+        })
+    }
+
+    /// Ejection moves and chains ([`eject`]); the item at the top is among those moved.
+    fn ejections(b: &[Buffer], moves: usize, seed: u64) -> usize {
+        let (mut scratch, mut ej) = (FindScratch::default(), Eject::default());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        drive(b, moves, seed, |p, index, off, _, c, rng| {
+            let moved = eject(p, index, off, c, deadline, rng, &mut scratch, &mut ej)?.to_vec();
+            assert!(moved.contains(&(c as u32)), "the item at the top is among those moved");
+            Some(moved)
+        })
+    }
+
+    /// Small random lists for the property tests.
+    fn small_lists() -> impl proptest::strategy::Strategy<Value = Vec<Buffer>> {
+        prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60).prop_map(|raw| {
+            raw.into_iter()
+                .map(|(start, life, size)| Buffer { start, end: start + life, size, group: None })
+                .collect()
+        })
+    }
+
     #[test]
-    fn ejections_keep_random_placements_valid() {
-        let mut kept = 0;
+    fn moves_keep_random_placements_valid() {
+        let (mut repacked, mut ejected) = (0, 0);
         for seed in 1..=3 {
-            kept += check(&crate::workload::random_uniform_sizes(2000, seed), 300, seed);
-            kept += check(&crate::workload::random(2000, seed), 300, seed);
+            repacked += repacks(&crate::workload::random(2000, seed), 300, seed);
+            repacked += repacks(&crate::workload::random_uniform(2000, seed), 300, seed);
+            ejected += ejections(&crate::workload::random_uniform_sizes(2000, seed), 300, seed);
+            ejected += ejections(&crate::workload::random(2000, seed), 300, seed);
         }
-        assert!(kept > 0, "no ejection was kept: the test checks nothing");
+        assert!(repacked > 0, "no re-pack was kept: the test checks nothing");
+        assert!(ejected > 0, "no ejection was kept: the test checks nothing");
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         #[test]
-        fn ejections_keep_small_placements_valid(
-            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60),
-            seed in 0u64..1000,
-        ) {
-            let b: Vec<Buffer> = raw
-                .into_iter()
-                .map(|(start, life, size)| Buffer { start, end: start + life, size, group: None })
-                .collect();
-            check(&b, 40, seed);
+        fn repacks_keep_small_placements_valid(b in small_lists(), seed in 0u64..1000) {
+            repacks(&b, 40, seed);
+        }
+
+        #[test]
+        fn ejections_keep_small_placements_valid(b in small_lists(), seed in 0u64..1000) {
+            ejections(&b, 40, seed);
         }
     }
 }
