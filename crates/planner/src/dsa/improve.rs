@@ -15,8 +15,7 @@ pub(super) struct ImproveStats {
 /// Scratch space of [`repack`].
 #[derive(Default)]
 pub(super) struct Repack {
-    pub(super) stamp: Vec<u32>,
-    pub(super) epoch: u32,
+    pub(super) taken: Marks,
     pub(super) window: Vec<u32>,
     pub(super) times: Vec<u32>,
     pub(super) floor: Vec<u64>,
@@ -51,15 +50,13 @@ pub(super) fn repack<'a>(
     let t1 = ((he as u64) + rng.below(m + 1)).min(p.ranks as u64) as u32;
     let f = [0.05, 0.1, 0.2, 0.4][rng.below(4) as usize];
     let y0 = off[c].min(high - (high as f64 * f) as u64);
-    rp.epoch += 1;
-    let epoch = rp.epoch;
+    rp.taken.clear(p.len());
     rp.window.clear();
     {
-        let (stamp, window) = (&mut rp.stamp, &mut rp.window);
+        let (taken, window) = (&mut rp.taken, &mut rp.window);
         index.for_each(t0, t1, |en| {
             let i = en.item as usize;
-            if stamp[i] != epoch {
-                stamp[i] = epoch;
+            if taken.mark(i) {
                 let (s, e) = p.hull[i];
                 if s >= t0 && e <= t1 && en.off >= y0 {
                     window.push(en.item);
@@ -168,26 +165,8 @@ pub(super) struct Eject {
     pending: Vec<u32>,
     moved: Vec<(u32, u64)>,
     out: Vec<u32>,
-    stamp: Vec<u32>,
-    epoch: u32,
-}
-
-impl Eject {
-    /// A fresh mark for the items one move takes out.
-    fn next_epoch(&mut self, n: usize) {
-        if self.stamp.len() < n {
-            self.stamp.resize(n, 0);
-        }
-        self.epoch = self.epoch.wrapping_add(1);
-        if self.epoch == 0 {
-            self.stamp.fill(0);
-            self.epoch = 1;
-        }
-    }
-
-    fn taken(&self, i: u32) -> bool {
-        self.stamp[i as usize] == self.epoch
-    }
+    /// The items the move has taken out.
+    taken: Marks,
 }
 
 /// Moves the elements of `v` for which `pred` holds to its front; returns how many.
@@ -238,7 +217,7 @@ fn eject_target(
         let mut cost = 0.0;
         for &(o, t, j) in &ej.near {
             if o < cand + size && t > cand {
-                if ej.taken(j) {
+                if ej.taken.marked(j as usize) {
                     cost = f64::INFINITY;
                     break;
                 }
@@ -279,7 +258,7 @@ pub(super) fn eject<'a>(
     scratch: &mut FindScratch,
     ej: &'a mut Eject,
 ) -> Option<&'a [u32]> {
-    ej.next_epoch(p.len());
+    ej.taken.clear(p.len());
     let y = eject_target(p, index, c, off[c], rng, ej)?;
     let noise = [0.0, 0.1, 0.5][rng.below(3) as usize];
     let order = if rng.below(2) == 0 { Order::Size } else { Order::Lifetime };
@@ -303,7 +282,7 @@ pub(super) fn eject<'a>(
         let from = ej.pending.len();
         for k in 0..ej.way.len() {
             let j = ej.way[k];
-            ej.stamp[j as usize] = ej.epoch;
+            ej.taken.mark(j as usize);
             ej.out.push(j);
             before.add(off[j as usize] + p.size[j as usize]);
             index.remove(p, j as usize, off[j as usize]);
@@ -311,7 +290,7 @@ pub(super) fn eject<'a>(
         }
         sort_items(p, &mut ej.pending[from..], order, noise, rng);
     }
-    ej.stamp[c] = ej.epoch;
+    ej.taken.mark(c);
     ej.out.push(c as u32);
     before.add(off[c] + p.size[c]);
     take_way(p, index, off, &mut before, ej, noise, order, rng);
@@ -410,14 +389,13 @@ pub(super) fn improve(
     let overlap = (2 * pairs / n.max(1) as u64).max(1);
     let items = (WINDOW_WORK / overlap).clamp(64, WINDOW_ITEMS);
     let reach = (items * p.ranks as u64 / n.max(1) as u64).max(64);
-    let mut stamp = vec![0u32; n];
-    let mut epoch = 0u32;
+    let mut taken = Marks::default();
     let mut window: Vec<u32> = Vec::new();
     let mut crossing: Vec<u32> = Vec::new();
     let mut new_off = vec![0u64; n];
     let mut scratch = FindScratch::default();
     let single = p.ivs.len() == n;
-    let mut rp = Repack { stamp: vec![0; n], ..Repack::default() };
+    let mut rp = Repack::default();
     let mut ej = Eject::default();
     while high > lb && !until.passed() {
         // A buffer at the top.
@@ -471,15 +449,14 @@ pub(super) fn improve(
         let ext = (span * mult).min(reach / 2);
         let t0 = (hs as u64).saturating_sub(rng.below(ext + 1)) as u32;
         let t1 = ((he as u64) + rng.below(ext + 1)).min(p.ranks as u64) as u32;
-        epoch += 1;
+        taken.clear(n);
         window.clear();
         window.push(c as u32);
-        stamp[c] = epoch;
+        taken.mark(c);
         crossing.clear();
         index.for_each(t0, t1, |en| {
             let i = en.item as usize;
-            if stamp[i] != epoch {
-                stamp[i] = epoch;
+            if taken.mark(i) {
                 let (s, e) = p.hull[i];
                 if s >= t0 && e <= t1 {
                     window.push(en.item);
@@ -621,7 +598,7 @@ mod move_tests {
 
     /// Skyline re-packs of a window's top ([`repack`]).
     fn repacks(b: &[Buffer], moves: usize, seed: u64) -> usize {
-        let mut rp = Repack { stamp: vec![0; b.len()], ..Repack::default() };
+        let mut rp = Repack::default();
         let deadline = Instant::now() + Duration::from_secs(60);
         drive(b, moves, seed, |p, index, off, high, c, rng| {
             let span = p.mean_span() as u64;

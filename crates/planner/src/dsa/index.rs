@@ -183,20 +183,11 @@ impl Index {
         } else {
             // An item with several intervals meets most neighbours in several of them, and
             // every interval of a neighbour has its offset: one pair per neighbour.
-            if scratch.seen.len() < p.len() {
-                scratch.seen.resize(p.len(), 0);
-            }
-            scratch.epoch = scratch.epoch.wrapping_add(1);
-            if scratch.epoch == 0 {
-                scratch.seen.fill(0);
-                scratch.epoch = 1;
-            }
-            let FindScratch { pairs, seen, epoch, .. } = scratch;
+            scratch.seen.clear(p.len());
+            let FindScratch { pairs, seen, .. } = scratch;
             for &(s, e) in ivs {
                 self.for_each(s, e, |en| {
-                    let k = en.item as usize;
-                    if seen[k] != *epoch {
-                        seen[k] = *epoch;
+                    if seen.mark(en.item as usize) {
                         if let Some(last) = pairs.last()
                             && last.0 > en.off
                         {
@@ -243,8 +234,7 @@ pub(super) struct FindScratch {
     /// Starts of the sorted runs of `pairs` after the first, and room to merge them.
     pub(super) runs: Vec<u32>,
     pub(super) spare: Vec<(u64, u64)>,
-    pub(super) seen: Vec<u32>,
-    pub(super) epoch: u32,
+    pub(super) seen: Marks,
 }
 
 /// Sorts `v` by offset, given that it is sorted runs starting at 0 and at each of `runs`
