@@ -121,7 +121,7 @@ pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
     {
         k = j;
     }
-    if k == 0 || k as f64 > SKELETON_MAX_SHARE * n as f64 {
+    if k == 0 || k > most {
         return None;
     }
     order.truncate(k);
