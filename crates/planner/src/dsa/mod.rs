@@ -841,6 +841,12 @@ pub fn verify(buffers: &[Buffer], offsets: &[u64]) -> Result<(), VerifyError> {
     Ok(())
 }
 
+/// Options with `budget` and no per-item cap (tests that need a budget of their own).
+#[cfg(test)]
+fn uncapped(budget: Duration) -> PlaceOptions {
+    PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..PlaceOptions::default() }
+}
+
 #[cfg(test)]
 mod timing {
     use super::*;
@@ -977,11 +983,7 @@ mod density_tests {
                 .enumerate()
                 .map(|(k, x)| Buffer { group: (multi && k % 50 == 0).then_some(k as u32 % 7), ..*x })
                 .collect();
-            let opts = PlaceOptions {
-                time_budget: Duration::ZERO,
-                scaled_budget_per_item: None,
-                ..PlaceOptions::default()
-            };
+            let opts = uncapped(Duration::ZERO);
             let placed = place(&b, &opts).unwrap();
             // No budget makes any single-interval input dense (a greedy pass does not fit):
             // the aligned construction leads there.
@@ -1003,11 +1005,7 @@ mod density_tests {
         // Uniform sizes: online best fit lands within 10% of the bound, the aligned
         // construction (the first job here) lower.
         let b = crate::workload::random_uniform_sizes(60_000, 1);
-        let opts = PlaceOptions {
-            time_budget: Duration::from_millis(1),
-            scaled_budget_per_item: None,
-            ..PlaceOptions::default()
-        };
+        let opts = uncapped(Duration::from_millis(1));
         let placed = place(&b, &opts).unwrap();
         verify(&b, &placed.offsets).unwrap();
         assert!(placed.floor_footprint as f64 <= placed.lower_bound as f64 * portfolio::FAR_FLOOR);
@@ -1021,11 +1019,7 @@ mod density_tests {
     #[test]
     fn dense_inputs_plan_a_skeleton() {
         let b = crate::workload::random_dense(20_000, 3);
-        let opts = PlaceOptions {
-            time_budget: Duration::from_secs(2),
-            scaled_budget_per_item: None,
-            ..PlaceOptions::default()
-        };
+        let opts = uncapped(Duration::from_secs(2));
         let placed = place(&b, &opts).unwrap();
         verify(&b, &placed.offsets).unwrap();
         assert!(placed.stages.iter().any(|s| s.name == "skeleton"), "{:?}", placed.stages);
@@ -1041,8 +1035,7 @@ mod density_tests {
         let p = Problem::build(&b).unwrap();
         let budget = Duration::from_millis(60);
         assert!(greedy_pass_estimate(p.len(), p.overlapping_pairs()) > budget * 2);
-        let opts =
-            PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..PlaceOptions::default() };
+        let opts = uncapped(budget);
         let placed = place(&b, &opts).unwrap();
         verify(&b, &placed.offsets).unwrap();
         assert_eq!(placed.strategies_run, 0, "a greedy pass ran: {}", placed.strategy);
@@ -1100,11 +1093,7 @@ mod long_group_tests {
             layers: varied_layers(1, 3, 1024, 1, 1024, 162),
         };
         let buffers = schedule_buffers(&input).unwrap().buffers;
-        let opts = PlaceOptions {
-            time_budget: Duration::from_secs(20),
-            scaled_budget_per_item: None,
-            ..PlaceOptions::default()
-        };
+        let opts = uncapped(Duration::from_secs(20));
         let placed = place(&buffers, &opts).unwrap();
         verify(&buffers, &placed.offsets).unwrap();
         assert!(placed.greedy_footprint as f64 > 1.1 * placed.lower_bound as f64);
