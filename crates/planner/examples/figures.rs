@@ -12,7 +12,10 @@
 //! once). Rows named `budget=1s` run with the whole 1 s budget instead of the default cap
 //! of 8 µs per buffer + 5 ms, at least 60 ms. Rows named `var-…` are schedules whose
 //! layers differ (`pipeline::varied_layers`, 4 layers per chunk, seeded), planned with the
-//! daemon's default budget of 200 ms.
+//! daemon's default budget of 200 ms. Rows `packed-h1`, `packed-b1` and `packed-area` are
+//! tilings of other shapes than `packed` (`workload::Tiling`: one step per piece, cuts at
+//! any byte, the largest of three pieces cut), `skyline` rows tilings filled bottom-up
+//! (`workload::packed_skyline`).
 
 use std::time::Duration;
 
@@ -20,6 +23,9 @@ use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_l
 use graphpool_planner::{
     Buffer, LayerSpec, PlaceOptions, Schedule, SchedulePlanInput, place, verify, workload,
 };
+
+/// Builds a row's buffers (only for the rows the filter selects).
+type BuildRow = Box<dyn FnOnce() -> Vec<Buffer>>;
 
 /// The buffers of `schedule` over `layers`.
 fn buffers_of(schedule: Schedule, layers: Vec<LayerSpec>) -> Vec<Buffer> {
@@ -39,7 +45,7 @@ fn main() {
     let show_stages = std::env::var_os("FIGURES_STAGES").is_some();
     let budget_ms: Option<u64> =
         std::env::var("FIGURES_BUDGET_MS").ok().map(|v| v.parse().expect("FIGURES_BUDGET_MS: milliseconds"));
-    let mut cases: Vec<(String, Vec<Buffer>)> = Vec::new();
+    let mut cases: Vec<(String, BuildRow)> = Vec::new();
     let one_f_one_b =
         |pp_size, pp_rank, num_microbatches| Schedule::OneFOneB { pp_size, pp_rank, num_microbatches };
     let interleaved = |pp_size, pp_rank, num_microbatches, virtual_chunks| Schedule::Interleaved {
@@ -57,13 +63,16 @@ fn main() {
     ];
     for (name, schedule) in pipelines {
         let layers = transformer_layers(schedule.chunks(), 9, 4096, 1, 1024);
-        cases.push((name.to_string(), buffers_of(schedule, layers)));
+        cases.push((name.to_string(), Box::new(move || buffers_of(schedule, layers))));
     }
     // Attention layers with a fixed 32 MiB workspace beside MLP layers with none, 1 MiB
     // hidden states: one microbatch per slot (M = pp) against slots replayed twice (M = 2 pp).
     for m in [4, 8] {
         let schedule = one_f_one_b(4, 0, m);
-        cases.push((format!("ws-1f1b pp=4 r0 M={m}"), buffers_of(schedule, workspace_layers(2, 1 << 20))));
+        cases.push((
+            format!("ws-1f1b pp=4 r0 M={m}"),
+            Box::new(move || buffers_of(schedule, workspace_layers(2, 1 << 20))),
+        ));
     }
     // Layers that differ (attention and MLP, workspaces, token and rotary inputs).
     let varied = [
@@ -75,52 +84,95 @@ fn main() {
     for (name, schedule) in varied {
         for &seed in &seeds {
             let layers = varied_layers(schedule.chunks(), 4, 2048, 1, 2048, seed);
-            cases.push((format!("{name} seed={seed}"), buffers_of(schedule.clone(), layers)));
+            let schedule = schedule.clone();
+            cases.push((format!("{name} seed={seed}"), Box::new(move || buffers_of(schedule, layers))));
         }
     }
     for n in [1_000, 10_000, 100_000] {
         for &seed in &seeds {
-            cases.push((format!("random n={n} seed={seed}"), workload::random(n, seed)));
+            cases.push((format!("random n={n} seed={seed}"), Box::new(move || workload::random(n, seed))));
         }
     }
     for n in [1_000, 10_000, 100_000] {
         for &seed in &seeds {
-            cases.push((format!("uniform n={n} seed={seed}"), workload::random_uniform(n, seed)));
+            cases.push((
+                format!("uniform n={n} seed={seed}"),
+                Box::new(move || workload::random_uniform(n, seed)),
+            ));
         }
     }
     for n in [10_000, 100_000] {
         for &seed in &seeds {
-            cases.push((format!("usize n={n} seed={seed}"), workload::random_uniform_sizes(n, seed)));
+            cases.push((
+                format!("usize n={n} seed={seed}"),
+                Box::new(move || workload::random_uniform_sizes(n, seed)),
+            ));
         }
     }
     for n in [10_000, 100_000] {
         for &seed in &seeds {
-            cases.push((format!("dense n={n} seed={seed}"), workload::random_dense(n, seed)));
+            cases.push((
+                format!("dense n={n} seed={seed}"),
+                Box::new(move || workload::random_dense(n, seed)),
+            ));
         }
     }
     for n in [10_000, 100_000] {
         for &seed in &seeds {
-            cases.push((format!("bimodal n={n} seed={seed}"), workload::random_bimodal(n, seed)));
+            cases.push((
+                format!("bimodal n={n} seed={seed}"),
+                Box::new(move || workload::random_bimodal(n, seed)),
+            ));
         }
     }
     for n in [100, 1_000, 10_000] {
         for &seed in &seeds {
-            cases.push((format!("packed n={n} seed={seed}"), workload::packed(n, seed)));
+            cases.push((format!("packed n={n} seed={seed}"), Box::new(move || workload::packed(n, seed))));
         }
     }
     for n in [1_000, 10_000, 100_000] {
         for &seed in &seeds {
-            cases.push((format!("packed n={n} seed={seed} budget=1s"), workload::packed(n, seed)));
+            cases.push((
+                format!("packed n={n} seed={seed} budget=1s"),
+                Box::new(move || workload::packed(n, seed)),
+            ));
+        }
+    }
+    // Tilings of other shapes: short pieces (one step per piece: many cuts meet), cuts at
+    // any byte, the largest of three pieces cut each time (few slivers); and skyline fills,
+    // which need not split along any line.
+    let shapes = [
+        ("packed-h1", workload::Tiling { horizon_per_piece: 1, ..Default::default() }),
+        ("packed-b1", workload::Tiling { granularity: 1, ..Default::default() }),
+        ("packed-area", workload::Tiling { cut_largest_of: 3, ..Default::default() }),
+    ];
+    for &(name, shape) in &shapes {
+        for n in [10_000, 100_000] {
+            for &seed in &seeds {
+                cases.push((
+                    format!("{name} n={n} seed={seed} budget=1s"),
+                    Box::new(move || workload::packed_tiling(n, seed, &shape)),
+                ));
+            }
+        }
+    }
+    for n in [1_000, 10_000, 100_000] {
+        for &seed in &seeds {
+            cases.push((
+                format!("skyline n={n} seed={seed} budget=1s"),
+                Box::new(move || workload::packed_skyline(n, seed)),
+            ));
         }
     }
     println!(
         "{:<36} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8}  strategy",
         "workload", "buffers", "floor", "greedy", "ratio", "vs-live", "time", "win", "steps"
     );
-    for (name, buffers) in cases {
+    for (name, build) in cases {
         if !name.contains(&filter) {
             continue;
         }
+        let buffers = build();
         let mut opts = PlaceOptions { time_budget: Duration::from_secs(1), ..PlaceOptions::default() };
         if name.starts_with("var-") {
             // Schedules as a training rank plans them (`plan_schedule`): the daemon's

@@ -71,28 +71,62 @@ fn uniform_starts(n: usize, mut rng: Rng, mut draw: impl FnMut(&mut Rng) -> (u64
         .collect()
 }
 
+/// The shape of a guillotine tiling drawn by [`packed_tiling`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tiling {
+    /// Clock steps of the rectangle per piece (at least 16 in all): 4 gives long pieces
+    /// whose cuts rarely meet; 1 gives short pieces, many of which end at the same steps.
+    pub horizon_per_piece: u64,
+    /// Bytes a cut in memory is a multiple of (512: the pieces' sizes are too).
+    pub granularity: u64,
+    /// Pieces drawn for each cut, the one of most bytes × steps cut: 1 cuts a piece drawn
+    /// uniformly (many slivers), 3 favours the large pieces (even sizes, few slivers).
+    pub cut_largest_of: u32,
+}
+
+impl Default for Tiling {
+    /// The shape of [`packed`]: 4 steps per piece, 512-byte cuts, uniform draws.
+    fn default() -> Self {
+        Tiling { horizon_per_piece: 4, granularity: 512, cut_largest_of: 1 }
+    }
+}
+
 /// `n` buffers that tile a `horizon` × `height` rectangle exactly (guillotine cuts of the
 /// rectangle at random places, in time or in memory), shuffled. Every step has exactly
 /// `height` bytes live, so the optimum footprint is `height` = the lower bound; greedy
-/// orders typically land 10–40% above it.
+/// orders typically land 10–40% above it. [`packed_tiling`] with [`Tiling::default`].
 pub fn packed(n: usize, seed: u64) -> Vec<Buffer> {
+    packed_tiling(n, seed, &Tiling::default())
+}
+
+/// `n` buffers that tile a `n × horizon_per_piece` × 4 GiB rectangle exactly, cut as
+/// `shape` says (see [`packed`]).
+pub fn packed_tiling(n: usize, seed: u64, shape: &Tiling) -> Vec<Buffer> {
     let mut rng = Rng::new(seed);
-    let horizon: u64 = (n as u64 * 4).max(16);
+    let horizon: u64 = (n as u64 * shape.horizon_per_piece).max(16);
     let height: u64 = 1 << 32;
+    let unit = shape.granularity.max(1);
+    let area = |x: (u64, u64, u64, u64)| (x.1 - x.0) as u128 * x.3 as u128;
     // (start, end, offset, size)
     let mut pieces: Vec<(u64, u64, u64, u64)> = vec![(0, horizon, 0, height)];
     let mut attempts = 0;
     while pieces.len() < n && attempts < n * 64 {
         attempts += 1;
-        let k = rng.below(pieces.len() as u64) as usize;
+        let mut k = rng.below(pieces.len() as u64) as usize;
+        for _ in 1..shape.cut_largest_of {
+            let j = rng.below(pieces.len() as u64) as usize;
+            if area(pieces[j]) > area(pieces[k]) {
+                k = j;
+            }
+        }
         let (s, e, o, h) = pieces[k];
         let cut_time = rng.below(2) == 0;
         if cut_time && e - s >= 2 {
             let c = rng.range(s + 1, e - 1);
             pieces[k] = (s, c, o, h);
             pieces.push((c, e, o, h));
-        } else if !cut_time && h >= 2 * 512 {
-            let c = rng.range(1, h / 512 - 1) * 512;
+        } else if !cut_time && h >= 2 * unit {
+            let c = rng.range(1, h / unit - 1) * unit;
             pieces[k] = (s, e, o, c);
             pieces.push((s, e, o + c, h - c));
         }
@@ -102,4 +136,94 @@ pub fn packed(n: usize, seed: u64) -> Vec<Buffer> {
         pieces.swap(i, j);
     }
     pieces.into_iter().map(|(start, end, _, size)| Buffer { start, end, size, group: None }).collect()
+}
+
+/// About `n` buffers (within a few percent) that tile a rectangle of 4 GiB exactly, built
+/// bottom-up like a skyline: each buffer starts at the left edge of the lowest stretch of
+/// the skyline, at its level, `1..=400` steps wide and up to a sixteenth of the height
+/// tall (uniform), cut to the stretch and to what is left of the height; shuffled. Unlike
+/// [`packed`]'s cuts, the tiling need not split along any line; the optimum footprint is
+/// the height = the lower bound.
+pub fn packed_skyline(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed ^ 0x5b7_11e5);
+    let unit: u64 = 512;
+    let height: u64 = 1 << 23; // in units: 4 GiB
+    let horizon: u64 = (n as u64 * 5 / 8).max(4);
+    // The skyline: (start, level) of each stretch, in clock order; a stretch ends where the
+    // next starts (the last at `horizon`).
+    let mut sky: Vec<(u64, u64)> = vec![(0, 0)];
+    let mut out = Vec::with_capacity(n + n / 8);
+    loop {
+        let (k, &(a, level)) = sky.iter().enumerate().min_by_key(|&(_, &(_, l))| l).expect("skyline");
+        if level >= height {
+            break;
+        }
+        let b = sky.get(k + 1).map_or(horizon, |x| x.0);
+        let w = rng.range(1, 400).min(b - a);
+        let d = rng.range(1, height / 16).min(height - level);
+        out.push(Buffer { start: a, end: a + w, size: d * unit, group: None });
+        // Raise [a, a + w) by d: split the stretch, then merge equal neighbours.
+        if a + w < b {
+            sky.insert(k + 1, (a + w, level));
+        }
+        sky[k].1 = level + d;
+        if k + 1 < sky.len() && sky[k + 1].1 == sky[k].1 {
+            sky.remove(k + 1);
+        }
+        if k > 0 && sky[k - 1].1 == sky[k].1 {
+            sky.remove(k);
+        }
+    }
+    for i in (1..out.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        out.swap(i, j);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes × steps of `b` and its live bound: a list tiles a `horizon` × `height`
+    /// rectangle exactly when the first is `horizon × height` and the second `height`.
+    fn area_and_bound(b: &[Buffer]) -> (u128, u64) {
+        let area = b.iter().map(|x| (x.end - x.start) as u128 * x.size as u128).sum();
+        (area, crate::live_bound(b).unwrap())
+    }
+
+    #[test]
+    fn tilings_of_every_shape_fill_their_rectangle() {
+        let shapes = [
+            Tiling::default(),
+            Tiling { horizon_per_piece: 1, ..Tiling::default() },
+            Tiling { granularity: 1, ..Tiling::default() },
+            Tiling { cut_largest_of: 3, ..Tiling::default() },
+        ];
+        for shape in shapes {
+            for seed in 1..=3 {
+                let b = packed_tiling(700, seed, &shape);
+                assert_eq!(b.len(), 700, "{shape:?}");
+                let horizon = b.iter().map(|x| x.end).max().unwrap();
+                assert_eq!(horizon, 700 * shape.horizon_per_piece, "{shape:?}");
+                assert_eq!(
+                    area_and_bound(&b),
+                    (horizon as u128 * (1 << 32), 1 << 32),
+                    "{shape:?} seed {seed}"
+                );
+                assert!(b.iter().all(|x| x.size % shape.granularity == 0 && x.end > x.start));
+            }
+        }
+        assert_eq!(packed(300, 5), packed_tiling(300, 5, &Tiling::default()));
+    }
+
+    #[test]
+    fn skyline_fills_tile_their_rectangle() {
+        for (n, seed) in [(1_000, 1), (10_000, 2)] {
+            let b = packed_skyline(n, seed);
+            assert!(b.len() * 10 >= n * 8 && b.len() * 10 <= n * 12, "{} buffers for {n}", b.len());
+            let horizon = b.iter().map(|x| x.end).max().unwrap();
+            assert_eq!(area_and_bound(&b), (horizon as u128 * (4 << 30), 4 << 30));
+        }
+    }
 }

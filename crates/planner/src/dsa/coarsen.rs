@@ -347,6 +347,18 @@ mod coarse_tests {
         assert!(reached >= 3, "only {reached} of 6 packed lists reached the bound");
     }
 
+    /// Skyline fills (tilings that need not split along any line) still coarsen to a few
+    /// blocks, and are placed at their bound.
+    #[test]
+    fn skyline_fills_fit_at_their_bound() {
+        for seed in 1..=3 {
+            let b = crate::workload::packed_skyline(3000, seed);
+            let p = place(&b, &uncapped(Duration::from_secs(10))).unwrap();
+            verify(&b, &p.offsets).unwrap();
+            assert_eq!(p.footprint, p.lower_bound, "seed {seed}: {}", p.strategy);
+        }
+    }
+
     #[test]
     fn guillotine_instances_coarsen() {
         // A packed instance of 2000 pieces collapses to a small fraction of its size, and
