@@ -77,7 +77,14 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 type KeyMap<V> = HashMap<(u32, u64), V, KeyHashing>;
-type KeySet = std::collections::HashSet<(u32, u64), KeyHashing>;
+
+/// How many coarse buffers start and end at one (rank, size) key, and the first to start.
+#[derive(Debug, Clone, Copy, Default)]
+struct KeyUse {
+    starts: u32,
+    first_start: u32,
+    ends: u32,
+}
 
 /// Which stacks a round of [`coarsen_in_order`] makes first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,13 +143,11 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder) -> Coarse {
         MergeOrder::ChainingStacksFirst => 0,
     };
     let mut level = first_level;
-    let mut totals: KeyMap<u64> = KeyMap::default();
-    let mut end_keys: KeySet = KeySet::default();
-    let mut start_keys: KeySet = KeySet::default();
     // Scratch kept across rounds (the maps keep their capacity when cleared).
-    let mut starting: KeyMap<(u32, u32)> = KeyMap::with_capacity_and_hasher(n, Default::default());
-    let mut ending: KeyMap<u32> = KeyMap::with_capacity_and_hasher(n, Default::default());
-    let mut lifetimes: KeyMap<u32> = KeyMap::with_capacity_and_hasher(n, Default::default());
+    let mut keys: KeyMap<KeyUse> = KeyMap::with_capacity_and_hasher(2 * n, Default::default());
+    // (blocks free to stack, their bytes) per lifetime.
+    let mut lifetimes: KeyMap<(u32, u64)> = KeyMap::with_capacity_and_hasher(n, Default::default());
+    let mut free: Vec<bool> = Vec::new();
     let mut succ: Vec<u32> = Vec::new();
     let mut has_pred: Vec<bool> = Vec::new();
     let mut next: Vec<Block> = Vec::with_capacity(n);
@@ -152,13 +157,17 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder) -> Coarse {
         // Chain a buffer with one of equal size starting where it ends, where the pairing is
         // unambiguous (one buffer of that size ends there and one starts there). Chains run
         // forward in time, so they have no cycles; one pass finds them all (a merge only
-        // removes keys whose counts were one, so it makes no new unambiguous pair), and no
-        // buffer left starts or ends at a merged key, so the counts still serve the stacking.
-        starting.clear();
-        ending.clear();
+        // removes keys whose counts were one, so it makes no new unambiguous pair). A merged
+        // key's counts are zeroed: no buffer left starts or ends there, so the counts then
+        // describe the chained buffers and still serve the stacking.
+        keys.clear();
         for (k, x) in cur.iter().enumerate() {
-            starting.entry((x.s, x.size)).or_insert((0, k as u32)).0 += 1;
-            *ending.entry((x.e, x.size)).or_default() += 1;
+            let at_start = keys.entry((x.s, x.size)).or_default();
+            if at_start.starts == 0 {
+                at_start.first_start = k as u32;
+            }
+            at_start.starts += 1;
+            keys.entry((x.e, x.size)).or_default().ends += 1;
         }
         let len = cur.len();
         succ.clear();
@@ -166,12 +175,13 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder) -> Coarse {
         has_pred.clear();
         has_pred.resize(len, false);
         for k in 0..len {
-            let key = (cur[k].e, cur[k].size);
-            if let Some(&(1, j)) = starting.get(&key)
-                && ending[&key] == 1
+            if let Some(at_end) = keys.get_mut(&(cur[k].e, cur[k].size))
+                && at_end.starts == 1
+                && at_end.ends == 1
             {
-                succ[k] = j;
-                has_pred[j as usize] = true;
+                succ[k] = at_end.first_start;
+                has_pred[at_end.first_start as usize] = true;
+                *at_end = KeyUse::default();
             }
         }
         next.clear();
@@ -194,37 +204,28 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder) -> Coarse {
         // still have a possible (ambiguous) chain partner, stacking which would hide it —
         // unless nothing else is left to merge. Only lifetimes shared by two or more buffers
         // free to stack are sorted.
-        let free = |x: &Block| {
-            level == 2 || (!ending.contains_key(&(x.s, x.size)) && !starting.contains_key(&(x.e, x.size)))
-        };
+        let uses = |rank: u32, size: u64| keys.get(&(rank, size)).copied().unwrap_or_default();
+        free.clear();
+        free.extend(
+            cur.iter().map(|x| level == 2 || (uses(x.s, x.size).ends == 0 && uses(x.e, x.size).starts == 0)),
+        );
         lifetimes.clear();
-        totals.clear();
-        for x in cur.iter().filter(|x| free(x)) {
-            *lifetimes.entry((x.s, x.e as u64)).or_default() += 1;
-            *totals.entry((x.s, x.e as u64)).or_default() += x.size;
+        for (x, _) in cur.iter().zip(&free).filter(|(_, f)| **f) {
+            let group = lifetimes.entry((x.s, x.e as u64)).or_default();
+            group.0 += 1;
+            group.1 += x.size;
         }
-        if level == 0 {
-            end_keys.clear();
-            start_keys.clear();
-            for x in &cur {
-                end_keys.insert((x.e, x.size));
-                start_keys.insert((x.s, x.size));
-            }
-        }
-        let chains_at_once = |x: &Block| {
-            let total = totals[&(x.s, x.e as u64)];
-            end_keys.contains(&(x.s, total)) || start_keys.contains(&(x.e, total))
-        };
+        // At level 0, only groups whose stack would chain at once.
+        let chains_at_once = |total: u64, x: &Block| uses(x.s, total).ends > 0 || uses(x.e, total).starts > 0;
         next.clear();
         stackable.clear();
-        for x in cur.drain(..) {
-            if lifetimes.get(&(x.s, x.e as u64)).is_some_and(|&c| c > 1)
-                && free(&x)
-                && (level > 0 || chains_at_once(&x))
-            {
-                stackable.push(x);
-            } else {
-                next.push(x);
+        for (x, is_free) in cur.drain(..).zip(&free) {
+            let group = if *is_free { lifetimes.get(&(x.s, x.e as u64)).copied() } else { None };
+            match group {
+                Some((count, total)) if count > 1 && (level > 0 || chains_at_once(total, &x)) => {
+                    stackable.push(x)
+                }
+                _ => next.push(x),
             }
         }
         stackable.sort_unstable_by_key(|x| (x.s, x.e, std::cmp::Reverse(x.size), x.root));
