@@ -105,21 +105,23 @@ const PARALLEL_COARSEN_ITEMS: usize = 20_000;
 
 /// Coarsens `p` (items of one interval each; see [`Coarse`]) in both merge orders — side by
 /// side on two threads for large lists when `threads` allows — and keeps the coarser
-/// instance (fewer buffers: more structure found; on a tie the plain order's).
-pub(super) fn coarsen(p: &Problem, threads: usize) -> Coarse {
+/// instance (fewer buffers: more structure found; on a tie the plain order's). Each order
+/// starts no round of merges after `until` (what it merged so far is a coarse instance too).
+pub(super) fn coarsen(p: &Problem, threads: usize, until: Instant) -> Coarse {
     let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
     let [plain, other] = if threads >= 2 && p.len() >= PARALLEL_COARSEN_ITEMS {
-        let mut both = run_workers(2, |k| coarsen_in_order(p, orders[k]));
+        let mut both = run_workers(2, |k| coarsen_in_order(p, orders[k], until));
         let other = both.pop().expect("two workers ran");
         [both.pop().expect("two workers ran"), other]
     } else {
-        orders.map(|order| coarsen_in_order(p, order))
+        orders.map(|order| coarsen_in_order(p, order, until))
     };
     if other.buffers.len() < plain.buffers.len() { other } else { plain }
 }
 
-/// Coarsens `p` (items of one interval each) in one merge order: see [`Coarse`].
-pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder) -> Coarse {
+/// Coarsens `p` (items of one interval each) in one merge order: see [`Coarse`]. Starts no
+/// round after `until` but the first.
+pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -> Coarse {
     /// A coarse buffer over ranks `[s, e)`; its members hang off its `root` item.
     #[derive(Clone, Copy)]
     struct Block {
@@ -152,7 +154,10 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder) -> Coarse {
     let mut has_pred: Vec<bool> = Vec::new();
     let mut next: Vec<Block> = Vec::with_capacity(n);
     let mut stackable: Vec<Block> = Vec::new();
-    loop {
+    for round in 0.. {
+        if round > 0 && Instant::now() > until {
+            break;
+        }
         let before = cur.len();
         // Chain a buffer with one of equal size starting where it ends, where the pairing is
         // unambiguous (one buffer of that size ends there and one starts there). Chains run
@@ -298,12 +303,17 @@ mod coarse_tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A deadline coarsening never meets.
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
-        /// Any valid placement of the coarse instance (either merge order) maps back to a
-        /// valid placement of the items with the same footprint, and coarsening keeps the
-        /// live bound.
+        /// Any valid placement of the coarse instance (either merge order, coarsened to the
+        /// end or stopped early) maps back to a valid placement of the items with the same
+        /// footprint, and coarsening keeps the live bound.
         #[test]
         fn coarse_placements_map_back(raw in prop::collection::vec((0u64..30, 1u64..10, 1u64..8), 1..60)) {
             let b: Vec<Buffer> = raw
@@ -311,8 +321,10 @@ mod coarse_tests {
                 .map(|(start, len, size)| Buffer { start, end: start + len, size: size * 4, group: None })
                 .collect();
             let p = Problem::build(&b).unwrap();
-            for order in [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst] {
-                let c = coarsen_in_order(&p, order);
+            // Coarsened to the end, and stopped after the first round.
+            let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
+            for (order, until) in orders.into_iter().flat_map(|o| [(o, far()), (o, Instant::now())]) {
+                let c = coarsen_in_order(&p, order, until);
                 prop_assert!(c.buffers.len() <= p.len());
                 prop_assert_eq!(live_bound(&c.buffers).unwrap(), p.lower_bound());
                 let opts = PlaceOptions { time_budget: Duration::from_millis(5), threads: 1, ..PlaceOptions::default() };
@@ -360,13 +372,25 @@ mod coarse_tests {
         }
     }
 
+    /// Past its deadline coarsening stops after the first round: an instance between the
+    /// list and the one coarsened to the end.
+    #[test]
+    fn coarsening_stops_at_its_deadline() {
+        let p = Problem::build(&crate::workload::packed(30_000, 4)).unwrap();
+        for order in [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst] {
+            let full = coarsen_in_order(&p, order, far()).buffers.len();
+            let cut = coarsen_in_order(&p, order, Instant::now()).buffers.len();
+            assert!(full < cut && cut < p.len(), "{order:?}: {full} coarsened to the end, {cut} stopped");
+        }
+    }
+
     #[test]
     fn guillotine_instances_coarsen() {
         // A packed instance of 2000 pieces collapses to a small fraction of its size, and
         // its optimum (the lower bound) is then found within the default budget.
         let b = crate::workload::packed(2000, 11);
         let p = Problem::build(&b).unwrap();
-        let c = coarsen(&p, 2);
+        let c = coarsen(&p, 2, far());
         assert!(c.buffers.len() * 4 < b.len(), "{} coarse buffers", c.buffers.len());
     }
 
@@ -379,10 +403,10 @@ mod coarse_tests {
         for seed in 1..=3 {
             let b = crate::workload::packed(500, seed);
             let p = Problem::build(&b).unwrap();
-            let a = coarsen_in_order(&p, MergeOrder::Stacks);
-            let c = coarsen_in_order(&p, MergeOrder::ChainingStacksFirst);
-            assert_eq!(coarsen(&p, 2).buffers.len(), a.buffers.len().min(c.buffers.len()));
-            assert_eq!(coarsen(&p, 1).buffers.len(), a.buffers.len().min(c.buffers.len()));
+            let a = coarsen_in_order(&p, MergeOrder::Stacks, far());
+            let c = coarsen_in_order(&p, MergeOrder::ChainingStacksFirst, far());
+            assert_eq!(coarsen(&p, 2, far()).buffers.len(), a.buffers.len().min(c.buffers.len()));
+            assert_eq!(coarsen(&p, 1, far()).buffers.len(), a.buffers.len().min(c.buffers.len()));
             for coarse in [&a, &c] {
                 let cp = place(
                     &coarse.buffers,
@@ -408,7 +432,7 @@ mod coarse_tests {
         // Large lists run the two orders on two threads: the same instance as one thread.
         let p = Problem::build(&crate::workload::packed(PARALLEL_COARSEN_ITEMS + 1000, 4)).unwrap();
         assert!(p.len() >= PARALLEL_COARSEN_ITEMS);
-        let (one, two) = (coarsen(&p, 1), coarsen(&p, 2));
+        let (one, two) = (coarsen(&p, 1, far()), coarsen(&p, 2, far()));
         assert_eq!((one.buffers, one.member), (two.buffers, two.member));
     }
 }
