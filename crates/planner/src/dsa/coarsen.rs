@@ -99,6 +99,10 @@ pub(super) enum MergeOrder {
     ChainingStacksFirst,
 }
 
+/// A round of stacks that chain at once (level 0) that merges fewer than one buffer in this
+/// many hands over to the next level, as a round that merges nothing does.
+const CASCADE_MERGES: usize = 200;
+
 /// Items from which [`coarsen`] runs its two merge orders on two threads (below, both take
 /// less than starting a thread can).
 const PARALLEL_COARSEN_ITEMS: usize = 20_000;
@@ -247,7 +251,12 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
         }
         std::mem::swap(&mut cur, &mut next);
         if cur.len() < before {
-            level = first_level;
+            // A round of stacks that chain at once merging few buffers is most often one
+            // step of a cascade (a stack chains, which lets another stack chain, ...): the
+            // next level's stacks go first, and the cascade goes on after them. Same counts
+            // of coarse buffers on tilings of 10k–100k pieces, in half the time.
+            let trickle = level == 0 && (before - cur.len()) * CASCADE_MERGES < before;
+            level = if trickle { 1 } else { first_level };
         } else if level < 2 {
             level += 1;
         } else {
