@@ -474,7 +474,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     if let Some(per) = opts.scaled_budget_per_item {
         budget = budget.min((per * p.ivs.len() as u32 + Duration::from_millis(5)).max(MIN_CAPPED_BUDGET));
     }
-    let deadline = began + budget.mul_f64(1.0 - DEADLINE_RESERVE);
+    // Every stage, and every share of the budget, works within what the reserve leaves.
+    let budget = budget.mul_f64(1.0 - DEADLINE_RESERVE);
+    let deadline = began + budget;
     let mut lb = p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound());
     let pairs = p.overlapping_pairs();
     let threads = if opts.threads == 0 {
