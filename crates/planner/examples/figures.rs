@@ -27,6 +27,23 @@ use graphpool_planner::{
 /// Builds a row's buffers (only for the rows the filter selects).
 type BuildRow = Box<dyn FnOnce() -> Vec<Buffer>>;
 
+/// Rows `{name} n={n} seed={seed}{suffix}` of the lists `generate` draws, for every size and
+/// seed.
+fn generated(
+    cases: &mut Vec<(String, BuildRow)>,
+    name: &str,
+    sizes: &[usize],
+    seeds: &[u64],
+    suffix: &str,
+    generate: impl Fn(usize, u64) -> Vec<Buffer> + Copy + 'static,
+) {
+    for &n in sizes {
+        for &seed in seeds {
+            cases.push((format!("{name} n={n} seed={seed}{suffix}"), Box::new(move || generate(n, seed))));
+        }
+    }
+}
+
 /// The buffers of `schedule` over `layers`.
 fn buffers_of(schedule: Schedule, layers: Vec<LayerSpec>) -> Vec<Buffer> {
     schedule_buffers(&SchedulePlanInput { schedule, layers }).expect("valid schedule").buffers
@@ -88,56 +105,14 @@ fn main() {
             cases.push((format!("{name} seed={seed}"), Box::new(move || buffers_of(schedule, layers))));
         }
     }
-    for n in [1_000, 10_000, 100_000] {
-        for &seed in &seeds {
-            cases.push((format!("random n={n} seed={seed}"), Box::new(move || workload::random(n, seed))));
-        }
-    }
-    for n in [1_000, 10_000, 100_000] {
-        for &seed in &seeds {
-            cases.push((
-                format!("uniform n={n} seed={seed}"),
-                Box::new(move || workload::random_uniform(n, seed)),
-            ));
-        }
-    }
-    for n in [10_000, 100_000] {
-        for &seed in &seeds {
-            cases.push((
-                format!("usize n={n} seed={seed}"),
-                Box::new(move || workload::random_uniform_sizes(n, seed)),
-            ));
-        }
-    }
-    for n in [10_000, 100_000] {
-        for &seed in &seeds {
-            cases.push((
-                format!("dense n={n} seed={seed}"),
-                Box::new(move || workload::random_dense(n, seed)),
-            ));
-        }
-    }
-    for n in [10_000, 100_000] {
-        for &seed in &seeds {
-            cases.push((
-                format!("bimodal n={n} seed={seed}"),
-                Box::new(move || workload::random_bimodal(n, seed)),
-            ));
-        }
-    }
-    for n in [100, 1_000, 10_000] {
-        for &seed in &seeds {
-            cases.push((format!("packed n={n} seed={seed}"), Box::new(move || workload::packed(n, seed))));
-        }
-    }
-    for n in [1_000, 10_000, 100_000] {
-        for &seed in &seeds {
-            cases.push((
-                format!("packed n={n} seed={seed} budget=1s"),
-                Box::new(move || workload::packed(n, seed)),
-            ));
-        }
-    }
+    let sizes = [1_000, 10_000, 100_000];
+    generated(&mut cases, "random", &sizes, &seeds, "", workload::random);
+    generated(&mut cases, "uniform", &sizes, &seeds, "", workload::random_uniform);
+    generated(&mut cases, "usize", &sizes[1..], &seeds, "", workload::random_uniform_sizes);
+    generated(&mut cases, "dense", &sizes[1..], &seeds, "", workload::random_dense);
+    generated(&mut cases, "bimodal", &sizes[1..], &seeds, "", workload::random_bimodal);
+    generated(&mut cases, "packed", &[100, 1_000, 10_000], &seeds, "", workload::packed);
+    generated(&mut cases, "packed", &sizes, &seeds, " budget=1s", workload::packed);
     // Tilings of other shapes: short pieces (one step per piece: many cuts meet), cuts at
     // any byte, the largest of three pieces cut each time (few slivers); and skyline fills,
     // which need not split along any line.
@@ -146,24 +121,11 @@ fn main() {
         ("packed-b1", workload::Tiling { granularity: 1, ..Default::default() }),
         ("packed-area", workload::Tiling { cut_largest_of: 3, ..Default::default() }),
     ];
-    for &(name, shape) in &shapes {
-        for n in [10_000, 100_000] {
-            for &seed in &seeds {
-                cases.push((
-                    format!("{name} n={n} seed={seed} budget=1s"),
-                    Box::new(move || workload::packed_tiling(n, seed, &shape)),
-                ));
-            }
-        }
+    for (name, shape) in shapes {
+        let tiling = move |n, seed| workload::packed_tiling(n, seed, &shape);
+        generated(&mut cases, name, &sizes[1..], &seeds, " budget=1s", tiling);
     }
-    for n in [1_000, 10_000, 100_000] {
-        for &seed in &seeds {
-            cases.push((
-                format!("skyline n={n} seed={seed} budget=1s"),
-                Box::new(move || workload::packed_skyline(n, seed)),
-            ));
-        }
-    }
+    generated(&mut cases, "skyline", &sizes, &seeds, " budget=1s", workload::packed_skyline);
     println!(
         "{:<36} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8}  strategy",
         "workload", "buffers", "floor", "greedy", "ratio", "vs-live", "time", "win", "steps"
