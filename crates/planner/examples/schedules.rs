@@ -16,7 +16,7 @@
 //! instead (TransformerEngine's `_order` form): 1–4 chunks, 1–64 microbatches, forwards
 //! through the chunks in order and backwards in reverse, at most `W` microbatches in flight
 //! (`W` from 1 to all of them: GPipe) and forwards taken before backwards with a drawn
-//! probability, over `pipeline::varied_layers`.
+//! probability, over `pipeline::varied_layers` (`pipeline::random_explicit_case`).
 //!
 //! `… --example schedules -- workspaces [BUDGET_MS]` sweeps 1F1B instead (pp 2 / 4 / 8 with
 //! ranks 0, 2, 3, 7 where they exist, M 4, 8, 16, 33, 2 or 4 layers, hidden states of 1, 2,
@@ -25,7 +25,7 @@
 
 use std::time::{Duration, Instant};
 
-use graphpool_planner::pipeline::{varied_layers, workspace_layers};
+use graphpool_planner::pipeline::{ExplicitCase, random_explicit_case, varied_layers, workspace_layers};
 use graphpool_planner::rng::Rng;
 use graphpool_planner::{PlaceOptions, Plan, Schedule, SchedulePlanInput, plan_schedule, verify};
 
@@ -99,56 +99,14 @@ fn outcome(plan: &Plan) -> String {
     )
 }
 
-/// A random valid explicit order of `m` microbatches through `v` chunks (see the module
-/// documentation): at most `window` microbatches in flight, a forward taken before an
-/// allowed backward with probability `eager`.
-fn random_order(rng: &mut Rng, m: u32, v: u32, window: u32, eager: f64) -> Vec<i32> {
-    let v = v as usize;
-    let (mut fwd, mut bwd) = (vec![0u32; v], vec![0u32; v]);
-    let mut order = Vec::with_capacity(2 * m as usize * v);
-    while order.len() < 2 * m as usize * v {
-        // A new microbatch starts (chunk 1's forward) only while fewer than `window` are in flight.
-        let forwards: Vec<usize> = (0..v)
-            .filter(|&c| fwd[c] < m && if c == 0 { fwd[0] - bwd[0] < window } else { fwd[c - 1] > fwd[c] })
-            .collect();
-        let backwards: Vec<usize> =
-            (0..v).filter(|&c| bwd[c] < fwd[c] && (c + 1 == v || bwd[c + 1] > bwd[c])).collect();
-        let forward = backwards.is_empty() || (!forwards.is_empty() && rng.unit() < eager);
-        let list = if forward { &forwards } else { &backwards };
-        let c = list[rng.below(list.len() as u64) as usize];
-        if forward {
-            fwd[c] += 1;
-            order.push(c as i32 + 1);
-        } else {
-            bwd[c] += 1;
-            order.push(-(c as i32 + 1));
-        }
-    }
-    order
-}
-
 /// Plans random explicit orders (see the module documentation).
 fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
     let opts = PlaceOptions { time_budget: Duration::from_millis(budget_ms), ..PlaceOptions::default() };
     let (mut above, mut worst, mut slowest) = (0, 1.0f64, Duration::ZERO);
     let count = cases.clone().count();
     for case in cases {
-        let mut rng = Rng::new(case ^ 0x6578_706c);
-        let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
-        let v = rng.range(1, 4) as u32;
-        let m = pick(&mut rng, &[1, 2, 3, 4, 8, 16, 33, 64]) as u32;
-        let window = match rng.below(4) {
-            0 => 1,
-            1 => 2,
-            2 => rng.range(2, m.max(2) as u64) as u32,
-            _ => m,
-        };
-        let eager = pick(&mut rng, &[0, 1, 2, 3, 4]) as f64 / 4.0;
-        let order = random_order(&mut rng, m, v, window, eager);
-        let layers = rng.range(1, 6) as u32;
-        let hidden = pick(&mut rng, &[1024, 2048, 4096, 8192]);
-        let schedule = Schedule::Explicit { order, num_microbatches: m, virtual_chunks: v };
-        let input = SchedulePlanInput { schedule, layers: varied_layers(v, layers, 2048, 1, hidden, case) };
+        let ExplicitCase { chunks: v, microbatches: m, window, eager, layers, input } =
+            random_explicit_case(case);
         let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
         slowest = slowest.max(plan.elapsed);

@@ -756,6 +756,77 @@ pub fn workspace_layers(layers: u32, hidden_bytes: u64) -> Vec<LayerSpec> {
         .collect()
 }
 
+/// A random explicit pipeline case (TransformerEngine's `_order` form), for tests and
+/// figures: see [`random_explicit_case`].
+#[derive(Debug, Clone)]
+pub struct ExplicitCase {
+    /// Virtual chunks (1–4).
+    pub chunks: u32,
+    /// Microbatches (1, 2, 3, 4, 8, 16, 33 or 64).
+    pub microbatches: u32,
+    /// Most microbatches in flight.
+    pub window: u32,
+    /// Probability of taking an allowed forward before an allowed backward.
+    pub eager: f64,
+    /// Layers per chunk (1–6).
+    pub layers: u32,
+    /// The schedule and its layers ([`varied_layers`], sequence 2048, micro-batch 1).
+    pub input: SchedulePlanInput,
+}
+
+/// Case `case` of the random explicit orders (seeded): 1–4 chunks, 1–64 microbatches,
+/// forwards through the chunks in order and backwards in reverse, at most `window`
+/// microbatches in flight (from 1 to all of them: GPipe), a forward taken before an allowed
+/// backward with probability `eager` (0, ¼, ½, ¾ or 1), over 1–6 [`varied_layers`] per chunk
+/// with hidden 1024–8192.
+pub fn random_explicit_case(case: u64) -> ExplicitCase {
+    let mut rng = crate::rng::Rng::new(case ^ 0x6578_706c);
+    let pick = |rng: &mut crate::rng::Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
+    let chunks = rng.range(1, 4) as u32;
+    let microbatches = pick(&mut rng, &[1, 2, 3, 4, 8, 16, 33, 64]) as u32;
+    let window = match rng.below(4) {
+        0 => 1,
+        1 => 2,
+        2 => rng.range(2, microbatches.max(2) as u64) as u32,
+        _ => microbatches,
+    };
+    let eager = pick(&mut rng, &[0, 1, 2, 3, 4]) as f64 / 4.0;
+    let order = random_order(&mut rng, microbatches, chunks, window, eager);
+    let layers = rng.range(1, 6) as u32;
+    let hidden = pick(&mut rng, &[1024, 2048, 4096, 8192]);
+    let schedule = Schedule::Explicit { order, num_microbatches: microbatches, virtual_chunks: chunks };
+    let input = SchedulePlanInput { schedule, layers: varied_layers(chunks, layers, 2048, 1, hidden, case) };
+    ExplicitCase { chunks, microbatches, window, eager, layers, input }
+}
+
+/// A random valid explicit order of `m` microbatches through `v` chunks: at most `window`
+/// microbatches in flight, a forward taken before an allowed backward with probability
+/// `eager`.
+fn random_order(rng: &mut crate::rng::Rng, m: u32, v: u32, window: u32, eager: f64) -> Vec<i32> {
+    let v = v as usize;
+    let (mut fwd, mut bwd) = (vec![0u32; v], vec![0u32; v]);
+    let mut order = Vec::with_capacity(2 * m as usize * v);
+    while order.len() < 2 * m as usize * v {
+        // A new microbatch starts (chunk 1's forward) only while fewer than `window` are in flight.
+        let forwards: Vec<usize> = (0..v)
+            .filter(|&c| fwd[c] < m && if c == 0 { fwd[0] - bwd[0] < window } else { fwd[c - 1] > fwd[c] })
+            .collect();
+        let backwards: Vec<usize> =
+            (0..v).filter(|&c| bwd[c] < fwd[c] && (c + 1 == v || bwd[c + 1] > bwd[c])).collect();
+        let forward = backwards.is_empty() || (!forwards.is_empty() && rng.unit() < eager);
+        let list = if forward { &forwards } else { &backwards };
+        let c = list[rng.below(list.len() as u64) as usize];
+        if forward {
+            fwd[c] += 1;
+            order.push(c as i32 + 1);
+        } else {
+            bwd[c] += 1;
+            order.push(-(c as i32 + 1));
+        }
+    }
+    order
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
