@@ -63,8 +63,9 @@
 //! weight of such a clique (`Problem::alias_bound`), the contiguity bound
 //! (`Problem::contiguity_bound`; each with the proof that it is valid), or one byte above a
 //! capacity the canonical search proved infeasible. Where the constructions stay above an
-//! alias bound that is above the live bound, the clique search resumes with a share of the
-//! time left, until a clique as heavy as the plan proves it optimal (`CliqueSearch`).
+//! alias bound that is above the live bound, on a list too large for the canonical search,
+//! the clique search resumes with a share of the time left, until a clique as heavy as the
+//! plan proves it optimal (`CliqueSearch`).
 //!
 //! Placed intervals are kept in a multi-resolution time index (buckets of the compressed
 //! clock, 32 ranks wide at the finest level and 4 times wider per level; an interval lives
@@ -606,11 +607,12 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         }
     }
     // Heavier cliques (lists with alias groups whose alias bound is above the live bound, the
-    // clique search having run on the conflict graph): the search resumed for
-    // `CLIQUE_SHARE` of what is left, until a clique as heavy as the best placement proves
-    // it optimal. Any clique weighs at most any placement's footprint, so the bound never
-    // passes the plan.
+    // clique search having run on the conflict graph, too large for the canonical search —
+    // which needs the time on the others): the search resumed for `CLIQUE_SHARE` of what is
+    // left, until a clique as heavy as the best placement proves it optimal. Any clique
+    // weighs at most any placement's footprint, so the bound never passes the plan.
     if best.high > lb
+        && !canonical
         && alias_bound > p.lower_bound()
         && let Some(search) = cliques.as_mut()
     {
