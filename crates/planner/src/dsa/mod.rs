@@ -62,10 +62,7 @@
 //! at only one of them needs. The reported lower bound is the largest of the live bound, the
 //! weight of such a clique (`Problem::alias_bound`), the contiguity bound
 //! (`Problem::contiguity_bound`; each with the proof that it is valid), or one byte above a
-//! capacity the canonical search proved infeasible. Where the constructions stay above an
-//! alias bound that is above the live bound, on a list too large for the canonical search,
-//! the clique search resumes with a share of the time left, until a clique as heavy as the
-//! plan proves it optimal (`CliqueSearch`).
+//! capacity the canonical search proved infeasible.
 //!
 //! Placed intervals are kept in a multi-resolution time index (buckets of the compressed
 //! clock, 32 ranks wide at the finest level and 4 times wider per level; an interval lives
@@ -117,18 +114,6 @@ pub const COARSEN_SHARE: f64 = 0.45;
 /// ended up to 14 ms late on the 2-core VM and 32 ms on the GPU host's 16 cores (eight
 /// improvement chains) with none.
 pub const DEADLINE_RESERVE: f64 = 0.03;
-
-/// Share of the time left that the resumed clique search may take (see `place`): an
-/// explicit order of 4 chunks × 64 microbatches (1917 alias groups) had its plan at 1.0164
-/// of the alias bound; the clique that proves that plan optimal is the 17th attempt's,
-/// after 33M adjacency tests (~18 ms on the 2-core VM), where the bound stops at 8M.
-pub const CLIQUE_SHARE: f64 = 0.25;
-
-/// Clique attempts the resumed search makes at most, in all.
-pub const RESUMED_CLIQUE_ATTEMPTS: usize = 4096;
-
-/// Adjacency tests the resumed search makes at most, in all (~0.1 s on the 2-core VM).
-pub const RESUMED_CLIQUE_WORK: u64 = 160_000_000;
 
 /// Time per item the improvement stage needs left to start (it indexes every item first).
 const IMPROVE_MIN_LEFT_PER_ITEM: Duration = Duration::from_nanos(500);
@@ -310,9 +295,8 @@ pub struct Placement {
     /// Bytes of the arena: the highest `offset + size`.
     pub footprint: u64,
     /// No placement can use less: the largest of [`Placement::live_bound`], with alias
-    /// groups the weight of a clique of pairwise conflicting groups (the clique search may
-    /// find a heavier one with the time it is given), the contiguity bound, and what the
-    /// canonical search proved infeasible plus one (see the module docs).
+    /// groups the weight of a clique of pairwise conflicting groups, and what the canonical
+    /// search proved infeasible plus one (see the module docs).
     pub lower_bound: u64,
     /// Most bytes live at any time (each buffer at its own size; members of one group that
     /// are live together count once).
@@ -493,8 +477,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // Every stage, and every share of the budget, works within what the reserve leaves.
     let budget = budget.mul_f64(1.0 - DEADLINE_RESERVE);
     let deadline = began + budget;
-    let (alias_bound, mut cliques) = p.alias_bound_search();
-    let mut lb = p.lower_bound().max(alias_bound).max(p.contiguity_bound());
+    let mut lb = p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound());
     let pairs = p.overlapping_pairs();
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism().map_or(1, |t| t.get())
@@ -606,22 +589,6 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             clock.end("coarse", Some(best.high));
         }
     }
-    // Heavier cliques (lists with alias groups whose alias bound is above the live bound, the
-    // clique search having run on the conflict graph, too large for the canonical search —
-    // which needs the time on the others): the search resumed for `CLIQUE_SHARE` of what is
-    // left, until a clique as heavy as the best placement proves it optimal. Any clique
-    // weighs at most any placement's footprint, so the bound never passes the plan.
-    if best.high > lb
-        && !canonical
-        && alias_bound > p.lower_bound()
-        && let Some(search) = cliques.as_mut()
-    {
-        let now = Instant::now();
-        let until = now + deadline.saturating_duration_since(now).mul_f64(CLIQUE_SHARE);
-        lb = lb.max(search.run(RESUMED_CLIQUE_ATTEMPTS, RESUMED_CLIQUE_WORK, best.high, Until::at(until)));
-        clock.end("cliques", Some(best.high));
-    }
-    drop(cliques);
     // Complete canonical search (at most CANONICAL_MAX_ITEMS items): at the bound first —
     // tight instances, where the constructions stop a few percent short, it places there in
     // milliseconds — then, when it proves the bound infeasible, between the bound and the
