@@ -1,7 +1,7 @@
 //! Plans for CUDA graph buffers: the bridge between the API's `PlanInput`/`Plan` messages
 //! and the `graphpool-planner` crate.
 //!
-//! [`plan`] validates a [`PlanInput`] (errors name the offending field as a path into the
+//! [`plan`] validates a [`PlanInput`](pb::PlanInput) (errors name the offending field as a path into the
 //! message, e.g. `schedule.layers[2].inputs[0].dtype`), converts it, runs the planner and
 //! converts the result back. Planning is CPU-bound and uses all cores for up to the time
 //! budget: call it from a blocking context (`tokio::task::spawn_blocking`), not on an async
