@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of graphpool and installs what they need (the Rust toolchain aside):
-# formatting, lints, Rust unit/property/integration tests, the Python client's tests against a
-# real daemon, and the deployment checks. Tests that need a GPU skip here; bench/gpu/run.sh
-# runs them on a GPU machine.
+# formatting, lints, API docs, Rust unit/property/integration tests, the Python client's
+# tests against a real daemon, and the deployment checks. Tests that need a GPU skip here;
+# bench/gpu/run.sh runs them on a GPU machine.
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh rust       one part: rust | python | deploy | fuzz
@@ -27,6 +27,8 @@ if want rust; then
   cargo fmt --all -- --check
   step "cargo clippy -D warnings"
   cargo clippy --workspace --all-targets --locked -- -D warnings
+  step "cargo doc -D warnings"
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
   step "cargo test (unit, property, integration)"
   cargo test --workspace --locked
 fi
