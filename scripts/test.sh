@@ -28,7 +28,7 @@ if want rust; then
   step "cargo clippy -D warnings"
   cargo clippy --workspace --all-targets --locked -- -D warnings
   step "cargo doc -D warnings"
-  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
   step "cargo test (unit, property, integration)"
   cargo test --workspace --locked
 fi

@@ -28,7 +28,7 @@
 //! **Daemon restarts.** When graphpoold dies or restarts, each session's task re-attaches on
 //! its own with backoff, declaring the segments still mapped, so the new daemon's ledger
 //! equals the old one's; allocations meanwhile fail with an `unavailable` last-error that says
-//! the daemon is restarting, and frees are local (not declared). Details: [`session`].
+//! the daemon is restarting, and frees are local (not declared). Details: [`mod@session`].
 //!
 //! **fork.** Sessions, the runtime and mappings belong to the process that configured them.
 //! In a forked child every call refuses with a `forked` error until the child configures the

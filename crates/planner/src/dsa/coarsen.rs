@@ -16,7 +16,7 @@ pub(super) struct Coarse {
     pub(super) member: Vec<(u32, u64)>,
 }
 
-/// Whether [`coarsen`] can remove a tenth of the items in its first round (a cheap test:
+/// Whether [`coarsen()`] can remove a tenth of the items in its first round (a cheap test:
 /// items sharing a lifetime with another, and items whose end meets the start of one of
 /// equal size).
 pub(super) fn coarsens(p: &Problem) -> bool {
@@ -32,7 +32,7 @@ pub(super) fn coarsens(p: &Problem) -> bool {
     (stacked + chained) * 10 >= n
 }
 
-/// Hashing for the (rank, size) keys of [`coarsen`]: a multiply-rotate mix per word from a
+/// Hashing for the (rank, size) keys of [`coarsen()`]: a multiply-rotate mix per word from a
 /// seed drawn once per process (SipHash made coarsening a 100k list take a quarter of a
 /// second; the seed keeps a client from choosing keys that collide).
 #[derive(Clone, Copy)]
@@ -103,7 +103,7 @@ pub(super) enum MergeOrder {
 /// many hands over to the next level, as a round that merges nothing does.
 const CASCADE_MERGES: usize = 200;
 
-/// Items from which [`coarsen`] runs its two merge orders on two threads (below, both take
+/// Items from which [`coarsen()`] runs its two merge orders on two threads (below, both take
 /// less than starting a thread can).
 const PARALLEL_COARSEN_ITEMS: usize = 20_000;
 

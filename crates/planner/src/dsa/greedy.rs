@@ -17,7 +17,7 @@ pub(super) fn greedy(p: &Problem, items: &[u32], fit: Fit, index: &mut Index, of
     high
 }
 
-/// [`greedy`] that asks `stop` every 256 items and gives up (`None`) when it says so.
+/// [`greedy()`] that asks `stop` every 256 items and gives up (`None`) when it says so.
 pub(super) fn greedy_until(
     p: &Problem,
     items: &[u32],

@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// The skyline pick rules the portfolio runs (see [`skyline`]), most useful first.
+/// The skyline pick rules the portfolio runs (see [`skyline()`]), most useful first.
 pub(super) const SKYLINE_RULES: [(u8, &str); 4] =
     [(5, "skyline/best-fit"), (1, "skyline/largest"), (4, "skyline/exact-end"), (3, "skyline/area")];
 
@@ -26,7 +26,7 @@ pub(super) fn skyline(
     skyline_on(p, rule, noise, deadline, None)
 }
 
-/// [`skyline`] on a floor: `floor[r]` is the lowest byte free at rank `r` (one entry per
+/// [`skyline()`] on a floor: `floor[r]` is the lowest byte free at rank `r` (one entry per
 /// rank; `None`: 0 everywhere). Every item goes at or above the floor over its interval.
 pub(super) fn skyline_on(
     p: &Problem,
