@@ -568,7 +568,7 @@ pub(super) struct ConflictGraph {
 impl ConflictGraph {
     #[cfg(test)]
     pub(super) fn adjacent(&self, a: usize, b: usize) -> bool {
-        self.rows[a * self.words + b / 64] >> (b % 64) & 1 == 1
+        bit(&self.rows[a * self.words..(a + 1) * self.words], b)
     }
 
     /// The items in conflict with `a`.
@@ -600,7 +600,6 @@ impl ConflictGraph {
         let around: Vec<f64> =
             (0..n).map(|i| (w[i] + self.neighbours(i).map(|j| w[j]).sum::<u64>()) as f64).collect();
         let row = |x: usize| &self.rows[x * words..(x + 1) * words];
-        let has = |bits: &[u64], x: usize| bits[x / 64] >> (x % 64) & 1 == 1;
         // `cand`: the items in conflict with every member (no item is in its own row, so no
         // member is one); an item joins when its bit is set.
         let everyone = |cand: &mut [u64]| {
@@ -640,7 +639,7 @@ impl ConflictGraph {
                         work: &mut u64| {
                 for &x in &order {
                     *work += 1;
-                    if has(cand, x) {
+                    if bit(cand, x) {
                         clique.push(x);
                         member[x / 64] |= 1 << (x % 64);
                         *weight += w[x];
@@ -654,7 +653,7 @@ impl ConflictGraph {
             while gained && work <= CLIQUE_WORK {
                 gained = false;
                 for &x in &order {
-                    if has(&member, x) {
+                    if bit(&member, x) {
                         continue;
                     }
                     // The members `x` does not conflict with leave if it comes in.
@@ -670,7 +669,7 @@ impl ConflictGraph {
                     }
                     if w[x] > lost {
                         member.iter_mut().zip(rx).for_each(|(m, r)| *m &= r);
-                        clique.retain(|&y| has(&member, y));
+                        clique.retain(|&y| bit(&member, y));
                         clique.push(x);
                         member[x / 64] |= 1 << (x % 64);
                         weight = weight - lost + w[x];
@@ -698,6 +697,11 @@ pub(super) const MAX_CLIQUE_ATTEMPTS: usize = 32;
 /// groups of an explicit order of 4 chunks × 64 microbatches on the 2-core VM): one unit per
 /// item an attempt orders or tests, and per 64-item word of a bitset it combines.
 pub(super) const CLIQUE_WORK: u64 = 1_500_000;
+
+/// Whether bit `x` of the bitset `bits` is set.
+fn bit(bits: &[u64], x: usize) -> bool {
+    bits[x / 64] >> (x % 64) & 1 == 1
+}
 
 /// The bits of `bits` at the positions set in `keep`, packed from bit 0 up in order.
 fn compact(bits: u64, keep: u64) -> u64 {
