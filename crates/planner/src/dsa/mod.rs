@@ -30,8 +30,12 @@
 //! 5. **coarsening** (single-interval problems): buffers with one lifetime stacked into one,
 //!    buffers handing over to one of equal size chained into one, and the coarse instance
 //!    planned by this same engine when that removes a tenth of the items (see `coarsen`);
-//!    then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete **canonical search** at the
-//!    lower bound and above it (`crate::canonical`, MiniMalloc-style inference, dominance
+//!    on lists too large for the canonical search its plan is then **refined** as in a
+//!    multilevel scheme: the coarse buffers at its top split into their items, the others
+//!    kept whole, and the improvement stage run on that mixed instance before the one on the
+//!    items (`refine_coarse`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete
+//!    **canonical search** at the lower bound and above it (`crate::canonical`,
+//!    MiniMalloc-style inference, dominance
 //!    and decomposition; 15% of what is left on lists of single intervals; on lists with
 //!    alias groups half of it, or a core of its own beside the improvement chains until the
 //!    deadline with three cores or more), and a fixed-height **contour search** with
@@ -260,7 +264,7 @@ impl Default for PlaceOptions {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stage {
     /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarse`
-    /// (the coarse instance planned), `skeleton` (the layered construction's skeleton
+    /// (the coarse instance planned), `refine` (the coarse plan refined), `skeleton` (the layered construction's skeleton
     /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
     /// (skyline restarts), `exact`, `improvement`, or `canonical+improvement` (the two side
     /// by side, lists with alias groups on three cores or more); the stages that ran, in
@@ -509,6 +513,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // canonical search will run on the whole list: it can place at the bound where the coarse
     // instance cannot); a larger one after the portfolio.
     let mut coarse = None;
+    let mut refined = false;
     let coarsenable =
         best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p);
     if coarsenable {
@@ -519,6 +524,18 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             let left = deadline.saturating_duration_since(Instant::now());
             solve_coarse(&c, left.mul_f64(coarse_share), opts, &mut best);
             clock.end("coarse", Some(best.high));
+            // Lists too large for the canonical search: the coarse plan refined (blocks at
+            // its top split into their items) for `REFINE_SHARE` of what is left; the
+            // improvement stage on the items takes the rest. The constructions, the contour
+            // search and the restarts on the items are skipped then: on these lists none of
+            // them came near the coarse plan.
+            if !canonical && best.high > lb && best.strategy.starts_with("coarse") {
+                let now = Instant::now();
+                let until = now + deadline.saturating_duration_since(now).mul_f64(REFINE_SHARE);
+                refine_coarse(&p, &c, lb, until, opts.seed, threads, &mut best);
+                clock.end("refine", Some(best.high));
+                refined = true;
+            }
         } else if c.buffers.len() * 10 <= n * 9 {
             coarse = Some(c);
         }
@@ -561,7 +578,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         began + budget.mul_f64(share)
     };
     let mut built = Portfolio::default();
-    if best.high > lb && n > 0 {
+    if best.high > lb && n > 0 && !refined {
         let plan = PortfolioPlan {
             lb,
             dense,
@@ -611,7 +628,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // when a few skyline passes fit in it.
     let now = Instant::now();
     let until = now + deadline.saturating_duration_since(now).mul_f64(0.4);
-    if best.high > lb && single && built.sky_estimate * 6 <= until.saturating_duration_since(now) {
+    if best.high > lb && single && !refined && built.sky_estimate * 6 <= until.saturating_duration_since(now)
+    {
         contour_stage(&p, lb, until, opts.seed, threads, &mut best);
         clock.end("contour", Some(best.high));
     }
@@ -620,7 +638,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // gains more from the time).
     let now = Instant::now();
     let until = now + deadline.saturating_duration_since(now) / 4;
-    if best.high > lb && single && built.sky_estimate * 2 <= until.saturating_duration_since(now) {
+    if best.high > lb && single && !refined && built.sky_estimate * 2 <= until.saturating_duration_since(now)
+    {
         skyline_restarts(&p, lb, until, opts.seed, threads, &mut best);
         clock.end("restarts", Some(best.high));
     }
