@@ -465,6 +465,17 @@ pub(super) fn improve(
                 }
             }
         });
+        // Where the items crowd far more densely than on average (tilings with many pieces
+        // per clock step), the window keeps only the items nearest to the one at the top:
+        // any subset can be re-placed around the others, and a window of 25k items cost
+        // 30-90 ms to take out and sort, past the deadline.
+        let most = 2 * items as usize;
+        if window.len() > most {
+            let mid = |i: u32| p.hull[i as usize].0 as u64 + p.hull[i as usize].1 as u64;
+            let at = mid(c as u32);
+            window[1..].select_nth_unstable_by_key(most - 2, |&i| mid(i).abs_diff(at));
+            window.truncate(most);
+        }
         // Items with several intervals (alias groups) can span the whole clock, so no window
         // would hold them: those live in the window join it (a re-placement checks every
         // interval), a random sample of them when they are many.
