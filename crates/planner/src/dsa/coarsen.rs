@@ -309,10 +309,11 @@ pub(super) fn solve_coarse(c: &Coarse, share: Duration, opts: &PlaceOptions, bes
 
 /// Share of the time left after the coarse plan that [`refine_coarse`] takes on lists too
 /// large for the canonical search; the improvement stage on the items themselves gets the
-/// rest. Tilings of 100k pieces, 10 seeds, 1 s, two runs each (mean of the ratios): 30%
-/// 1.0990–1.1003, 50% 1.0992–1.1002, 70% 1.0997–1.1018, 100% 1.1001–1.1022 — more
-/// refinement lowers the hardest seeds further and leaves less to the improvement on the
-/// items, which lowers others more.
+/// rest. Tilings of 100k pieces, 10 seeds, 1 s, 2-core VM, mean of the ratios over two or
+/// three runs: 30% 1.0984–1.1009, 50% 1.0992–1.1011, 70% 1.1002–1.1018, 100%
+/// 1.0996–1.1014, against 1.1042–1.1055 without the refinement. The shares lie within one
+/// another's spread: more refinement lowers the hardest seeds further, and the improvement
+/// on the items, left with less, lowers others less.
 pub(super) const REFINE_SHARE: f64 = 0.5;
 
 /// Refines a placement of `p` built from the coarse instance `c` (every item at its coarse
