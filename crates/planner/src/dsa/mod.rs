@@ -35,12 +35,12 @@
 //!    kept whole, and the improvement stage run on that mixed instance before the one on the
 //!    items (`refine_coarse`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete
 //!    **canonical search** at the lower bound and above it (`crate::canonical`,
-//!    MiniMalloc-style inference, dominance
-//!    and decomposition; 15% of what is left on lists of single intervals; on lists with
-//!    alias groups half of it, or a core of its own beside the improvement chains until the
-//!    deadline with three cores or more), and a fixed-height **contour search** with
-//!    backjumping and a bisection of the target height (`crate::contour`), when a few
-//!    skyline passes fit in its share;
+//!    MiniMalloc-style inference, dominance and decomposition; 15% of what is left on lists
+//!    of single intervals; on lists with alias groups half of it, or a core of its own beside
+//!    the improvement chains until the deadline with three cores or more), and a
+//!    fixed-height **contour search** with backjumping and a bisection of the target height
+//!    (`crate::contour`), when a few skyline passes fit in its share (the portfolio, the
+//!    contour search and the restarts of step 6 do not run after a refined coarse plan);
 //! 6. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
 //!    time left (single-interval problems), then windows of the clock around a buffer that defines
 //!    the footprint (a random stretch of its lifetime when that is long) are taken out with
@@ -264,11 +264,11 @@ impl Default for PlaceOptions {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stage {
     /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarse`
-    /// (the coarse instance planned), `refine` (the coarse plan refined), `skeleton` (the layered construction's skeleton
-    /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
-    /// (skyline restarts), `exact`, `improvement`, or `canonical+improvement` (the two side
-    /// by side, lists with alias groups on three cores or more); the stages that ran, in
-    /// order.
+    /// (the coarse instance planned), `refine` (the coarse plan refined), `skeleton` (the
+    /// layered construction's skeleton planned), `constructions` (the portfolio),
+    /// `canonical`, `contour`, `restarts` (skyline restarts), `exact`, `improvement`, or
+    /// `canonical+improvement` (the two side by side, lists with alias groups on three cores
+    /// or more); the stages that ran, in order.
     pub name: String,
     /// Wall-clock time it took.
     pub elapsed: Duration,
