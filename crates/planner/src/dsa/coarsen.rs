@@ -322,9 +322,8 @@ pub(super) const REFINE_SHARE: f64 = 0.5;
 /// their offsets, and the improvement stage runs on that mixed instance until `until`. What
 /// keeps a coarse plan high is most often a merge at the top that no placement at the bound
 /// has (pieces stacked or chained that do not lie together there): on the mixed instance
-/// those pieces move apart, while everything below moves as the blocks it was planned as, so
-/// a step costs about what it costs on the coarse instance. Keeps the result in `best` when
-/// it is lower.
+/// those pieces move apart, while everything below moves as the blocks it was planned as.
+/// Keeps the result in `best` when it is lower.
 pub(super) fn refine_coarse(
     p: &Problem,
     c: &Coarse,
