@@ -32,8 +32,8 @@
 //!    planned by this same engine when that removes a tenth of the items (see `coarsen`);
 //!    on lists too large for the canonical search its plan is then **refined** as in a
 //!    multilevel scheme: the coarse buffers at its top split into their items, the others
-//!    kept whole, and the improvement stage run on that mixed instance before the one on the
-//!    items (`refine_coarse`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete
+//!    kept whole, and the improvement stage run on that mixed instance beside the one on the
+//!    items (before it on one core; `refine_coarse`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete
 //!    **canonical search** at the lower bound and above it (`crate::canonical`,
 //!    MiniMalloc-style inference, dominance and decomposition; 15% of what is left on lists
 //!    of single intervals; on lists with alias groups half of it, or a core of its own beside
@@ -264,7 +264,8 @@ impl Default for PlaceOptions {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stage {
     /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarse`
-    /// (the coarse instance planned), `refine` (the coarse plan refined), `skeleton` (the
+    /// (the coarse instance planned), `refine` (the coarse plan refined) or
+    /// `refine+improvement` (beside the improvement stage on the items), `skeleton` (the
     /// layered construction's skeleton planned), `constructions` (the portfolio),
     /// `canonical`, `contour`, `restarts` (skyline restarts), `exact`, `improvement`, or
     /// `canonical+improvement` (the two side by side, lists with alias groups on three cores
@@ -422,6 +423,7 @@ pub fn live_bound(buffers: &[Buffer]) -> Result<u64, PlaceError> {
 // The driver.
 
 /// The best placement so far: offsets per item, its highest byte and what made it.
+#[derive(Clone)]
 struct Incumbent {
     off: Vec<u64>,
     high: u64,
@@ -512,6 +514,10 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // items is planned first, with `COARSE_FIRST_SHARE` of the time left (35% where the
     // canonical search will run on the whole list: it can place at the bound where the coarse
     // instance cannot); a larger one after the portfolio.
+    // The improvement stage first indexes every item (~0.25 µs each): not worth starting
+    // with less left.
+    let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
+    let mut improvement_steps = 0;
     let mut coarse = None;
     let mut refined = false;
     let coarsenable =
@@ -525,15 +531,22 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             solve_coarse(&c, left.mul_f64(coarse_share), opts, &mut best);
             clock.end("coarse", Some(best.high));
             // Lists too large for the canonical search: the coarse plan refined (blocks at
-            // its top split into their items) for `REFINE_SHARE` of what is left; the
-            // improvement stage on the items takes the rest. The constructions, the contour
-            // search and the restarts on the items are skipped then: on these lists none of
-            // them came near the coarse plan.
+            // its top split into their items) beside the improvement stage on the items
+            // until the deadline, or on one core for `REFINE_SHARE` of what is left before
+            // it. The constructions, the contour search and the restarts on the items are
+            // skipped then: on these lists none of them came near the coarse plan.
             if !canonical && best.high > lb && best.strategy.starts_with("coarse") {
                 let now = Instant::now();
-                let until = now + deadline.saturating_duration_since(now).mul_f64(REFINE_SHARE);
-                refine_coarse(&p, &c, lb, until, opts.seed, threads, &mut best);
-                clock.end("refine", Some(best.high));
+                if threads >= 2 && now < improve_from {
+                    improvement_steps =
+                        refine_beside(&p, &c, lb, pairs, deadline, opts.seed, threads, &mut best);
+                    clock.end("refine+improvement", Some(best.high));
+                } else {
+                    let until = now + deadline.saturating_duration_since(now).mul_f64(REFINE_SHARE);
+                    improvement_steps =
+                        refine_coarse(&p, &c, lb, Until::at(until), opts.seed, threads, &mut best);
+                    clock.end("refine", Some(best.high));
+                }
                 refined = true;
             }
         } else if c.buffers.len() * 10 <= n * 9 {
@@ -651,20 +664,17 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         best.offer(high, off, "exact");
         clock.end("exact", Some(best.high));
     }
-    let mut improvement_steps = 0;
-    // The stage first indexes every item (~0.25 µs each): not worth starting with less left.
-    let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
     if best.high > lb && canonical_beside {
         let chains = Instant::now() < improve_from;
         let (proved, steps) =
             canonical_beside_chains(&p, lb, pairs, deadline, opts.seed, threads, chains, &mut best);
-        improvement_steps = steps;
+        improvement_steps += steps;
         lb = proved;
         clock.end("canonical+improvement", Some(best.high));
     } else if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && Instant::now() < improve_from {
         // Shared by the chains: the first at the bound stops the others.
         let settled = AtomicBool::new(false);
-        improvement_steps = improvement_chains(
+        improvement_steps += improvement_chains(
             &p,
             lb,
             pairs,
