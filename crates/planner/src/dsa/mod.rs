@@ -29,16 +29,16 @@
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. **coarsening** (single-interval problems): buffers with one lifetime stacked into one,
 //!    buffers handing over to one of equal size chained into one, and the coarse instance
-//!    planned by this same engine when that removes a tenth of the items (see `coarsen`);
-//!    on lists too large for the canonical search its plan is then **refined** as in a
-//!    multilevel scheme: the coarse buffers at its top split into their items, the others
-//!    kept whole, and the improvement stage run on that mixed instance beside the one on the
-//!    items (before it on one core; `refine_coarse`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a complete
-//!    **canonical search** at the lower bound and above it (`crate::canonical`,
-//!    MiniMalloc-style inference, dominance and decomposition; 15% of what is left on lists
-//!    of single intervals; on lists with alias groups half of it, or a core of its own beside
-//!    the improvement chains until the deadline with three cores or more), and a
-//!    fixed-height **contour search** with backjumping and a bisection of the target height
+//!    planned by this same engine when that removes a tenth of the items (see `coarsen`); on
+//!    lists too large for the canonical search its plan is then **refined** as in a multilevel
+//!    scheme: the coarse buffers at its top split into their items, the others kept whole, and
+//!    the improvement stage run on that mixed instance beside the one on the items (before it
+//!    on one core; `refine_coarse`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a
+//!    complete **canonical search** at the lower bound and above it (`crate::canonical`,
+//!    MiniMalloc-style inference, dominance and decomposition; 15% of what is left on lists of
+//!    single intervals; on lists with alias groups half of it, or a core of its own beside the
+//!    improvement chains until the deadline with three cores or more), and a fixed-height
+//!    **contour search** with backjumping and a bisection of the target height
 //!    (`crate::contour`), when a few skyline passes fit in its share (the portfolio, the
 //!    contour search and the restarts of step 6 do not run after a refined coarse plan);
 //! 6. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
@@ -509,15 +509,15 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         && p.ivs.len() <= 4 * CANONICAL_MAX_ITEMS
         && pairs <= CANONICAL_MAX_PAIRS
         && opts.improve;
+    // The improvement stage first indexes every item (~0.25 µs each): not worth starting
+    // with less left.
+    let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
+    let mut improvement_steps = 0;
     // Coarsening (single-interval problems): the instance with stacked and chained buffers
     // merged, when that removes a tenth of the items. A coarse instance of at most half the
     // items is planned first, with `COARSE_FIRST_SHARE` of the time left (35% where the
     // canonical search will run on the whole list: it can place at the bound where the coarse
     // instance cannot); a larger one after the portfolio.
-    // The improvement stage first indexes every item (~0.25 µs each): not worth starting
-    // with less left.
-    let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
-    let mut improvement_steps = 0;
     let mut coarse = None;
     let mut refined = false;
     let coarsenable =
