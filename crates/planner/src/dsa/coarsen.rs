@@ -391,8 +391,8 @@ pub(super) fn refine_coarse(
 /// bound stops the other); the lower result is kept. Each search's outcome varies a lot
 /// between lists: on tilings of 100k pieces the refinement lowers some seeds by up to 2%, the
 /// improvement on the items others by up to 0.7%, and run one after the other each had half
-/// the time (medians 1.102–1.103 on two cores; side by side 1.0999–1.1011). `threads` ≥ 2;
-/// returns the steps of both.
+/// the time (medians 1.102–1.103 in three runs on two cores; side by side 1.0999–1.1051 in
+/// nine). `threads` ≥ 2; returns the steps of both.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn refine_beside(
     p: &Problem,
