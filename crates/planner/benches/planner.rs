@@ -1,11 +1,14 @@
 //! `cargo bench -p graphpool-planner`: planning time on generated pipeline schedules and
-//! random / dense / two-population / tightly packed buffer lists up to 100k buffers, and
+//! random / dense / two-population / tightly packed buffer lists up to 100k buffers,
 //! `plan_schedule` (what PlanCapture runs) on schedules with varied layers at the daemon's
-//! default budget. Ratios are printed by `cargo run --release -p graphpool-planner --example figures`.
+//! default budget, and the gap queries every construction and improvement step is made of
+//! (`gap_query/…`: 10k queries on a placed 100k list, for each fit). Ratios are printed by
+//! `cargo run --release -p graphpool-planner --example figures`.
 
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use graphpool_planner::dsa::GapQueries;
 use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers};
 use graphpool_planner::{Buffer, PlaceOptions, Schedule, SchedulePlanInput, place, plan_schedule, workload};
 
@@ -70,6 +73,21 @@ fn bench(c: &mut Criterion) {
     for (name, schedule, chunks) in schedules {
         let input = SchedulePlanInput { schedule, layers: varied_layers(chunks, 4, 2048, 1, 2048, 1) };
         group.bench_function(name, |b| b.iter(|| plan_schedule(&input, &daemon).expect("valid")));
+    }
+    group.finish();
+
+    let lists = [
+        ("random_100k", workload::random(100_000, 1)),
+        ("packed_100k", workload::packed(100_000, 1)),
+        ("dense_100k", workload::random_dense(100_000, 1)),
+    ];
+    let mut group = c.benchmark_group("gap_query");
+    group.sample_size(10).measurement_time(Duration::from_secs(5));
+    for (name, buffers) in &lists {
+        let mut queries = GapQueries::new(buffers).expect("valid");
+        for (fit, lowest) in [("best_fit", false), ("lowest_offset", true)] {
+            group.bench_function(format!("{name}_{fit}_10k"), |b| b.iter(|| queries.run(10_000, lowest, 7)));
+        }
     }
     group.finish();
 }

@@ -398,6 +398,7 @@ use decompose::*;
 use exact::*;
 use greedy::*;
 use improve::*;
+pub use index::GapQueries;
 use index::*;
 use layered::*;
 use marks::Marks;
