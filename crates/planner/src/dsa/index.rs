@@ -467,6 +467,20 @@ mod find_tests {
         best.map_or(cur, |(_, o)| o)
     }
 
+    /// `runs` (each sorted by offset) one after the other, and where each nonempty run after
+    /// the first starts: the form of a gap query's pairs.
+    fn concatenated(runs: impl Iterator<Item = Vec<(u64, u64)>>) -> (Vec<(u64, u64)>, Vec<u32>) {
+        let mut v: Vec<(u64, u64)> = Vec::new();
+        let mut starts: Vec<u32> = Vec::new();
+        for run in runs {
+            if !run.is_empty() && !v.is_empty() {
+                starts.push(v.len() as u32);
+            }
+            v.extend(run);
+        }
+        (v, starts)
+    }
+
     /// Places the buffers `raw` (start, lifetime, size, group) one by one where a gap query
     /// says, checking every answer against [`scan`].
     fn agree_with_a_scan(raw: &[(u64, u64, u64, Option<u32>)], best_fit: bool) -> Result<(), TestCaseError> {
@@ -543,15 +557,10 @@ mod find_tests {
         /// pair once.
         #[test]
         fn merged_runs_are_sorted(runs in prop::collection::vec(prop::collection::vec(0u64..50, 0..12), 1..20)) {
-            let mut v: Vec<(u64, u64)> = Vec::new();
-            let mut starts: Vec<u32> = Vec::new();
-            for (k, mut run) in runs.into_iter().enumerate() {
+            let (mut v, mut starts) = concatenated(runs.into_iter().map(|mut run| {
                 run.sort_unstable();
-                if k > 0 && !run.is_empty() && !v.is_empty() {
-                    starts.push(v.len() as u32);
-                }
-                v.extend(run.iter().enumerate().map(|(j, &o)| (o, o + j as u64)));
-            }
+                run.iter().enumerate().map(|(j, &o)| (o, o + j as u64)).collect()
+            }));
             let mut expected = v.clone();
             expected.sort_unstable();
             merge_runs(&mut v, &mut starts, &mut Vec::new());
@@ -568,15 +577,10 @@ mod find_tests {
             size in 1u64..40,
             best_fit in any::<bool>(),
         ) {
-            let mut v: Vec<(u64, u64)> = Vec::new();
-            let mut starts: Vec<u32> = Vec::new();
-            for (k, mut run) in runs.into_iter().enumerate() {
+            let (v, starts) = concatenated(runs.into_iter().map(|mut run| {
                 run.sort_unstable();
-                if k > 0 && !run.is_empty() && !v.is_empty() {
-                    starts.push(v.len() as u32);
-                }
-                v.extend(run.iter().map(|&(o, z)| (o, o + z)));
-            }
+                run.iter().map(|&(o, z)| (o, o + z)).collect()
+            }));
             let fit = if best_fit { Fit::BestFit } else { Fit::LowestOffset };
             let gaps = || Gaps { size, fit, cur: 0, best: None };
             let mut sorted = v.clone();
