@@ -15,7 +15,8 @@
 //! daemon's default budget of 200 ms. Rows `packed-h1`, `packed-b1` and `packed-area` are
 //! tilings of other shapes than `packed` (`workload::Tiling`: one step per piece, cuts at
 //! any byte, the largest of three pieces cut), `skyline` rows tilings filled bottom-up
-//! (`workload::packed_skyline`).
+//! (`workload::packed_skyline`). `training` rows are eager training steps of one pipeline
+//! rank as an allocator sees them (`workload::training_trace`).
 
 use std::time::Duration;
 
@@ -111,6 +112,7 @@ fn main() {
     generated(&mut cases, "usize", &sizes[1..], &seeds, "", workload::random_uniform_sizes);
     generated(&mut cases, "dense", &sizes[1..], &seeds, "", workload::random_dense);
     generated(&mut cases, "bimodal", &sizes[1..], &seeds, "", workload::random_bimodal);
+    generated(&mut cases, "training", &sizes, &seeds, "", workload::training_trace);
     generated(&mut cases, "packed", &[100, 1_000, 10_000], &seeds, "", workload::packed);
     generated(&mut cases, "packed", &sizes, &seeds, " budget=1s", workload::packed);
     // Tilings of other shapes: short pieces (one step per piece: many cuts meet), cuts at

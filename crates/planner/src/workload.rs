@@ -59,6 +59,63 @@ pub fn random_bimodal(n: usize, seed: u64) -> Vec<Buffer> {
     })
 }
 
+/// About `n` buffers as an allocator sees one pipeline rank's training step in eager mode:
+/// `layers` layers, microbatches in 1F1B order (`in_flight` forwards first, then one forward
+/// and one backward in turn, then the remaining backwards), one clock step per layer and
+/// pass. Each layer's forward keeps three activations (1, 1, 2 or 4 hidden states each) until
+/// its backward, and every step allocates `temporaries` short-lived buffers (1, 2 or 8 hidden
+/// states, freed 1–3 steps later). The seed draws the shape: 8–48 layers, 0–4 temporaries,
+/// 1–16 in flight, hidden states of 1, 2 or 4 MiB; the microbatch count makes about `n`
+/// buffers. Sizes repeat, lifetimes nest, and unrelated buffers of one size often hand over
+/// to each other: the placement a caching allocator faces, unlike the random lists.
+pub fn training_trace(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed ^ 0x7472_6169_6e00);
+    let layers = [8u64, 12, 16, 24, 32, 48][rng.below(6) as usize];
+    let temporaries = rng.below(5);
+    let hidden = [1u64, 2, 4][rng.below(3) as usize] << 20;
+    let per_microbatch = layers * (3 + 2 * temporaries);
+    let microbatches = (n as u64).div_ceil(per_microbatch).max(1);
+    let in_flight = [1u64, 2, 4, 8, 16][rng.below(5) as usize].min(microbatches);
+    // The 1F1B order: (backward, microbatch).
+    let mut order = Vec::with_capacity(2 * microbatches as usize);
+    let (mut forwards, mut backwards) = (0, 0);
+    while forwards < in_flight {
+        order.push((false, forwards));
+        forwards += 1;
+    }
+    while backwards < microbatches {
+        if forwards < microbatches {
+            order.push((false, forwards));
+            forwards += 1;
+        }
+        order.push((true, backwards));
+        backwards += 1;
+    }
+    let mut buffers = Vec::with_capacity((microbatches * per_microbatch) as usize);
+    // The forward step of every (microbatch, layer) still waiting for its backward, and its
+    // activations' sizes.
+    let mut kept: std::collections::HashMap<(u64, u64), (u64, [u64; 3])> = Default::default();
+    let mut t = 0u64;
+    for (backward, mb) in order {
+        for k in 0..layers {
+            let layer = if backward { layers - 1 - k } else { k };
+            t += 1;
+            if backward {
+                let (start, sizes) = kept.remove(&(mb, layer)).expect("forward before backward");
+                buffers.extend(sizes.iter().map(|&size| Buffer { start, end: t + 1, size, group: None }));
+            } else {
+                let sizes = [0; 3].map(|_| hidden * [1, 1, 2, 4][rng.below(4) as usize]);
+                kept.insert((mb, layer), (t, sizes));
+            }
+            for _ in 0..temporaries {
+                let size = hidden * [1, 2, 8][rng.below(3) as usize];
+                buffers.push(Buffer { start: t, end: t + rng.range(1, 3), size, group: None });
+            }
+        }
+    }
+    buffers
+}
+
 /// `n` buffers starting uniformly over `[0, n)` (one arrival per clock step on average),
 /// each with the (lifetime, size) `draw` gives.
 fn uniform_starts(n: usize, mut rng: Rng, mut draw: impl FnMut(&mut Rng) -> (u64, u64)) -> Vec<Buffer> {
@@ -215,6 +272,21 @@ mod tests {
             }
         }
         assert_eq!(packed(300, 5), packed_tiling(300, 5, &Tiling::default()));
+    }
+
+    /// A training step has about the buffers asked for, every activation freed at its
+    /// layer's backward (after its forward), and the same list for the same seed.
+    #[test]
+    fn training_traces_keep_activations_until_their_backward() {
+        for seed in 1..=6 {
+            let b = training_trace(5000, seed);
+            assert!((5000..5000 + 48 * 11).contains(&b.len()), "seed {seed}: {} buffers", b.len());
+            assert!(b.iter().all(|x| x.start < x.end && x.size >= 1 << 20 && x.group.is_none()));
+            // The first layers' activations outlive every temporary (at most 3 steps).
+            let long: Vec<&Buffer> = b.iter().filter(|x| x.end - x.start > 3).collect();
+            assert!(!long.is_empty(), "seed {seed}: no activation kept");
+            assert_eq!(training_trace(5000, seed), b);
+        }
     }
 
     #[test]
