@@ -60,13 +60,13 @@ pub fn random_bimodal(n: usize, seed: u64) -> Vec<Buffer> {
 }
 
 /// About `n` buffers as an allocator sees one pipeline rank's training step in eager mode:
-/// `layers` layers, microbatches in 1F1B order (`in_flight` forwards first, then one forward
-/// and one backward in turn, then the remaining backwards), one clock step per layer and
-/// pass. Each layer's forward keeps three activations (1, 1, 2 or 4 hidden states each) until
-/// its backward, and every step allocates `temporaries` short-lived buffers (1, 2 or 8 hidden
-/// states, freed 1–3 steps later). The seed draws the shape: 8–48 layers, 0–4 temporaries,
-/// 1–16 in flight, hidden states of 1, 2 or 4 MiB; the microbatch count makes about `n`
-/// buffers. Sizes repeat, lifetimes nest, and unrelated buffers of one size often hand over
+/// microbatches in 1F1B order (as many forwards as are kept in flight, then one forward and
+/// one backward in turn, then the remaining backwards) through every layer, one clock step
+/// per layer and pass. Each layer's forward keeps three activations (1, 1, 2 or 4 hidden
+/// states each) until its backward, and every step allocates the same number of short-lived
+/// temporaries (1, 2 or 8 hidden states, freed 1–3 steps later). The seed draws the shape:
+/// 8–48 layers, 0–4 temporaries per step, 1–16 microbatches in flight, hidden states of 1, 2
+/// or 4 MiB; the microbatch count makes about `n` buffers. Sizes repeat, lifetimes nest, and unrelated buffers of one size often hand over
 /// to each other: the placement a caching allocator faces, unlike the random lists.
 pub fn training_trace(n: usize, seed: u64) -> Vec<Buffer> {
     let mut rng = Rng::new(seed ^ 0x7472_6169_6e00);
@@ -274,8 +274,9 @@ mod tests {
         assert_eq!(packed(300, 5), packed_tiling(300, 5, &Tiling::default()));
     }
 
-    /// A training step has about the buffers asked for, every activation freed at its
-    /// layer's backward (after its forward), and the same list for the same seed.
+    /// A training step has about the buffers asked for, each live for at least a step and at
+    /// least a hidden state large, activations that outlive the temporaries, and the same
+    /// list for the same seed.
     #[test]
     fn training_traces_keep_activations_until_their_backward() {
         for seed in 1..=6 {
