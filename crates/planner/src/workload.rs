@@ -94,18 +94,19 @@ pub fn training_trace(n: usize, seed: u64) -> Vec<Buffer> {
     let mut buffers = Vec::with_capacity((microbatches * per_microbatch) as usize);
     // The forward step of every (microbatch, layer) still waiting for its backward, and its
     // activations' sizes.
-    let mut kept: std::collections::HashMap<(u64, u64), (u64, [u64; 3])> = Default::default();
+    let mut kept: Vec<Option<(u64, [u64; 3])>> = vec![None; (microbatches * layers) as usize];
     let mut t = 0u64;
     for (backward, mb) in order {
         for k in 0..layers {
             let layer = if backward { layers - 1 - k } else { k };
             t += 1;
             if backward {
-                let (start, sizes) = kept.remove(&(mb, layer)).expect("forward before backward");
+                let (start, sizes) =
+                    kept[(mb * layers + layer) as usize].take().expect("forward before backward");
                 buffers.extend(sizes.iter().map(|&size| Buffer { start, end: t + 1, size, group: None }));
             } else {
                 let sizes = [0; 3].map(|_| hidden * [1, 1, 2, 4][rng.below(4) as usize]);
-                kept.insert((mb, layer), (t, sizes));
+                kept[(mb * layers + layer) as usize] = Some((t, sizes));
             }
             for _ in 0..temporaries {
                 let size = hidden * [1, 2, 8][rng.below(3) as usize];

@@ -526,20 +526,17 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     // with less left.
     let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
     let mut improvement_steps = 0;
-    // Coarsening (single-interval problems): the instance with stacked and chained buffers
-    // merged, when that removes a tenth of the items. A coarse instance of at most half the
+    // Coarsening (single-interval problems whose floor is far from the bound:
+    // `COARSEN_MIN_FLOOR`): the instance with stacked and chained buffers merged, when that
+    // removes a tenth of the items. A coarse instance of at most half the
     // items is planned first, with `COARSE_FIRST_SHARE` of the time left (35% where the
     // canonical search will run on the whole list: it can place at the bound where the coarse
     // instance cannot); a larger one after the portfolio.
     let mut coarse = None;
     let mut refined = false;
+    // (The floor is still the best placement here, so a far floor is also one above the bound.)
     let floor_far = floor_high as f64 > lb as f64 * COARSEN_MIN_FLOOR;
-    let coarsenable = floor_far
-        && best.high > lb
-        && n > EXACT_MAX_ITEMS
-        && opts.improve
-        && p.ivs.len() == n
-        && coarsens(&p);
+    let coarsenable = floor_far && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p);
     if coarsenable {
         let now = Instant::now();
         let c = coarsen(&p, threads, now + deadline.saturating_duration_since(now).mul_f64(COARSEN_SHARE));
