@@ -31,6 +31,12 @@ pub(super) const SKELETON_MAX_SHARE: f64 = 0.6;
 pub(super) const LAYERED_MIN_ITEMS: usize = 512;
 /// Share of the budget the skeleton's plan gets.
 pub(super) const SKELETON_BUDGET: f64 = 0.3;
+/// Share of the area above which a skeleton is *dominant*: its plan is the footprint, as
+/// good as the whole list's will be (two populations, 100k buffers: the fill and the
+/// improvement stage on the whole list left the skeleton's footprint as it was).
+pub(super) const DOMINANT_AREA: f64 = 0.99;
+/// Share of the budget a dominant skeleton's plan gets, where the fill still fits after it.
+pub(super) const DOMINANT_SKELETON_BUDGET: f64 = 0.5;
 /// Share of the total area the skeleton and the greedy fill hold together in a *tiered*
 /// construction (dense lists); the rest (the *tail*: on dense 100k lists 0.5% of the area
 /// and 73% of the items) goes in by an online sweep around them.
@@ -55,6 +61,23 @@ pub(super) fn tail_items(p: &Problem, skeleton: &[u32]) -> Vec<u32> {
         })
         .map_or(rest.len(), |k| k + 1);
     rest.split_off(keep)
+}
+
+/// Share of the area (bytes × lifetime) of `p` that `items` hold.
+pub(super) fn area_share(p: &Problem, items: &[u32]) -> f64 {
+    let area = |i: usize| p.size[i] as f64 * p.life[i] as f64;
+    let total: f64 = (0..p.len()).map(area).sum();
+    let held: f64 = items.iter().map(|&i| area(i as usize)).sum();
+    if total > 0.0 { held / total } else { 0.0 }
+}
+
+/// The share of the budget the plan of `skeleton` gets: [`DOMINANT_SKELETON_BUDGET`] where
+/// it is dominant and `fits` (given a share) says the fill still fits after that, else
+/// [`SKELETON_BUDGET`] where that fits; `None`: no layered construction.
+pub(super) fn skeleton_share(p: &Problem, skeleton: &[u32], fits: impl Fn(f64) -> bool) -> Option<f64> {
+    let dominant = area_share(p, skeleton) >= DOMINANT_AREA;
+    let wanted = if dominant { DOMINANT_SKELETON_BUDGET } else { SKELETON_BUDGET };
+    [wanted, SKELETON_BUDGET].into_iter().find(|&share| fits(share))
 }
 
 /// Marks of the `items` among `n`.
@@ -378,6 +401,12 @@ mod tests {
         let total: f64 = (0..p.len() as u32).map(|i| area(&p, i)).sum();
         let prefix: f64 = items.iter().map(|&i| area(&p, i)).sum();
         assert!(prefix > 0.99 * total, "the break lies beyond {SKELETON_AREA} of the area");
+        // Such a skeleton is dominant: its plan gets the larger share when the fill fits after
+        // it, the usual one when only that fits.
+        assert!(area_share(&p, &items) >= DOMINANT_AREA);
+        assert_eq!(skeleton_share(&p, &items, |_| true), Some(DOMINANT_SKELETON_BUDGET));
+        assert_eq!(skeleton_share(&p, &items, |s| s <= SKELETON_BUDGET), Some(SKELETON_BUDGET));
+        assert_eq!(skeleton_share(&p, &items, |_| false), None);
         let b = crate::workload::random(10_000, 1);
         let p = Problem::build(&b).unwrap();
         let items = skeleton_items(&p).unwrap();
@@ -385,5 +414,6 @@ mod tests {
         let held: f64 = items.iter().map(|&i| area(&p, i)).sum();
         let last = area(&p, *items.last().unwrap());
         assert!(held >= SKELETON_AREA * total && held - last < SKELETON_AREA * total);
+        assert_eq!(skeleton_share(&p, &items, |_| true), Some(SKELETON_BUDGET), "not dominant");
     }
 }

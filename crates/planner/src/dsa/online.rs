@@ -258,11 +258,13 @@ pub(super) fn online_best_fit(p: &Problem) -> (Vec<u64>, u64) {
 /// free gaps that fit: the item goes to the bottom or the top of a gap, next to the live
 /// item whose end is closest to its own (space freed together coalesces), scored by the
 /// gap's leftover relative to the item plus `weight` × the end distance in mean lifetimes.
+/// With `noise` `(q, rng)` every score is scaled by a factor drawn from `1 ± q/2` (restarts).
 /// `None` when `stop()` says so (asked every 4096 clock events).
 pub(super) fn online_aligned(
     p: &Problem,
     k: usize,
     weight: f64,
+    mut noise: Option<(f64, &mut Rng)>,
     stop: impl Fn() -> bool,
 ) -> Option<(Vec<u64>, u64)> {
     let mean = p.mean_span().max(1) as f64;
@@ -297,7 +299,10 @@ pub(super) fn online_aligned(
             let above = live.get(&(o + len)).map(|v| v.1);
             for (at, nb) in [(o, below), (o + len - size, above)] {
                 let dist = nb.map_or(mean * 4.0, |e| (e as f64 - end as f64).abs());
-                let score = waste + weight * dist / mean;
+                let mut score = waste + weight * dist / mean;
+                if let Some((q, rng)) = noise.as_mut() {
+                    score *= 1.0 + *q * (rng.unit() - 0.5);
+                }
                 if best.is_none_or(|b| score < b.0) {
                     best = Some((score, len, o, at));
                 }
@@ -415,6 +420,9 @@ fn lowest_room(meets: &mut [(u64, u64)], lo: u64, hi: u64, size: u64) -> Option<
     }
     (cur < hi && hi - cur >= size).then_some(cur)
 }
+
+/// The name every aligned construction's strategy starts with.
+pub(super) const ALIGNED_NAME: &str = "online-aligned";
 
 /// The online aligned constructions the portfolio runs (see [`online_aligned`]):
 /// candidate gaps, weight of the end distance, name.

@@ -220,7 +220,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
                 }
                 Job::Aligned(j) => {
                     let (candidates, weight, name) = ALIGNED_VARIANTS[j];
-                    online_aligned(p, candidates, weight, stop)
+                    online_aligned(p, candidates, weight, None, stop)
                         .map(|(off, high)| (name.to_string(), off, high))
                 }
                 Job::Layered(j) => {
