@@ -277,9 +277,11 @@ impl Default for PlaceOptions {
 pub struct Stage {
     /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarse`
     /// (the coarse instance planned), `refine` (the coarse plan refined) or
-    /// `refine+improvement` (beside the improvement stage on the items), `skeleton` (the
-    /// layered construction's skeleton planned), `constructions` (the portfolio),
-    /// `canonical`, `contour`, `restarts` (skyline restarts), `exact`, `improvement`, or
+    /// `refine+improvement` (beside the improvement stage on the items), `fill-probe` (the
+    /// layered construction's fill timed around a dominant skeleton at its floor offsets),
+    /// `skeleton` (the layered construction's skeleton planned), `constructions` (the
+    /// portfolio), `canonical`, `contour`, `restarts` (skyline or aligned restarts), `exact`,
+    /// `improvement`, or
     /// `canonical+improvement` (the two side by side, lists with alias groups on three cores
     /// or more); the stages that ran, in order.
     pub name: String,
@@ -571,9 +573,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     let coarse_placed = best.strategy.starts_with("coarse");
     // The layered construction (single-interval lists without the structure coarsening
     // finds): a skeleton of the items holding most of the area is planned first, with
-    // `SKELETON_BUDGET` of the budget (`DOMINANT_SKELETON_BUDGET` where it holds nearly all
-    // of the area) on all cores; filling the rest in around it, a stretch of the clock per
-    // worker, is the portfolio's first jobs — when that fits in what is left.
+    // `SKELETON_BUDGET` of the budget (more where it holds nearly all of the area) on all
+    // cores; filling the rest in around it, a stretch of the clock per worker, is the
+    // portfolio's first jobs — when that fits in what is left.
     // Dense lists leave the items with the smallest areas (those beyond `TIERED_FILL_AREA`
     // of the area) to an online sweep (a greedy fill of them all costs a greedy pass there).
     let fill_threads = threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
@@ -592,8 +594,26 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         if dense {
             fill_pass = tiered_fill_estimate(&p, &items, &tail, fill_threads);
         }
-        if let Some(skeleton_share) = skeleton_share(&p, &items, |share| fits(share, fill_pass)) {
-            skeleton = plan_skeleton(&p, items, budget.mul_f64(skeleton_share), opts, tail);
+        // A dominant skeleton (`DOMINANT_AREA`) gets what the fill leaves: the fill is timed
+        // first, around the skeleton at its floor offsets (the construction it gives is
+        // offered like any other). A fill too slow for even `SKELETON_BUDGET` is stopped.
+        let mut share = SKELETON_BUDGET;
+        if area_share(&p, &items) >= DOMINANT_AREA {
+            let at_floor: Vec<u64> = items.iter().map(|&i| best.off[i as usize]).collect();
+            let probe =
+                Skeleton { items: items.clone(), off: at_floor, strategy: String::new(), tail: tail.clone() };
+            let t = Instant::now();
+            let stop = t + budget.mul_f64(1.0 - SKELETON_BUDGET).saturating_sub(began.elapsed()) / 2;
+            if let Some((off, high)) = layered_now(&p, &probe, fill_threads as usize, stop) {
+                best.offer(high, off, "layered(floor)");
+            }
+            fill_pass = t.elapsed();
+            clock.end("fill-probe", Some(best.high));
+            let spent = began.elapsed() + fill_pass * DOMINANT_FILL_MARGIN;
+            share = dominant_share(budget.saturating_sub(spent).as_secs_f64() / budget.as_secs_f64());
+        }
+        if fits(share, fill_pass) {
+            skeleton = plan_skeleton(&p, items, budget.mul_f64(share), opts, tail);
             clock.end("skeleton", None);
         }
     }
