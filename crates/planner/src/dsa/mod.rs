@@ -643,10 +643,9 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         clock.end("constructions", Some(best.high));
     }
     let greedy_high = best.high;
-    // Which family of constructions the restarts below draw from: the one that led (the
-    // aligned constructions' runs vary most with noise).
-    let restart_family =
-        if best.strategy.starts_with(ALIGNED_NAME) { Restarts::Aligned } else { Restarts::Skyline };
+    // Which family of constructions the restarts below draw from: the aligned one where it
+    // led the skyline (its runs vary most with noise).
+    let restart_family = if built.aligned_led { Restarts::Aligned } else { Restarts::Skyline };
     // Coarsening, late (a coarse instance more than half the size): when a few greedy
     // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
     // the end when that is expected within its budget).
@@ -685,8 +684,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         contour_stage(&p, lb, until, opts.seed, threads, &mut best);
         clock.end("contour", Some(best.high));
     }
-    // Randomised restarts for a quarter of what is left (single-interval problems), of the
-    // aligned construction where it led the portfolio, else of the skyline; skipped when
+    // Randomised restarts for a quarter of what is left (single-interval problems), half of
+    // them of the aligned construction where it led the skyline, else all of the skyline; skipped when
     // fewer than two skyline passes would fit (large inputs: the improvement stage gains
     // more from the time).
     let now = Instant::now();

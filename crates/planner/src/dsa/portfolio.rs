@@ -83,6 +83,9 @@ pub(super) struct Portfolio {
     /// zero when the portfolio did not run).
     pub(super) sky_estimate: Duration,
     pub(super) greedy_estimate: Duration,
+    /// Whether an online aligned construction came out lower than every skyline pass (and
+    /// one ran): the family the restarts draw from.
+    pub(super) aligned_led: bool,
 }
 
 impl Default for Portfolio {
@@ -92,6 +95,7 @@ impl Default for Portfolio {
             strategies_run: 0,
             sky_estimate: Duration::ZERO,
             greedy_estimate: Duration::ZERO,
+            aligned_led: false,
         }
     }
 }
@@ -264,6 +268,8 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
         }
     });
     let mut built = whole.into_inner().expect("portfolio worker panicked");
+    let lowest = |family: &str| built.iter().filter(|b| b.name.starts_with(family)).map(|b| b.high).min();
+    let aligned_led = lowest(ALIGNED_NAME).is_some_and(|a| lowest(SKYLINE_NAME).is_none_or(|s| a < s));
     let mut runs = runs.into_inner().expect("portfolio worker panicked");
     let strategies_run = runs.len();
     if !runs.is_empty() {
@@ -312,6 +318,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
         strategies_run,
         sky_estimate: Duration::from_nanos(measured_or_modelled(1)),
         greedy_estimate: Duration::from_nanos(measured_or_modelled(0)),
+        aligned_led,
     }
 }
 

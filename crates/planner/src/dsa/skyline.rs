@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The name every skyline construction's strategy starts with.
+pub(super) const SKYLINE_NAME: &str = "skyline/";
+
 /// The skyline pick rules the portfolio runs (see [`skyline()`]), most useful first.
 pub(super) const SKYLINE_RULES: [(u8, &str); 4] =
     [(5, "skyline/best-fit"), (1, "skyline/largest"), (4, "skyline/exact-end"), (3, "skyline/area")];
