@@ -24,7 +24,8 @@
 //!    portfolio's first jobs fill the others in around them, a stretch of the clock each
 //!    (see `layered`); on dense inputs only those holding all but the last 0.5% of the area
 //!    go in by that greedy fill, and the rest — most of the items — by an online best-fit
-//!    sweep around them (`online_around`);
+//!    sweep around them (`online_around`). A skeleton holding 99% of the area decides the
+//!    footprint: its fill is timed first, and its plan gets the time the fill leaves;
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. **coarsening** (single-interval problems whose floor is more than
@@ -42,8 +43,10 @@
 //!    **contour search** with backjumping and a bisection of the target height
 //!    (`crate::contour`), when a few skyline passes fit in its share (the portfolio, the
 //!    contour search and the restarts of step 6 do not run after a refined coarse plan);
-//! 6. a time-boxed **improvement** stage: randomised skyline restarts for a quarter of the
-//!    time left (single-interval problems), then windows of the clock around a buffer that defines
+//! 6. a time-boxed **improvement** stage: randomised restarts for a quarter of the time left
+//!    (single-interval problems; skyline passes, and where an online aligned construction
+//!    came out below every skyline pass, half of them aligned constructions with noise on
+//!    their scores), then windows of the clock around a buffer that defines
 //!    the footprint (a random stretch of its lifetime when that is long) are taken out with
 //!    that buffer and re-placed with perturbed orders; a window is kept when its highest
 //!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
