@@ -168,12 +168,14 @@ pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
 }
 
 /// Plans the skeleton `items` of `p` as a list of their own (real clock, no alias groups)
-/// with `budget`, uncapped; `tail`: see [`Skeleton::tail`].
+/// with `budget`, uncapped, for `plan_for` (a dominant skeleton's plan is the footprint);
+/// `tail`: see [`Skeleton::tail`].
 pub(super) fn plan_skeleton(
     p: &Problem,
     items: Vec<u32>,
     budget: Duration,
     opts: &PlaceOptions,
+    plan_for: PlanFor,
     tail: Vec<u32>,
 ) -> Option<Skeleton> {
     let buffers: Vec<Buffer> = items
@@ -184,7 +186,7 @@ pub(super) fn plan_skeleton(
         })
         .collect();
     let sub = PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..opts.clone() };
-    let plan = place(&buffers, &sub).ok()?;
+    let plan = place_for(&buffers, &sub, plan_for).ok()?;
     Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tail })
 }
 
@@ -324,7 +326,7 @@ mod tests {
             let p = Problem::build(&b).unwrap();
             let Some(items) = skeleton_items(&p) else { return Ok(()) };
             let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
-            let mut sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts, Vec::new()).unwrap();
+            let mut sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts, PlanFor::Fill, Vec::new()).unwrap();
             sk.tail = if tiered { tail_items(&p, &sk.items) } else { Vec::new() };
             let (off, high) = layered(&p, &sk, parts, || false).unwrap();
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
@@ -367,7 +369,8 @@ mod tests {
         let p = Problem::build(&b).unwrap();
         let items = skeleton_items(&p).unwrap();
         let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
-        let mut sk = plan_skeleton(&p, items, Duration::from_millis(30), &opts, Vec::new()).unwrap();
+        let mut sk =
+            plan_skeleton(&p, items, Duration::from_millis(30), &opts, PlanFor::Fill, Vec::new()).unwrap();
         for (parts, tiered) in [(1, false), (2, false), (8, false), (1, true), (2, true)] {
             sk.tail = if tiered { tail_items(&p, &sk.items) } else { Vec::new() };
             let (off, high) = layered(&p, &sk, parts, || false).unwrap();

@@ -284,9 +284,8 @@ pub struct Stage {
     /// layered construction's fill timed around a dominant skeleton at its floor offsets),
     /// `skeleton` (the layered construction's skeleton planned), `constructions` (the
     /// portfolio), `canonical`, `contour`, `restarts` (skyline or aligned restarts), `exact`,
-    /// `improvement`, or
-    /// `canonical+improvement` (the two side by side, lists with alias groups on three cores
-    /// or more); the stages that ran, in order.
+    /// `improvement`, or `canonical+improvement` (the two side by side, lists with alias
+    /// groups on three cores or more); the stages that ran, in order.
     pub name: String,
     /// Wall-clock time it took.
     pub elapsed: Duration,
@@ -490,6 +489,26 @@ pub(crate) fn workers_for(threads: usize, left: Duration) -> usize {
 
 /// Places `buffers`: see the module documentation for how.
 pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, PlaceError> {
+    place_for(buffers, opts, PlanFor::Footprint)
+}
+
+/// What a plan's footprint is to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PlanFor {
+    /// The footprint itself: a whole list, a coarse instance, a dominant skeleton.
+    Footprint,
+    /// A skeleton the rest of its list is filled in around: what the fill leaves open counts
+    /// too, so its restarts stay with the skyline (the lower tops of aligned restarts left
+    /// gaps the fill fitted worse: dense 100k lists, 11 of 20 seeds higher with them).
+    Fill,
+}
+
+/// [`place`] for a plan whose footprint is `plan_for` to the caller.
+pub(crate) fn place_for(
+    buffers: &[Buffer],
+    opts: &PlaceOptions,
+    plan_for: PlanFor,
+) -> Result<Placement, PlaceError> {
     let began = Instant::now();
     let mut clock = StageClock { last: began, stages: Vec::new() };
     let p = Problem::build(buffers)?;
@@ -601,7 +620,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         // first, around the skeleton at its floor offsets (the construction it gives is
         // offered like any other). A fill too slow for even `SKELETON_BUDGET` is stopped.
         let mut share = SKELETON_BUDGET;
-        if area_share(&p, &items) >= DOMINANT_AREA {
+        let dominant = area_share(&p, &items) >= DOMINANT_AREA;
+        if dominant {
             let at_floor: Vec<u64> = items.iter().map(|&i| best.off[i as usize]).collect();
             let probe =
                 Skeleton { items: items.clone(), off: at_floor, strategy: String::new(), tail: tail.clone() };
@@ -616,7 +636,8 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
             share = dominant_share(budget.saturating_sub(spent).as_secs_f64() / budget.as_secs_f64());
         }
         if fits(share, fill_pass) {
-            skeleton = plan_skeleton(&p, items, budget.mul_f64(share), opts, tail);
+            let skeleton_for = if dominant { PlanFor::Footprint } else { PlanFor::Fill };
+            skeleton = plan_skeleton(&p, items, budget.mul_f64(share), opts, skeleton_for, tail);
             clock.end("skeleton", None);
         }
     }
@@ -647,8 +668,12 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
     }
     let greedy_high = best.high;
     // Which family of constructions the restarts below draw from: the aligned one where it
-    // led the skyline (its runs vary most with noise).
-    let restart_family = if built.aligned_led { Restarts::Aligned } else { Restarts::Skyline };
+    // led the skyline (its runs vary most with noise) and this plan is the footprint.
+    let restart_family = if built.aligned_led && plan_for == PlanFor::Footprint {
+        Restarts::Aligned
+    } else {
+        Restarts::Skyline
+    };
     // Coarsening, late (a coarse instance more than half the size): when a few greedy
     // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
     // the end when that is expected within its budget).
@@ -687,10 +712,10 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
         contour_stage(&p, lb, until, opts.seed, threads, &mut best);
         clock.end("contour", Some(best.high));
     }
-    // Randomised restarts for a quarter of what is left (single-interval problems), half of
-    // them of the aligned construction where it led the skyline, else all of the skyline; skipped when
-    // fewer than two skyline passes would fit (large inputs: the improvement stage gains
-    // more from the time).
+    // Randomised restarts for a quarter of what is left (single-interval problems): half of
+    // them of the aligned construction where it led the skyline, else all of the skyline;
+    // skipped when fewer than two skyline passes would fit (large inputs: the improvement
+    // stage gains more from the time).
     let now = Instant::now();
     let until = now + deadline.saturating_duration_since(now) / 4;
     if best.high > lb && single && !refined && built.sky_estimate * 2 <= until.saturating_duration_since(now)
@@ -807,13 +832,15 @@ enum Restarts {
     /// Skyline passes, each with a random rule and noise on its choices.
     Skyline,
     /// Half the restarts (every other core, or every other restart on one core) online
-    /// aligned constructions, each with a random variant and noise on its scores; the
-    /// others skyline passes. On lists where the aligned constructions lead, one run's
-    /// footprint moves by ±1% with the order of items that start together, so the best of
-    /// many runs is well below a single one: on a population of 2046 buffers of 64–256 MiB,
-    /// runs with noise came out at 1.046–1.083 of the bound (30 per variant and noise
-    /// level), the plain runs at 1.051–1.060. The skyline keeps its share: on some lists
-    /// the aligned construction leads and a skyline restart reaches the bound.
+    /// aligned constructions, each with the end distance weighted log-uniformly in 2..=128
+    /// and noise on its scores; the others skyline passes. On lists where the aligned
+    /// constructions lead, one run's footprint moves by ±1% with the order of items that
+    /// start together, so the best of many runs is well below a single one: on a population
+    /// of 2046 buffers of 64–256 MiB, runs with noise came out at 1.046–1.083 of the bound
+    /// (30 per variant and noise level), the plain runs at 1.051–1.060; with weight 32–256
+    /// the medians of 40 runs were 1.055–1.058 against 1.062 at weight 4. The skyline keeps
+    /// its share: on some lists the aligned construction leads and a skyline restart
+    /// reaches the bound.
     Aligned,
 }
 
@@ -841,8 +868,10 @@ fn restarts(
                 family == Restarts::Aligned && if workers > 1 { k % 2 == 0 } else { total % 2 == 0 };
             restarts[aligned as usize] += 1;
             let placed = if aligned {
-                let (candidates, weight, _) =
-                    ALIGNED_VARIANTS[rng.below(ALIGNED_VARIANTS.len() as u64) as usize];
+                // The weight of the end distance log-uniform in 2..=128: on long-lived
+                // buffers the heavier weights give lower runs.
+                let (candidates, _, _) = ALIGNED_VARIANTS[0];
+                let weight = (1.0 + 6.0 * rng.unit()).exp2();
                 let q = [0.05, 0.1, 0.2, 0.4][rng.below(4) as usize];
                 online_aligned(p, candidates, weight, Some((q, &mut rng)), || Instant::now() > until)
             } else {
