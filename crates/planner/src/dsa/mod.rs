@@ -669,11 +669,7 @@ pub(crate) fn place_for(
     let greedy_high = best.high;
     // Which family of constructions the restarts below draw from: the aligned one where it
     // led the skyline (its runs vary most with noise) and this plan is the footprint.
-    let restart_family = if built.aligned_led && plan_for == PlanFor::Footprint {
-        Restarts::Aligned
-    } else {
-        Restarts::Skyline
-    };
+    let restart_family = Restarts::family(built.aligned_led, plan_for);
     // Coarsening, late (a coarse instance more than half the size): when a few greedy
     // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
     // the end when that is expected within its budget).
@@ -842,6 +838,14 @@ enum Restarts {
     /// its share: on some lists the aligned construction leads and a skyline restart
     /// reaches the bound.
     Aligned,
+}
+
+impl Restarts {
+    /// The family for a plan `plan_for` whose portfolio had an aligned construction below
+    /// every skyline pass (`aligned_led`) or not.
+    fn family(aligned_led: bool, plan_for: PlanFor) -> Restarts {
+        if aligned_led && plan_for == PlanFor::Footprint { Restarts::Aligned } else { Restarts::Skyline }
+    }
 }
 
 /// Randomised restarts (single-interval problems) until `until`, drawing from `family`: one
@@ -1099,7 +1103,8 @@ mod density_tests {
 
     /// Noise on the aligned construction's scores gives valid placements that differ run by
     /// run, the best of a few below the plain construction on a population of large
-    /// long-lived buffers; restarts keep only valid placements lower than the incumbent.
+    /// long-lived buffers; restarts keep only valid placements lower than the incumbent, and
+    /// draw aligned runs only for plans that are the footprint.
     #[test]
     fn restarts_keep_valid_lower_placements() {
         let buffers: Vec<Buffer> =
@@ -1122,6 +1127,10 @@ mod density_tests {
             highs.insert(high);
         }
         assert!(highs.len() > 1 && highs.first() < Some(&high), "{highs:?} against {high}");
+        // Aligned runs only where an aligned construction led and the plan is the footprint.
+        assert_eq!(Restarts::family(true, PlanFor::Footprint), Restarts::Aligned);
+        assert_eq!(Restarts::family(true, PlanFor::Fill), Restarts::Skyline);
+        assert_eq!(Restarts::family(false, PlanFor::Footprint), Restarts::Skyline);
         for family in [Restarts::Aligned, Restarts::Skyline] {
             let mut best = Incumbent { off: off.clone(), high, strategy: name.to_string() };
             restarts(&p, lb, Instant::now() + Duration::from_millis(200), 7, 2, family, &mut best);
