@@ -494,7 +494,7 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
 
 /// What a plan's footprint is to the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PlanFor {
+enum PlanFor {
     /// The footprint itself: a whole list, a coarse instance, a dominant skeleton.
     Footprint,
     /// A skeleton the rest of its list is filled in around: what the fill leaves open counts
@@ -504,11 +504,7 @@ pub(crate) enum PlanFor {
 }
 
 /// [`place`] for a plan whose footprint is `plan_for` to the caller.
-pub(crate) fn place_for(
-    buffers: &[Buffer],
-    opts: &PlaceOptions,
-    plan_for: PlanFor,
-) -> Result<Placement, PlaceError> {
+fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Result<Placement, PlaceError> {
     let began = Instant::now();
     let mut clock = StageClock { last: began, stages: Vec::new() };
     let p = Problem::build(buffers)?;
