@@ -595,7 +595,8 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
     // cores; filling the rest in around it, a stretch of the clock per worker, is the
     // portfolio's first jobs — when that fits in what is left.
     // Dense lists leave the items with the smallest areas (those beyond `TIERED_FILL_AREA`
-    // of the area) to an online sweep (a greedy fill of them all costs a greedy pass there).
+    // of the area) to an online sweep (a greedy fill of them all costs a greedy pass there),
+    // and so do dominant skeletons (below).
     let fill_threads = threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
     let fits = |share: f64, fill: Duration| began.elapsed() + budget.mul_f64(share) + fill < budget;
     let mut skeleton = None;
@@ -608,16 +609,21 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
         && (dense || fits(SKELETON_BUDGET, fill_pass))
         && let Some(items) = skeleton_items(&p)
     {
-        let tail = if dense { tail_items(&p, &items) } else { Vec::new() };
-        if dense {
+        // A dominant skeleton (`DOMINANT_AREA`) is the footprint, and what is filled in around
+        // it only has to fit under it: tiered too (the sweep is the cheaper fill: 54 ms
+        // against 195 ms on a 100k list with two populations, on 2 cores).
+        let dominant = area_share(&p, &items) >= DOMINANT_AREA;
+        let tiered = dense || dominant;
+        let tail = if tiered { tail_items(&p, &items) } else { Vec::new() };
+        if tiered {
             fill_pass = tiered_fill_estimate(&p, &items, &tail, fill_threads);
         }
-        // A dominant skeleton (`DOMINANT_AREA`) gets what the fill leaves: the fill is timed
-        // first, around the skeleton at its floor offsets (the construction it gives is
-        // offered like any other). A fill too slow for even `SKELETON_BUDGET` is stopped.
+        // A dominant skeleton gets what the fill leaves: the fill is timed first, around the
+        // skeleton at its floor offsets (the construction it gives is offered like any
+        // other), where the estimate says it fits beside `SKELETON_BUDGET`; its greedy part
+        // stops when it takes half of what that would leave.
         let mut share = SKELETON_BUDGET;
-        let dominant = area_share(&p, &items) >= DOMINANT_AREA;
-        if dominant {
+        if dominant && fits(SKELETON_BUDGET, fill_pass) {
             let at_floor: Vec<u64> = items.iter().map(|&i| best.off[i as usize]).collect();
             let probe =
                 Skeleton { items: items.clone(), off: at_floor, strategy: String::new(), tail: tail.clone() };
