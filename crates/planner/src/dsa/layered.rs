@@ -288,17 +288,14 @@ pub(super) fn assemble(p: &Problem, fill: &LayeredFill, filled: Vec<FilledPart>)
     Some((off, high))
 }
 
-/// The whole layered construction on one thread, in `parts` stretches (tests).
-#[cfg(test)]
-fn layered(p: &Problem, sk: &Skeleton, parts: usize, stop: impl Fn() -> bool) -> Option<(Vec<u64>, u64)> {
-    let fill = layered_fill(p, sk, parts);
-    let filled = (0..fill.parts()).map(|k| fill_part(p, &fill, k, &stop)).collect::<Option<Vec<_>>>()?;
-    assemble(p, &fill, filled)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A deadline no test reaches.
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
     use proptest::prelude::*;
 
     proptest! {
@@ -328,7 +325,7 @@ mod tests {
             let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
             let mut sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts, PlanFor::Fill, Vec::new()).unwrap();
             sk.tail = if tiered { tail_items(&p, &sk.items) } else { Vec::new() };
-            let (off, high) = layered(&p, &sk, parts, || false).unwrap();
+            let (off, high) = layered_now(&p, &sk, parts, far()).unwrap();
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
             verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
@@ -373,7 +370,7 @@ mod tests {
             plan_skeleton(&p, items, Duration::from_millis(30), &opts, PlanFor::Fill, Vec::new()).unwrap();
         for (parts, tiered) in [(1, false), (2, false), (8, false), (1, true), (2, true)] {
             sk.tail = if tiered { tail_items(&p, &sk.items) } else { Vec::new() };
-            let (off, high) = layered(&p, &sk, parts, || false).unwrap();
+            let (off, high) = layered_now(&p, &sk, parts, far()).unwrap();
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
             verify(&b, &offsets).unwrap();
             assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
@@ -381,7 +378,8 @@ mod tests {
                 assert_eq!(off[i as usize], sk.off[k]);
             }
         }
-        assert!(layered(&p, &sk, 2, || true).is_none());
+        let past = Instant::now().checked_sub(Duration::from_millis(1)).unwrap();
+        assert!(layered_now(&p, &sk, 2, past).is_none(), "stopped at once");
     }
 
     /// A tiered construction leaves to the sweep the many items that hold the last
