@@ -51,7 +51,7 @@ pub(super) const TIERED_FILL_AREA: f64 = 0.995;
 pub(super) fn tail_items(p: &Problem, skeleton: &[u32]) -> Vec<u32> {
     let n = p.len();
     let in_skeleton = mask(n, skeleton);
-    let area = |i: u32| p.size[i as usize] as f64 * p.life[i as usize] as f64;
+    let area = |i: u32| area(p, i);
     let total: f64 = (0..n as u32).map(area).sum();
     let mut held: f64 = skeleton.iter().map(|&i| area(i)).sum();
     let mut rest: Vec<u32> = (0..n as u32).filter(|&i| !in_skeleton[i as usize]).collect();
@@ -66,11 +66,15 @@ pub(super) fn tail_items(p: &Problem, skeleton: &[u32]) -> Vec<u32> {
     rest.split_off(keep)
 }
 
-/// Share of the area (bytes × lifetime) of `p` that `items` hold.
+/// The area (bytes × lifetime) of item `i` of `p`.
+fn area(p: &Problem, i: u32) -> f64 {
+    p.size[i as usize] as f64 * p.life[i as usize] as f64
+}
+
+/// Share of the area of `p` that `items` hold.
 pub(super) fn area_share(p: &Problem, items: &[u32]) -> f64 {
-    let area = |i: usize| p.size[i] as f64 * p.life[i] as f64;
-    let total: f64 = (0..p.len()).map(area).sum();
-    let held: f64 = items.iter().map(|&i| area(i as usize)).sum();
+    let total: f64 = (0..p.len() as u32).map(|i| area(p, i)).sum();
+    let held: f64 = items.iter().map(|&i| area(p, i)).sum();
     if total > 0.0 { held / total } else { 0.0 }
 }
 
@@ -144,7 +148,7 @@ pub(super) struct Skeleton {
 /// than that share.
 pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
     let n = p.len();
-    let area = |i: u32| p.size[i as usize] as f64 * p.life[i as usize] as f64;
+    let area = |i: u32| area(p, i);
     let mut order: Vec<u32> = (0..n as u32).collect();
     order.sort_unstable_by(|&a, &b| area(b).total_cmp(&area(a)).then(a.cmp(&b)));
     let total: f64 = order.iter().map(|&i| area(i)).sum();
@@ -408,7 +412,6 @@ mod tests {
     /// (log-uniform sizes and lifetimes), it holds just [`SKELETON_AREA`] of the area.
     #[test]
     fn natural_breaks_keep_a_population_together() {
-        let area = |p: &Problem, i: u32| p.size[i as usize] as f64 * p.life[i as usize] as f64;
         let b = crate::workload::random_bimodal(10_000, 1);
         let p = Problem::build(&b).unwrap();
         let items = skeleton_items(&p).unwrap();

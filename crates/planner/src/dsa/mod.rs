@@ -669,9 +669,6 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
         clock.end("constructions", Some(best.high));
     }
     let greedy_high = best.high;
-    // Which family of constructions the restarts below draw from: the aligned one where it
-    // led the skyline (its runs vary most with noise) and this plan is the footprint.
-    let restart_family = Restarts::family(built.aligned_led, plan_for);
     // Coarsening, late (a coarse instance more than half the size): when a few greedy
     // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
     // the end when that is expected within its budget).
@@ -718,7 +715,8 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
     let until = now + deadline.saturating_duration_since(now) / 4;
     if best.high > lb && single && !refined && built.sky_estimate * 2 <= until.saturating_duration_since(now)
     {
-        restarts(&p, lb, until, opts.seed, threads, restart_family, &mut best);
+        let family = Restarts::family(built.aligned_led, plan_for);
+        restarts(&p, lb, until, opts.seed, threads, family, &mut best);
         clock.end("restarts", Some(best.high));
     }
     if best.high > lb
