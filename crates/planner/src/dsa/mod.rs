@@ -278,8 +278,8 @@ impl Default for PlaceOptions {
 /// once it ended.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stage {
-    /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarse`
-    /// (the coarse instance planned), `refine` (the coarse plan refined) or
+    /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarsen`
+    /// (the coarse instance built), `coarse` (the coarse instance planned), `refine` (the coarse plan refined) or
     /// `refine+improvement` (beside the improvement stage on the items), `fill-probe` (the
     /// layered construction's fill timed around a dominant skeleton at its floor offsets),
     /// `skeleton` (the layered construction's skeleton planned), `constructions` (the
@@ -536,6 +536,32 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
     let (floor_off, floor_high) = online_best_fit(&p);
     clock.end("floor", Some(floor_high));
     let mut best = Incumbent { off: floor_off, high: floor_high, strategy: "online-best-fit".to_string() };
+    let finish =
+        |best: Incumbent, lb: u64, greedy_high: u64, built: Portfolio, steps: u64, clock: StageClock| {
+            let offsets =
+                p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best.off[i as usize] }).collect();
+            Placement {
+                offsets,
+                footprint: best.high,
+                lower_bound: lb,
+                live_bound: p.lower_bound(),
+                strategy: best.strategy,
+                elapsed: began.elapsed(),
+                floor_footprint: floor_high,
+                greedy_footprint: greedy_high,
+                windows: built.windows,
+                strategies_run: built.strategies_run,
+                improvement_steps: steps,
+                stages: clock.stages,
+            }
+        };
+    // Past the deadline already with the floor near the bound, the floor is the answer: each
+    // stage after it would start with a pass of its own past the deadline (a million random
+    // buffers took 1.09 s of a 1 s budget for the bounds and the floor, then 0.65 s more for
+    // coarsening and a greedy pass that matched the floor's 1.086).
+    if Instant::now() >= deadline && floor_high as f64 <= lb as f64 * portfolio::FAR_FLOOR {
+        return Ok(finish(best, lb, floor_high, Portfolio::default(), 0, clock));
+    }
     // The complete canonical search runs on lists this small (see below).
     let canonical = n > EXACT_MAX_ITEMS
         && n <= CANONICAL_MAX_ITEMS
@@ -560,6 +586,7 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
     if coarsenable {
         let now = Instant::now();
         let c = coarsen(&p, threads, now + deadline.saturating_duration_since(now).mul_f64(COARSEN_SHARE));
+        clock.end("coarsen", None);
         if c.buffers.len() * 2 <= n {
             let coarse_share = if canonical { 0.35 } else { COARSE_FIRST_SHARE };
             let left = deadline.saturating_duration_since(Instant::now());
@@ -748,21 +775,7 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
         );
         clock.end("improvement", Some(best.high));
     }
-    let offsets = p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best.off[i as usize] }).collect();
-    Ok(Placement {
-        offsets,
-        footprint: best.high,
-        lower_bound: lb,
-        live_bound: p.lower_bound(),
-        strategy: best.strategy,
-        elapsed: began.elapsed(),
-        floor_footprint: floor_high,
-        greedy_footprint: greedy_high,
-        windows: built.windows,
-        strategies_run: built.strategies_run,
-        improvement_steps,
-        stages: clock.stages,
-    })
+    Ok(finish(best, lb, greedy_high, built, improvement_steps, clock))
 }
 
 /// The complete canonical search until `until` (see `place`); returns the bound, raised
@@ -1226,7 +1239,8 @@ mod density_tests {
 
     /// A first construction expected to take far more than the budget (here: 60k buffers
     /// and 1 ms; a million buffers at the default budget) is not forced where the online
-    /// floor is near the bound: the floor is the answer, not a pass several budgets long.
+    /// floor is near the bound: the floor is the answer, not a pass several budgets long,
+    /// and no stage after it starts.
     #[test]
     fn a_first_pass_far_over_the_budget_is_not_forced() {
         // Uniform sizes: online best fit lands within 10% of the bound, the aligned
@@ -1239,6 +1253,8 @@ mod density_tests {
         assert!(placed.floor_footprint > placed.lower_bound, "the portfolio must have had work");
         assert_eq!(placed.strategy, "online-best-fit");
         assert_eq!(placed.footprint, placed.floor_footprint);
+        let stages: Vec<&str> = placed.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(stages, ["prepare", "floor"]);
     }
 
     /// Dense lists get the tiered layered construction when its fill fits the budget: the
