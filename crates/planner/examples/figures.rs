@@ -78,6 +78,10 @@ fn main() {
         ("1f1b pp=8 rank=7 M=128", one_f_one_b(8, 7, 128)),
         ("interleaved pp=4 v=2 rank=0 M=64", interleaved(4, 0, 64, 2)),
         ("interleaved pp=8 v=4 rank=3 M=128", interleaved(8, 3, 128, 4)),
+        // Many microbatches: alias groups of ~60 intervals, too many meetings of intervals
+        // for the conflict graph (the greedy clique alone gives the alias bound).
+        ("1f1b pp=16 rank=0 M=1024", one_f_one_b(16, 0, 1024)),
+        ("interleaved pp=16 v=4 rank=15 M=1024", interleaved(16, 15, 1024, 4)),
     ];
     for (name, schedule) in pipelines {
         let layers = transformer_layers(schedule.chunks(), 9, 4096, 1, 1024);
