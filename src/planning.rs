@@ -104,14 +104,15 @@ pub fn plan(
         }
         Some(pb::plan_input::Input::Schedule(s)) => {
             let (sched, kind) = schedule_from_proto(s)?;
-            let sb = pipeline::schedule_buffers(&sched).map_err(|e| planner_error("schedule.", kind, e))?;
-            if sb.buffers.len() > max_buffers {
-                return Err(PlanningError::TooManyBuffers {
+            // Counted before any buffer is built: a small request can describe billions.
+            let sb = pipeline::schedule_buffers_within(&sched, max_buffers).map_err(|e| match e {
+                PlanError::TooManyBuffers { count, max } => PlanningError::TooManyBuffers {
                     field: "schedule".to_string(),
-                    count: sb.buffers.len(),
-                    max: max_buffers,
-                });
-            }
+                    count: usize::try_from(count).unwrap_or(usize::MAX),
+                    max,
+                },
+                e => planner_error("schedule.", kind, e),
+            })?;
             let overhead = s.overhead.as_ref().map(overhead_from_proto).unwrap_or_default();
             pipeline::plan_schedule_buffers(sb, &opts)
                 .map_err(|e| planner_error("schedule.", kind, e))?
@@ -354,6 +355,20 @@ mod tests {
         assert_eq!(e.field(), Some("schedule.layers[1].inputs[0].dtype"), "{e}");
         let e = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), 5).unwrap_err();
         assert!(matches!(e, PlanningError::TooManyBuffers { .. }));
+    }
+
+    /// A schedule is refused on its buffer count before any buffer is built: two million
+    /// microbatches (a few hundred bytes of request) would make 34 million.
+    #[test]
+    fn refuses_a_schedule_by_its_count_before_building_it() {
+        let made = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), 1000).unwrap().buffers.len();
+        let e = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), made - 1).unwrap_err();
+        assert_eq!(e, PlanningError::TooManyBuffers { field: "schedule".into(), count: made, max: made - 1 });
+        let t = std::time::Instant::now();
+        let e = plan(&one_f_one_b(8, 0, 2_000_000), Duration::from_millis(10), 1_000_000).unwrap_err();
+        let count = made / 8 * 2_000_000;
+        assert_eq!(e, PlanningError::TooManyBuffers { field: "schedule".into(), count, max: 1_000_000 });
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
     #[test]

@@ -52,6 +52,7 @@ use graphpool_planner::PlaceOptions;
 use graphpool_planner::pipeline::{self, CaptureOverhead, NamedBuffer, Plan, PlanError, SchedulePlanInput};
 use serde_json::json;
 
+use crate::config::GuardsConfig;
 use crate::units::{SizeDisplay, parse_size};
 
 /// Arguments of `graphpool plan`.
@@ -152,7 +153,10 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
         (None, Some(path)) => {
             let text = read(path)?;
             let desc = parse_schedule(path, &text)?;
-            let plan = pipeline::plan_schedule(&desc.input, &opts)
+            // The daemon's default limit: a schedule accepted here is one it would accept.
+            let max = GuardsConfig::default().max_plan_buffers;
+            let plan = pipeline::schedule_buffers_within(&desc.input, max)
+                .and_then(|sb| pipeline::plan_schedule_buffers(sb, &opts))
                 .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?
                 .with_overhead(&desc.overhead.unwrap_or_default());
             (plan, None)

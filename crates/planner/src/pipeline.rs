@@ -302,6 +302,18 @@ pub enum PlanError {
     /// The buffers cannot be placed.
     #[error("{0}")]
     Place(#[from] PlaceError),
+    /// The schedule makes more buffers than the caller accepts (see
+    /// [`schedule_buffers_within`]); none were built.
+    #[error(
+        "the schedule makes {count} buffers, more than the limit of {max}; describe fewer \
+         microbatches or layers"
+    )]
+    TooManyBuffers {
+        /// Buffers the schedule makes.
+        count: u64,
+        /// The limit.
+        max: usize,
+    },
 }
 
 impl PlanError {
@@ -312,6 +324,7 @@ impl PlanError {
             PlanError::Invalid { field, .. } => field.clone(),
             PlanError::Place(PlaceError::Reversed { index, .. }) => format!("buffers[{index}]"),
             PlanError::Place(PlaceError::Overflow) => "buffers".to_string(),
+            PlanError::TooManyBuffers { .. } => "schedule".to_string(),
         }
     }
 }
@@ -458,6 +471,81 @@ pub struct ScheduleBuffers {
 
 /// Builds the buffers of a schedule: see the module documentation.
 pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, PlanError> {
+    schedule_buffers_within(input, usize::MAX)
+}
+
+/// When a buffer of a layer's graphs starts or is last live, within its microbatch's steps.
+#[derive(Debug, Clone, Copy)]
+enum Tick {
+    /// The forward of this layer of the chunk.
+    Forward(usize),
+    /// The backward of this layer of the chunk.
+    Backward(usize),
+}
+
+/// One buffer of a chunk's layers, made by each microbatch that runs the chunk.
+#[derive(Debug, Clone)]
+struct BufferKind {
+    layer: usize,
+    /// `in0`, `dout1`, `saved`, ...: with slot, chunk and layer, the buffer's alias group.
+    kind: String,
+    start: Tick,
+    last: Tick,
+    size: u64,
+}
+
+/// The buffers one microbatch makes in a chunk of `layers` (a buffer of no bytes is none).
+fn buffer_kinds(layers: &[Layer]) -> Vec<BufferKind> {
+    let mut out = Vec::new();
+    let mut push = |layer: usize, kind: String, start: Tick, last: Tick, size: u64| {
+        if size > 0 {
+            out.push(BufferKind { layer, kind, start, last, size });
+        }
+    };
+    use Tick::{Backward as B, Forward as F};
+    for (l, layer) in layers.iter().enumerate() {
+        let next = layers.get(l + 1);
+        let prev = l.checked_sub(1).map(|p| &layers[p]);
+        // Input j is chained to output j of the previous layer when the bytes match.
+        let chained_in =
+            |j: usize| prev.and_then(|p| p.outputs.get(j)).map(|o| o.0) == Some(layer.inputs[j].0);
+        for (j, &(bytes, floating, kept)) in layer.inputs.iter().enumerate() {
+            if !chained_in(j) {
+                push(l, format!("in{j}"), F(l), if kept { B(l) } else { F(l) }, bytes);
+                if floating {
+                    push(l, format!("din{j}"), B(l), B(l), bytes);
+                }
+            }
+        }
+        for (j, &(bytes, floating)) in layer.outputs.iter().enumerate() {
+            let consumer = next.and_then(|nx| nx.inputs.get(j)).filter(|i| i.0 == bytes);
+            let last = match consumer {
+                Some(&(_, _, true)) => B(l + 1),
+                Some(_) => F(l + 1),
+                None => F(l),
+            };
+            push(l, format!("out{j}"), F(l), last, bytes);
+            if floating {
+                // Written by the next layer's backward when chained, else an input of this
+                // backward only.
+                let start = if consumer.is_some() { B(l + 1) } else { B(l) };
+                push(l, format!("dout{j}"), start, B(l), bytes);
+            }
+        }
+        push(l, "saved".to_string(), F(l), B(l), layer.saved);
+        push(l, "fws".to_string(), F(l), F(l), layer.fws);
+        push(l, "bws".to_string(), B(l), B(l), layer.bws);
+    }
+    out
+}
+
+/// [`schedule_buffers`], refused with [`PlanError::TooManyBuffers`] before anything is
+/// built when the schedule makes more than `max_buffers` buffers (a daemon's guard: a
+/// million microbatches of 64 layers would make a billion).
+pub fn schedule_buffers_within(
+    input: &SchedulePlanInput,
+    max_buffers: usize,
+) -> Result<ScheduleBuffers, PlanError> {
     let steps = input.schedule.steps()?;
     let chunks = input.schedule.chunks() as usize;
     let m = input.schedule.num_microbatches() as usize;
@@ -517,6 +605,11 @@ pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, Pl
         }
         layers.push(out);
     }
+    let kinds: Vec<Vec<BufferKind>> = layers.iter().map(|chunk| buffer_kinds(chunk)).collect();
+    let count: u64 = kinds.iter().map(|k| k.len() as u64 * m as u64).sum();
+    if count > max_buffers as u64 {
+        return Err(PlanError::TooManyBuffers { count, max: max_buffers });
+    }
     let chunk_slots = assign_chunk_slots(&steps, chunks as u32, m as u32);
     let slots = chunk_slots.iter().map(|c| c.0).max().unwrap_or(0);
     let graphs = chunk_slots.iter().zip(&layers).map(|(c, l)| c.0 * l.len() as u32 * 2).sum();
@@ -534,8 +627,8 @@ pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, Pl
         table[s.chunk as usize][s.microbatch as usize] = k;
     }
     let mut out = ScheduleBuffers {
-        buffers: Vec::new(),
-        names: Vec::new(),
+        buffers: Vec::with_capacity(count as usize),
+        names: Vec::with_capacity(count as usize),
         groups: Vec::new(),
         slots,
         microbatch_slot,
@@ -544,59 +637,30 @@ pub fn schedule_buffers(input: &SchedulePlanInput) -> Result<ScheduleBuffers, Pl
         pools,
     };
     let mut group_ids: HashMap<String, u32> = HashMap::new();
-    for (c, chunk) in layers.iter().enumerate() {
-        let n = chunk.len() as u64;
+    for (c, chunk) in kinds.iter().enumerate() {
+        let n = layers[c].len() as u64;
         for mb in 0..m {
             let slot = out.microbatch_slot[c * m + mb];
             let (fb, bb) = (base[fstep[c][mb]], base[bstep[c][mb]]);
-            let tf = |l: usize| fb + l as u64;
-            let tb = |l: usize| bb + (n - 1 - l as u64);
-            let mut push = |l: usize, kind: String, start: u64, end: u64, size: u64| {
-                if size == 0 {
-                    return;
-                }
-                let key = format!("s{slot}.c{c}.l{l}.{kind}");
+            // A layer's forward runs at its base tick plus its index; backwards in reverse.
+            let at = |t: Tick| match t {
+                Tick::Forward(l) => fb + l as u64,
+                Tick::Backward(l) => bb + (n - 1 - l as u64),
+            };
+            for k in chunk {
+                let key = format!("s{slot}.c{c}.l{}.{}", k.layer, k.kind);
                 let next = group_ids.len() as u32;
                 let group = *group_ids.entry(key.clone()).or_insert_with(|| {
                     out.groups.push(key);
                     next
                 });
-                out.names.push(format!("mb{mb}.c{c}.l{l}.{kind}"));
-                out.buffers.push(Buffer { start, end, size, group: Some(group) });
-            };
-            for (l, layer) in chunk.iter().enumerate() {
-                let next = chunk.get(l + 1);
-                let prev = l.checked_sub(1).map(|p| &chunk[p]);
-                // Input j is chained to output j of the previous layer when the bytes match.
-                let chained_in =
-                    |j: usize| prev.and_then(|p| p.outputs.get(j)).map(|o| o.0) == Some(layer.inputs[j].0);
-                for (j, &(bytes, floating, kept)) in layer.inputs.iter().enumerate() {
-                    if !chained_in(j) {
-                        let end = if kept { tb(l) + 1 } else { tf(l) + 1 };
-                        push(l, format!("in{j}"), tf(l), end, bytes);
-                        if floating {
-                            push(l, format!("din{j}"), tb(l), tb(l) + 1, bytes);
-                        }
-                    }
-                }
-                for (j, &(bytes, floating)) in layer.outputs.iter().enumerate() {
-                    let consumer = next.and_then(|nx| nx.inputs.get(j)).filter(|i| i.0 == bytes);
-                    let end = match consumer {
-                        Some(&(_, _, true)) => tb(l + 1) + 1,
-                        Some(_) => tf(l + 1) + 1,
-                        None => tf(l) + 1,
-                    };
-                    push(l, format!("out{j}"), tf(l), end, bytes);
-                    if floating {
-                        // Written by the next layer's backward when chained, else an input of
-                        // this backward only.
-                        let start = if consumer.is_some() { tb(l + 1) } else { tb(l) };
-                        push(l, format!("dout{j}"), start, tb(l) + 1, bytes);
-                    }
-                }
-                push(l, "saved".to_string(), tf(l), tb(l) + 1, layer.saved);
-                push(l, "fws".to_string(), tf(l), tf(l) + 1, layer.fws);
-                push(l, "bws".to_string(), tb(l), tb(l) + 1, layer.bws);
+                out.names.push(format!("mb{mb}.c{c}.l{}.{}", k.layer, k.kind));
+                out.buffers.push(Buffer {
+                    start: at(k.start),
+                    end: at(k.last) + 1,
+                    size: k.size,
+                    group: Some(group),
+                });
             }
         }
     }
