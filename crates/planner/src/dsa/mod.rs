@@ -282,10 +282,10 @@ impl Default for PlaceOptions {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stage {
     /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarsen`
-    /// (the coarse instance built), `coarse` (the coarse instance planned), `refine` (the coarse plan refined) or
-    /// `refine+improvement` (beside the improvement stage on the items), `fill-probe` (the
-    /// layered construction's fill timed around a dominant skeleton at its floor offsets),
-    /// `skeleton` (the layered construction's skeleton planned), `constructions` (the
+    /// (the coarse instance built), `coarse` (the coarse instance planned), `refine` (the
+    /// coarse plan refined) or `refine+improvement` (beside the improvement stage on the
+    /// items), `fill-probe` (the layered construction's fill timed around a dominant
+    /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton planned), `constructions` (the
     /// portfolio), `canonical`, `contour`, `restarts` (skyline or aligned restarts), `exact`,
     /// `improvement`, or `canonical+improvement` (the two side by side, lists with alias
     /// groups on three cores or more); the stages that ran, in order.
@@ -558,13 +558,6 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
                 stages: clock.stages,
             }
         };
-    // Past the deadline already with the floor near the bound, the floor is the answer: each
-    // stage after it would start with a pass of its own past the deadline (a million random
-    // buffers took 1.09 s of a 1 s budget for the bounds and the floor, then 0.65 s more for
-    // coarsening and a greedy pass that matched the floor's 1.086).
-    if Instant::now() >= deadline && floor_high as f64 <= lb as f64 * portfolio::FAR_FLOOR {
-        return Ok(finish(best, lb, floor_high, Portfolio::default(), 0, clock));
-    }
     // The complete canonical search runs on lists this small (see below).
     let canonical = n > EXACT_MAX_ITEMS
         && n <= CANONICAL_MAX_ITEMS
@@ -575,6 +568,19 @@ fn place_for(buffers: &[Buffer], opts: &PlaceOptions, plan_for: PlanFor) -> Resu
     // with less left.
     let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
     let mut improvement_steps = 0;
+    // With the floor near the bound and too little time left for the improvement stage and
+    // for a greedy pass (as modelled; a pass of at most `GUARANTEED_PASS_MIN` still runs:
+    // plans with no budget get one), the floor is the answer: each stage after it would
+    // start with a pass of its own past the deadline (a million random buffers took 0.97–1.09
+    // s of a 1 s budget for the bounds and the floor, then 0.57–0.65 s more for coarsening
+    // and a greedy pass that matched the floor's 1.086).
+    let now = Instant::now();
+    if now >= improve_from
+        && floor_high as f64 <= lb as f64 * portfolio::FAR_FLOOR
+        && greedy_pass > deadline.saturating_duration_since(now).max(portfolio::GUARANTEED_PASS_MIN)
+    {
+        return Ok(finish(best, lb, floor_high, Portfolio::default(), 0, clock));
+    }
     // Coarsening (single-interval problems whose floor is far from the bound:
     // `COARSEN_MIN_FLOOR`): the instance with stacked and chained buffers merged, when that
     // removes a tenth of the items. A coarse instance of at most half the
