@@ -12,6 +12,10 @@
 //! the budget are listed too. `CASES` may be a range `FROM-TO`; a third argument sets the
 //! planner's threads (default 0: every core).
 //!
+//! `… --example schedules -- large [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs the same sweep
+//! over long pipelines and many microbatches: pipeline size 8, 16 or 32; for 1F1B 512, 1024
+//! or 2048 microbatches, for interleaved pp × 16, 32 or 64 (8k–313k buffers).
+//!
 //! `… --example schedules -- explicit [CASES | FROM-TO] [BUDGET_MS]` plans random explicit step orders
 //! instead (TransformerEngine's `_order` form): 1–4 chunks, 1–64 microbatches, forwards
 //! through the chunks in order and backwards in reverse, at most `W` microbatches in flight
@@ -124,6 +128,38 @@ fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
     );
 }
 
+/// Case `case` of the sweep (see the module documentation): the schedule, layers per chunk
+/// and the input. `large` draws the pipelines and microbatch counts of the `large` sweep.
+fn draw(case: u64, large: bool) -> (Schedule, u32, SchedulePlanInput) {
+    let mut rng = Rng::new(case);
+    let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
+    let pp = pick(&mut rng, if large { &[8, 16, 32] } else { &[1, 2, 4, 8, 16] }) as u32;
+    let (schedule, chunks) = if rng.below(2) == 0 {
+        let m = if large {
+            pick(&mut rng, &[512, 1024, 2048])
+        } else {
+            pick(&mut rng, &[1, 2, 3, pp as u64, 2 * pp as u64, 4 * pp as u64 + 1, 64, 128, 256])
+        } as u32;
+        let rank = rng.below(pp as u64) as u32;
+        (Schedule::OneFOneB { pp_size: pp, pp_rank: rank, num_microbatches: m }, 1)
+    } else {
+        let pp = pp.max(2);
+        let v = pick(&mut rng, &[2, 3, 4]) as u32;
+        let m = pp * pick(&mut rng, if large { &[16, 32, 64] } else { &[1, 2, 4, 8] }) as u32;
+        let rank = rng.below(pp as u64) as u32;
+        (Schedule::Interleaved { pp_size: pp, pp_rank: rank, num_microbatches: m, virtual_chunks: v }, v)
+    };
+    let layers = rng.range(1, 8) as u32;
+    let seq = pick(&mut rng, &[1024, 2048, 4096, 8192]);
+    let batch = pick(&mut rng, &[1, 2, 4]);
+    let hidden = pick(&mut rng, &[1024, 2048, 4096, 5120, 8192]);
+    let input = SchedulePlanInput {
+        schedule: schedule.clone(),
+        layers: varied_layers(chunks, layers, seq, batch, hidden, case),
+    };
+    (schedule, layers, input)
+}
+
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("explicit") {
         let usage = "usage: schedules explicit [CASES | FROM-TO] [BUDGET_MS]";
@@ -142,13 +178,16 @@ fn main() {
         workspaces(budget_ms);
         return;
     }
+    // `large`: the same sweep over long pipelines and many microbatches.
+    let large = std::env::args().nth(1).as_deref() == Some("large");
+    let args: Vec<String> = std::env::args().filter(|a| a != "large").collect();
     let arg = |k: usize, default: u64| -> u64 {
-        std::env::args()
-            .nth(k)
+        args.get(k)
+            .cloned()
             .map_or(default, |v| v.parse().expect("usage: schedules [CASES | FROM-TO] [BUDGET_MS] [THREADS]"))
     };
     // CASES: a count (cases 1..=CASES) or a range FROM-TO.
-    let (first, cases) = match std::env::args().nth(1) {
+    let (first, cases) = match args.get(1).cloned() {
         Some(v) if v.contains('-') => {
             let (a, b) = v.split_once('-').expect("contains '-'");
             let parse =
@@ -164,29 +203,7 @@ fn main() {
     let began = Instant::now();
     let (mut above, mut worst, mut slowest) = (0, 1.0f64, Duration::ZERO);
     for case in first..=cases {
-        let mut rng = Rng::new(case);
-        let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
-        let pp = pick(&mut rng, &[1, 2, 4, 8, 16]) as u32;
-        let (schedule, chunks) = if rng.below(2) == 0 {
-            let m =
-                pick(&mut rng, &[1, 2, 3, pp as u64, 2 * pp as u64, 4 * pp as u64 + 1, 64, 128, 256]) as u32;
-            let rank = rng.below(pp as u64) as u32;
-            (Schedule::OneFOneB { pp_size: pp, pp_rank: rank, num_microbatches: m }, 1)
-        } else {
-            let pp = pp.max(2);
-            let v = pick(&mut rng, &[2, 3, 4]) as u32;
-            let m = pp * pick(&mut rng, &[1, 2, 4, 8]) as u32;
-            let rank = rng.below(pp as u64) as u32;
-            (Schedule::Interleaved { pp_size: pp, pp_rank: rank, num_microbatches: m, virtual_chunks: v }, v)
-        };
-        let layers = rng.range(1, 8) as u32;
-        let seq = pick(&mut rng, &[1024, 2048, 4096, 8192]);
-        let batch = pick(&mut rng, &[1, 2, 4]);
-        let hidden = pick(&mut rng, &[1024, 2048, 4096, 5120, 8192]);
-        let input = SchedulePlanInput {
-            schedule: schedule.clone(),
-            layers: varied_layers(chunks, layers, seq, batch, hidden, case),
-        };
+        let (schedule, layers, input) = draw(case, large);
         let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
         slowest = slowest.max(plan.elapsed);

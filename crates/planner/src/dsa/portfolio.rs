@@ -100,17 +100,19 @@ impl Default for Portfolio {
     }
 }
 
-/// How much faster than modelled a first greedy pass over alias groups runs, at least (see
+/// How much faster than modelled a first greedy pass over alias groups runs (see
 /// [`expected`]).
-const FIRST_PASS_MODEL_ERROR: u32 = 2;
+const FIRST_PASS_MODEL_ERROR: u32 = 6;
 
 /// What the portfolio expects a job the cost model puts at `est` to take. The model errs
 /// high on lists with alias groups (an explicit order of 6.7k items modelled at 287 ms took
-/// ~70 ms on the development machine, ~200 ms on a slower 16-core host), where nothing
-/// replaces the greedy passes (the floor and the improvement stage stayed 7% above the
-/// bound there): their first pass (`first_over_groups`) is expected at
-/// [`FIRST_PASS_MODEL_ERROR`] times the modelled speed, both for starting it and for
-/// letting it finish past the deadline.
+/// ~70 ms on the development machine, ~200 ms on a slower 16-core host; 40 schedules of
+/// 2.5k–313k buffers took 1/5.5 to 1/13 of their estimate), where nothing replaces the
+/// greedy passes (the floor and the improvement stage stayed 7% above the bound there, 39%
+/// on a 313k-buffer interleaved schedule): their first pass (`first_over_groups`) is
+/// expected at [`FIRST_PASS_MODEL_ERROR`] times the modelled speed, both for starting it
+/// and for letting it finish past the deadline — and a pass let finish is stopped once,
+/// a sixteenth of it done, its progress says it will end past what the guarantee allows.
 fn expected(est: Duration, first_over_groups: bool) -> Duration {
     if first_over_groups { est / FIRST_PASS_MODEL_ERROR } else { est }
 }
@@ -217,6 +219,13 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
             let t = Instant::now();
             let stop =
                 || Instant::now() > deadline && (!guaranteed || built_any.load(AtomicOrdering::Relaxed));
+            // A greedy pass also reports its progress: a guaranteed one that would end past
+            // `allowed` from its start (where the model erred low) stops too.
+            let overrun = |done: f64| done >= 1.0 / 16.0 && t.elapsed().div_f64(done) > allowed;
+            let greedy_stop = |done: f64| {
+                Instant::now() > deadline
+                    && (!guaranteed || built_any.load(AtomicOrdering::Relaxed) || overrun(done))
+            };
             let done = match order[k] {
                 Job::Skyline(j) => {
                     let (rule, name) = SKYLINE_RULES[j];
@@ -247,7 +256,9 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
                     done
                 }
                 Job::Greedy(j) => {
-                    let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
+                    let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], greedy_stop) else {
+                        continue;
+                    };
                     built_any.store(true, AtomicOrdering::Relaxed);
                     if run.window_high.iter().all(|&h| h <= lb) && run.crossing_high <= lb {
                         at_bound.store(true, AtomicOrdering::Relaxed);
@@ -326,13 +337,16 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
 mod tests {
     use super::*;
 
-    /// A first greedy pass over alias groups is expected at twice the modelled speed; any
-    /// other job at the model's.
+    /// A first greedy pass over alias groups is expected faster than modelled; any other job
+    /// at the model's.
     #[test]
     fn a_first_pass_over_alias_groups_is_expected_faster_than_modelled() {
         let ms = Duration::from_millis;
-        // An explicit GPipe-like order: modelled at 287 ms (it took ~70 ms).
-        assert_eq!(expected(ms(287), true), ms(143) + Duration::from_micros(500));
+        // A 313k-buffer interleaved schedule: modelled at 11.9 s, it took 1.3 s and reached
+        // the bound (1.39 × it without). Expected within the guarantee at the daemon's
+        // 200 ms budget (20 budgets where the floor is far: 1.39 here).
+        let est = expected(ms(11_927), true);
+        assert!(est <= ms(200) * FAR_FLOOR_PASS_BUDGETS && est >= ms(1_300), "{est:?}");
         assert_eq!(expected(ms(287), false), ms(287));
     }
 }
