@@ -17,19 +17,18 @@ pub(super) fn greedy(p: &Problem, items: &[u32], fit: Fit, index: &mut Index, of
     high
 }
 
-/// [`greedy()`] that asks `stop` every 256 items, with the share of `items` placed so far,
-/// and gives up (`None`) when it says so.
+/// [`greedy()`] that asks `stop` every 256 items and gives up (`None`) when it says so.
 pub(super) fn greedy_until(
     p: &Problem,
     items: &[u32],
     fit: Fit,
     index: &mut Index,
     off: &mut [u64],
-    stop: impl Fn(f64) -> bool,
+    stop: impl Fn() -> bool,
 ) -> Option<u64> {
     let mut high = 0;
-    for (k, chunk) in items.chunks(256).enumerate() {
-        if stop((k * 256) as f64 / items.len() as f64) {
+    for chunk in items.chunks(256) {
+        if stop() {
             return None;
         }
         high = high.max(greedy(p, chunk, fit, index, off));
@@ -95,13 +94,12 @@ pub(super) struct Run {
     pub(super) crossing_high: u64,
 }
 
-/// One portfolio run, or `None` when `stop` passes first (asked every 256 items with the
-/// share of the decomposition's windows' items placed so far).
+/// One portfolio run, or `None` when `stop` (if any) passes first.
 pub(super) fn run_strategy(
     p: &Problem,
     d: &Decomposition,
     strategy: Strategy,
-    stop: impl Fn(f64) -> bool,
+    stop: impl Fn() -> bool,
 ) -> Option<Run> {
     let mut index = Index::new(p);
     let mut off = vec![0u64; p.len()];

@@ -270,7 +270,7 @@ pub(super) fn fill_part(
 ) -> Option<FilledPart> {
     let mut index = fill.base.clone();
     let mut off = fill.off.clone();
-    let high = greedy_until(p, &fill.parts[k], Fit::BestFit, &mut index, &mut off, |_| stop())?;
+    let high = greedy_until(p, &fill.parts[k], Fit::BestFit, &mut index, &mut off, stop)?;
     Some((fill.parts[k].iter().map(|&i| (i, off[i as usize])).collect(), high))
 }
 

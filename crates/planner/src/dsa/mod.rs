@@ -1047,7 +1047,7 @@ mod timing {
             let d = decompose(&p, lb);
             for s in [Strategy::PORTFOLIO[0], Strategy::PORTFOLIO[1]] {
                 let t = Instant::now();
-                let run = run_strategy(&p, &d, s, |_| false).unwrap();
+                let run = run_strategy(&p, &d, s, || false).unwrap();
                 let high = run.window_high.iter().copied().max().unwrap_or(0).max(run.crossing_high);
                 println!(
                     "{name} {} {:.1}ms ratio {:.4}",
@@ -1242,7 +1242,7 @@ mod density_tests {
             verify(&b, &placed.offsets).unwrap();
             let p = Problem::build(&b).unwrap();
             let d = decompose(&p, p.lower_bound());
-            assert!(run_strategy(&p, &d, super::Strategy::PORTFOLIO[0], |_| true).is_none());
+            assert!(run_strategy(&p, &d, super::Strategy::PORTFOLIO[0], || true).is_none());
         }
     }
 

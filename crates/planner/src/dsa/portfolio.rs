@@ -111,8 +111,9 @@ const FIRST_PASS_MODEL_ERROR: u32 = 6;
 /// greedy passes (the floor and the improvement stage stayed 7% above the bound there, 39%
 /// on a 313k-buffer interleaved schedule): their first pass (`first_over_groups`) is
 /// expected at [`FIRST_PASS_MODEL_ERROR`] times the modelled speed, both for starting it
-/// and for letting it finish past the deadline — and a pass let finish is stopped once,
-/// a sixteenth of it done, its progress says it will end past what the guarantee allows.
+/// and for letting it finish past the deadline — and a pass let finish is stopped once it
+/// has run longer than the guarantee allows the model's own estimate (a safety net where the
+/// model erred low).
 fn expected(est: Duration, first_over_groups: bool) -> Duration {
     if first_over_groups { est / FIRST_PASS_MODEL_ERROR } else { est }
 }
@@ -190,7 +191,8 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
                 break;
             }
             let kind = order[k].kind();
-            let est = expected(Duration::from_nanos(measured_or_modelled(kind)), k == 0 && p.ivs.len() > n);
+            let first_over_groups = k == 0 && p.ivs.len() > n;
+            let est = expected(Duration::from_nanos(measured_or_modelled(kind)), first_over_groups);
             // Jobs stop at the deadline; the first one only once another construction
             // than the online floor exists (every plan gets one, and on a machine slower
             // than the cost model a long first pass does not overrun for nothing) — when it
@@ -217,14 +219,12 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
                 continue;
             }
             let t = Instant::now();
-            let stop =
-                || Instant::now() > deadline && (!guaranteed || built_any.load(AtomicOrdering::Relaxed));
-            // A greedy pass also reports its progress: a guaranteed one that would end past
-            // `allowed` from its start (where the model erred low) stops too.
-            let overrun = |done: f64| done >= 1.0 / 16.0 && t.elapsed().div_f64(done) > allowed;
-            let greedy_stop = |done: f64| {
+            // A first pass over alias groups, expected faster than modelled, is stopped past the
+            // deadline once it has run longer than the guarantee allows the model's own estimate.
+            let overrun = || first_over_groups && t.elapsed() > allowed * FIRST_PASS_MODEL_ERROR;
+            let stop = || {
                 Instant::now() > deadline
-                    && (!guaranteed || built_any.load(AtomicOrdering::Relaxed) || overrun(done))
+                    && (!guaranteed || built_any.load(AtomicOrdering::Relaxed) || overrun())
             };
             let done = match order[k] {
                 Job::Skyline(j) => {
@@ -256,9 +256,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
                     done
                 }
                 Job::Greedy(j) => {
-                    let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], greedy_stop) else {
-                        continue;
-                    };
+                    let Some(run) = run_strategy(p, &d, Strategy::PORTFOLIO[j], stop) else { continue };
                     built_any.store(true, AtomicOrdering::Relaxed);
                     if run.window_high.iter().all(|&h| h <= lb) && run.crossing_high <= lb {
                         at_bound.store(true, AtomicOrdering::Relaxed);
