@@ -195,7 +195,8 @@ pub struct GuardsConfig {
     pub max_sessions_per_uid: u32,
     /// Grants one session may hold at once.
     pub max_grants_per_session: u32,
-    /// Largest gRPC message accepted, bytes.
+    /// Largest gRPC message accepted or sent, bytes (a plan larger than this is refused before
+    /// it is reserved; `PlanCaptureRequest.summary_only` leaves its buffers out).
     pub max_message_bytes: usize,
     /// Largest plan input accepted (buffers or layers × microbatches).
     pub max_plan_buffers: usize,

@@ -20,7 +20,7 @@ use crate::ledger::{EndReason, Ledger};
 use crate::metrics::Metrics;
 use crate::service::Shared;
 use crate::service::admin::AdminService;
-use crate::service::graphpool::GraphpoolService;
+use crate::service::graphpool::{GraphpoolService, PlanLimits};
 use crate::service::sessions::SessionRegistry;
 use crate::shutdown::Shutdown;
 
@@ -58,14 +58,18 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     tokio::spawn(housekeeping(metrics.clone(), shutdown.clone()));
 
     let instance = format!("{:016x}", rand::random::<u64>());
+    let max_msg = config.guards.max_message_bytes;
+    let plans = PlanLimits {
+        time_budget: config.plan_time_budget,
+        max_buffers: config.guards.max_plan_buffers,
+        max_response_bytes: max_msg,
+    };
     let service = GraphpoolService::new(
         shared.clone(),
         config.fd_socket.display().to_string(),
         instance.clone(),
-        config.plan_time_budget,
-        config.guards.max_plan_buffers,
+        plans,
     );
-    let max_msg = config.guards.max_message_bytes;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<GraphpoolServer<GraphpoolService>>().await;
     let reflection = tonic_reflection::server::Builder::configure()

@@ -498,7 +498,12 @@ async fn plan_capture_is_checked_reserved_and_recorded() {
     let input = buffer_list(&[(0, 2, 16 * MIB), (1, 3, 32 * MIB), (2, 4, 32 * MIB)]);
     let resp = c
         .graphpool
-        .plan_capture(pb::PlanCaptureRequest { session_id: s.id, input: Some(input.clone()), reserve: true })
+        .plan_capture(pb::PlanCaptureRequest {
+            session_id: s.id,
+            input: Some(input.clone()),
+            reserve: true,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -526,7 +531,7 @@ async fn plan_capture_is_checked_reserved_and_recorded() {
     let big = buffer_list(&[(0, 1, 128 * MIB)]);
     let e = c
         .graphpool
-        .plan_capture(pb::PlanCaptureRequest { session_id: other.id, input: Some(big), reserve: false })
+        .plan_capture(pb::PlanCaptureRequest { session_id: other.id, input: Some(big), ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted);
@@ -535,9 +540,72 @@ async fn plan_capture_is_checked_reserved_and_recorded() {
     let bad = buffer_list(&[(3, 1, MIB)]);
     let e = c
         .graphpool
-        .plan_capture(pb::PlanCaptureRequest { session_id: s.id, input: Some(bad), reserve: false })
+        .plan_capture(pb::PlanCaptureRequest { session_id: s.id, input: Some(bad), ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(field(&e).starts_with("input."), "{e:?}");
+}
+
+/// A 1F1B schedule of `m` microbatches over three identical layers (a small request whose
+/// plan has 17 buffers per microbatch).
+fn one_f_one_b_plan(m: u32) -> pb::PlanInput {
+    let hidden = pb::TensorSpec {
+        name: "hidden".into(),
+        shape: vec![4096, 1, 1024],
+        dtype: "bf16".into(),
+        kept_for_backward: true,
+    };
+    let layers = (0..3)
+        .map(|l| pb::LayerSpec {
+            chunk: 0,
+            layer: l,
+            inputs: vec![hidden.clone()],
+            outputs: vec![pb::TensorSpec { kept_for_backward: false, ..hidden.clone() }],
+            saved_bytes: 8 * MIB,
+            forward_workspace_bytes: MIB,
+            backward_workspace_bytes: MIB,
+        })
+        .collect();
+    pb::PlanInput {
+        input: Some(pb::plan_input::Input::Schedule(pb::SchedulePlanInput {
+            schedule: Some(pb::Schedule {
+                kind: Some(pb::schedule::Kind::OneFOneB(pb::OneFOneB {
+                    pp_size: 4,
+                    pp_rank: 0,
+                    num_microbatches: m,
+                })),
+            }),
+            layers,
+            overhead: None,
+        })),
+        time_budget_ms: 50,
+    }
+}
+
+/// A plan whose response would pass the daemon's message limit is refused before anything
+/// is reserved, with what to do; asked for without its buffers, it is sent and reserved.
+#[tokio::test]
+async fn plans_too_large_to_send_are_refused_before_reserving() {
+    let d = start("[guards]\nmax_message_bytes = \"64KiB\"");
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "planner", 0, "").await.unwrap();
+    let request = |summary_only| pb::PlanCaptureRequest {
+        session_id: s.id,
+        input: Some(one_f_one_b_plan(256)),
+        reserve: true,
+        summary_only,
+    };
+    let e = c.graphpool.plan_capture(request(false)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("4352 buffers") && e.message().contains("summary_only"), "{}", e.message());
+    assert_eq!(usage(&mut c).await.devices[0].planned_bytes, 0, "nothing reserved for a plan not sent");
+    let resp = c.graphpool.plan_capture(request(true)).await.unwrap().into_inner();
+    let plan = resp.plan.unwrap();
+    assert!(plan.buffers.is_empty());
+    assert_eq!(plan.microbatch_slot.len(), 256);
+    assert!(plan.footprint_bytes >= plan.lower_bound_bytes && plan.lower_bound_bytes > 0);
+    // Reserved in whole units of the device's granularity.
+    assert!(resp.reserved_bytes >= plan.predicted_capture_bytes.max(plan.footprint_bytes));
+    assert_eq!(usage(&mut c).await.devices[0].planned_bytes, resp.reserved_bytes);
 }

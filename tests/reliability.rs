@@ -212,8 +212,12 @@ fn child_churn() {
                     drop(fd);
                 }
                 if n % 9 == 0 {
-                    let plan =
-                        pb::PlanCaptureRequest { session_id: s.id, input: Some(small_plan()), reserve: true };
+                    let plan = pb::PlanCaptureRequest {
+                        session_id: s.id,
+                        input: Some(small_plan()),
+                        reserve: true,
+                        ..Default::default()
+                    };
                     let _ = c.graphpool.plan_capture(plan).await;
                 }
                 held.push(g.grant_id);

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 import graphpool
-from graphpool.capture import LayerProfile, OVERHEAD_KEYS, overhead_bytes, plan_description, request_plan
+from graphpool.capture import (
+    LayerProfile,
+    OVERHEAD_KEYS,
+    capture_plan_input,
+    overhead_bytes,
+    plan_description,
+    request_plan,
+)
 from graphpool.schedule import Schedule
 
 MiB = 1 << 20
@@ -117,3 +124,18 @@ def test_a_long_plan_outlives_the_client_timeout(daemon: object, job_id: str) ->
         client.close()
     assert plan.footprint_bytes > plan.lower_bound_bytes
     assert plan.planning_seconds >= 1.0
+
+
+def test_capture_asks_for_the_plan_without_its_buffers(
+    daemon: object, client: graphpool.Client, job_id: str
+) -> None:
+    """Capture checks the footprint and the prediction: its plan comes without the per-buffer
+    list, which a schedule of thousands of microbatches could not send in one message."""
+    schedule = Schedule.one_f_one_b(pp_size=4, pp_rank=0, num_microbatches=16)
+    with client.attach(job_id, rank=0) as s:
+        summary = request_plan(schedule, _profiles(3), budget=None, client=s, reserve=False).plan
+        full = s.plan_capture(capture_plan_input(schedule, _profiles(3)), reserve=False).plan
+    assert len(summary.buffers) == 0 and len(full.buffers) > 0
+    assert summary.lower_bound_bytes == full.lower_bound_bytes
+    assert list(summary.microbatch_slot) == list(full.microbatch_slot)
+    assert summary.footprint_bytes >= summary.lower_bound_bytes > 0

@@ -11,7 +11,7 @@ use graphpool::ledger::Ledger;
 use graphpool::metrics::Metrics;
 use graphpool::service::Shared;
 use graphpool::service::admin::AdminService;
-use graphpool::service::graphpool::GraphpoolService;
+use graphpool::service::graphpool::{GraphpoolService, PlanLimits};
 use graphpool::service::sessions::SessionRegistry;
 use tonic::transport::server::UdsConnectInfo;
 
@@ -80,13 +80,13 @@ impl Daemon {
             access: AccessConfig::default(),
             sessions: sessions.clone(),
         };
-        let graphpool = GraphpoolService::new(
-            shared.clone(),
-            "/nonexistent/graphpool-fd.sock".into(),
-            "fuzz".into(),
-            Duration::from_millis(1),
-            guards().max_plan_buffers,
-        );
+        let plans = PlanLimits {
+            time_budget: Duration::from_millis(1),
+            max_buffers: guards().max_plan_buffers,
+            max_response_bytes: guards().max_message_bytes,
+        };
+        let graphpool =
+            GraphpoolService::new(shared.clone(), "/nonexistent/graphpool-fd.sock".into(), "fuzz".into(), plans);
         Daemon { ledger, sessions, graphpool, admin: AdminService::new(shared), metrics }
     }
 

@@ -17,20 +17,24 @@ pub struct GraphpoolService {
     shared: Shared,
     fd_socket: String,
     instance: String,
-    plan_time_budget: std::time::Duration,
-    max_plan_buffers: usize,
+    plans: PlanLimits,
+}
+
+/// What `PlanCapture` may spend and send.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanLimits {
+    /// Planning time when the input asks for none.
+    pub time_budget: std::time::Duration,
+    /// Buffers a plan may have (`[guards] max_plan_buffers`).
+    pub max_buffers: usize,
+    /// Largest response the server sends (`[guards] max_message_bytes`).
+    pub max_response_bytes: usize,
 }
 
 impl GraphpoolService {
     /// A service over `shared`, announcing `fd_socket` to clients.
-    pub fn new(
-        shared: Shared,
-        fd_socket: String,
-        instance: String,
-        plan_time_budget: std::time::Duration,
-        max_plan_buffers: usize,
-    ) -> Self {
-        GraphpoolService { shared, fd_socket, instance, plan_time_budget, max_plan_buffers }
+    pub fn new(shared: Shared, fd_socket: String, instance: String, plans: PlanLimits) -> Self {
+        GraphpoolService { shared, fd_socket, instance, plans }
     }
 
     fn device_proto(&self, index: u32) -> pb::Device {
@@ -336,15 +340,29 @@ impl GraphpoolService {
         validate::id("session_id", r.session_id)?;
         let session = self.shared.ledger.session(r.session_id, &peer)?;
         let input = r.input.ok_or_else(|| invalid("input", "must be set"))?;
-        let (budget, max) = (self.plan_time_budget, self.max_plan_buffers);
+        let (budget, max) = (self.plans.time_budget, self.plans.max_buffers);
         // Planning is CPU work bounded by its time box: keep it off the async workers.
-        let plan = tokio::task::spawn_blocking(move || crate::planning::plan(&input, budget, max))
+        let mut plan = tokio::task::spawn_blocking(move || crate::planning::plan(&input, budget, max))
             .await
             .map_err(|e| Status::internal(format!("planner failed: {e}")))?
             .map_err(|e| match e.field() {
                 Some(f) => invalid(&format!("input.{f}"), e.to_string()),
                 None => Status::invalid_argument(e.to_string()),
             })?;
+        if r.summary_only {
+            plan.buffers = Vec::new();
+        }
+        // A response the transport would refuse to send fails here, before any reservation.
+        let response_bytes = prost::Message::encoded_len(&plan) + 16;
+        if response_bytes > self.plans.max_response_bytes {
+            return Err(Status::resource_exhausted(format!(
+                "the plan of {} buffers is {response_bytes} bytes encoded, more than the daemon's \
+                 max_message_bytes ({}); set summary_only to leave the buffers out, or raise \
+                 [guards] max_message_bytes",
+                plan.buffers.len(),
+                self.plans.max_response_bytes
+            )));
+        }
         let need = plan.predicted_capture_bytes.max(plan.footprint_bytes);
         let who = format!("{}/{}", session.job_id, session.rank);
         let reserved = if r.reserve {

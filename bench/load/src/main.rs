@@ -232,7 +232,7 @@ fn plan_request(sid: u64) -> pb::PlanCaptureRequest {
             input: Some(pb::plan_input::Input::Buffers(pb::BufferList { buffers })),
             time_budget_ms: 2,
         }),
-        reserve: false,
+        ..Default::default()
     }
 }
 

@@ -49,6 +49,7 @@ __all__ = [
     "LayerProfile",
     "make_graphed_callables",
     "plan_description",
+    "capture_plan_input",
     "request_plan",
 ]
 
@@ -122,7 +123,9 @@ class CaptureStats:
     reserved_at_start: int = 0
     #: Reserved bytes outside the capture's pools when the capture ended.
     reserved_outside_pools: int = 0
-    #: The daemon's plan, when one was asked for and given (a ``graphpool.v1.Plan``).
+    #: The daemon's answer to the capture's ``PlanCapture``, when one was asked for and given (a
+    #: ``graphpool.v1.PlanCaptureResponse``: the plan without its per-buffer list, and the bytes
+    #: reserved).
     plan: Any = None
     profiles: list[LayerProfile] = field(default_factory=list)
 
@@ -272,8 +275,9 @@ def request_plan(
     ``overhead`` (:meth:`GraphedSchedule.capture_overhead` of an earlier capture of the model)
     is added to the plan's predicted bytes, which the daemon checks against quota and capacity.
 
-    Returns the ``graphpool.v1.Plan`` message, or ``None`` when there is no daemon or client to
-    ask (then only the local checks of :func:`_check_capacity` apply).
+    Returns the ``graphpool.v1.PlanCaptureResponse``, its ``plan`` without the per-buffer list
+    (``summary_only``), or ``None`` when there is no daemon or client to ask (then only the
+    local checks of :func:`_check_capacity` apply).
     """
     if client is None:
         return None
@@ -281,6 +285,17 @@ def request_plan(
     if plan_capture is None:
         log.debug("client has no plan_capture(); skipping the daemon plan")
         return None
+    # The footprint and the prediction are what capture checks; the per-buffer list of a
+    # schedule of many microbatches would not fit in one message.
+    return plan_capture(capture_plan_input(schedule, profiles, overhead), reserve=reserve, summary_only=True)
+
+
+def capture_plan_input(
+    schedule: Schedule, profiles: Sequence[LayerProfile], overhead: dict[str, int] | None = None
+) -> Any:
+    """The ``graphpool.v1.PlanInput`` of a capture: the schedule, each layer's static inputs
+    and outputs and its profiled saved and workspace bytes, and the capture overhead when
+    given (what :func:`request_plan` sends)."""
     from graphpool._proto.graphpool.v1 import plan_pb2
 
     layers = []
@@ -307,7 +322,7 @@ def request_plan(
     sched = plan_pb2.SchedulePlanInput(schedule=schedule.to_proto(), layers=layers)
     if overhead is not None:
         sched.overhead.CopyFrom(plan_pb2.CaptureOverhead(**_checked_overhead(overhead)))
-    return plan_capture(plan_pb2.PlanInput(schedule=sched), reserve=reserve)
+    return plan_pb2.PlanInput(schedule=sched)
 
 
 #: The keys of a capture overhead (``graphpool.v1.CaptureOverhead``).

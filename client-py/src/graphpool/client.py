@@ -650,11 +650,16 @@ class Client:
         resp: pb.DetachResponse = self._call("Detach", pb.DetachRequest(session_id=session_id))
         return DetachResult(grants_released=resp.grants_released, bytes_released=resp.bytes_released)
 
-    def plan_capture(self, session_id: int, plan_input: Any, reserve: bool = False) -> pb.PlanCaptureResponse:
+    def plan_capture(
+        self, session_id: int, plan_input: Any, reserve: bool = False, summary_only: bool = False
+    ) -> pb.PlanCaptureResponse:
         """Low level: ``PlanCapture`` with a ``graphpool.v1.PlanInput`` message; returns the raw
         ``PlanCaptureResponse``. The call may take the client's timeout plus the input's
-        ``time_budget_ms`` (a schedule that does not reach its bound is searched that long)."""
-        req = pb.PlanCaptureRequest(session_id=session_id, input=plan_input, reserve=reserve)
+        ``time_budget_ms`` (a schedule that does not reach its bound is searched that long).
+        ``summary_only`` leaves ``Plan.buffers`` out of the response."""
+        req = pb.PlanCaptureRequest(
+            session_id=session_id, input=plan_input, reserve=reserve, summary_only=summary_only
+        )
         budget = plan_input.time_budget_ms / 1000.0
         resp: pb.PlanCaptureResponse = self._call("PlanCapture", req, extra_time=budget)
         return resp
@@ -1340,13 +1345,19 @@ class Session:
         out: list[GrantInfo] = self._with_session(list_grants)
         return out
 
-    def plan_capture(self, plan_input: Any, reserve: bool = False) -> pb.PlanCaptureResponse:
+    def plan_capture(
+        self, plan_input: Any, reserve: bool = False, summary_only: bool = False
+    ) -> pb.PlanCaptureResponse:
         """Plans the static buffers of a schedule (a ``graphpool.v1.PlanInput`` message) for
         this session; with ``reserve``, the plan's bytes are reserved in the ledger. (A plan's
-        reservation is not carried over a daemon restart: plan again after ``"reattached"``.)"""
+        reservation is not carried over a daemon restart: plan again after ``"reattached"``.)
+        ``summary_only`` leaves the per-buffer list (``Plan.buffers``) out of the response: a
+        schedule of thousands of microbatches makes hundreds of thousands of buffers, more
+        than the daemon sends in one message (it refuses such a plan with
+        ``RESOURCE_EXHAUSTED`` otherwise)."""
         self._check()
         resp: pb.PlanCaptureResponse = self._with_session(
-            lambda sid: self.client.plan_capture(sid, plan_input, reserve)
+            lambda sid: self.client.plan_capture(sid, plan_input, reserve, summary_only)
         )
         return resp
 

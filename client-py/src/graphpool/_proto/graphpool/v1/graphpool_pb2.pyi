@@ -283,14 +283,16 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., device_index: _Optional[int] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., granted_bytes: _Optional[int] = ..., grants: _Optional[int] = ..., client: _Optional[str] = ..., attached_unix_seconds: _Optional[float] = ...) -> None: ...
 
 class PlanCaptureRequest(_message.Message):
-    __slots__ = ("session_id", "input", "reserve")
+    __slots__ = ("session_id", "input", "reserve", "summary_only")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     RESERVE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_ONLY_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     input: _plan_pb2.PlanInput
     reserve: bool
-    def __init__(self, session_id: _Optional[int] = ..., input: _Optional[_Union[_plan_pb2.PlanInput, _Mapping]] = ..., reserve: bool = ...) -> None: ...
+    summary_only: bool
+    def __init__(self, session_id: _Optional[int] = ..., input: _Optional[_Union[_plan_pb2.PlanInput, _Mapping]] = ..., reserve: bool = ..., summary_only: bool = ...) -> None: ...
 
 class PlanCaptureResponse(_message.Message):
     __slots__ = ("plan", "reserved_bytes")
