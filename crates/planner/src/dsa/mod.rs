@@ -1335,6 +1335,36 @@ mod long_group_tests {
         }
     }
 
+    /// A worker that passes over jobs while the first one runs (the cost model, ~9 × too high
+    /// for this schedule, says they do not fit) leaves them to be taken up once the first job
+    /// has ended and measured its kind: on two cores the first pass ends at 1.0032 of the
+    /// bound, and the next greedy order, which one core runs, places the schedule at it.
+    /// Timing: in a debug build the first pass itself takes most of the budget.
+    #[test]
+    #[cfg_attr(debug_assertions, ignore = "needs a release build's speed")]
+    fn jobs_passed_over_on_the_model_run_once_the_first_job_measured_them() {
+        let input = SchedulePlanInput {
+            schedule: Schedule::Interleaved {
+                pp_size: 16,
+                pp_rank: 0,
+                num_microbatches: 512,
+                virtual_chunks: 4,
+            },
+            layers: varied_layers(4, 1, 8192, 4, 1024, 73),
+        };
+        let buffers = schedule_buffers(&input).unwrap().buffers;
+        let opts = PlaceOptions {
+            time_budget: Duration::from_millis(200),
+            threads: 2,
+            scaled_budget_per_item: None,
+            ..PlaceOptions::default()
+        };
+        let placed = place(&buffers, &opts).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        assert!(placed.strategies_run >= 2, "{} ({:?})", placed.strategy, placed.stages);
+        assert_eq!(placed.footprint, placed.lower_bound, "{}", placed.strategy);
+    }
+
     /// Two slots replayed by 128 microbatches: every alias group spans the whole clock, so
     /// no window of the clock holds one; the windows take the groups live in them instead,
     /// and the plan reaches the bound (the constructions alone are 20% above it).
