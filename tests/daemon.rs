@@ -550,37 +550,28 @@ async fn plan_capture_is_checked_reserved_and_recorded() {
 /// A 1F1B schedule of `m` microbatches over three identical layers (a small request whose
 /// plan has 17 buffers per microbatch).
 fn one_f_one_b_plan(m: u32) -> pb::PlanInput {
-    let hidden = pb::TensorSpec {
+    let hidden = |kept_for_backward| pb::TensorSpec {
         name: "hidden".into(),
         shape: vec![4096, 1, 1024],
         dtype: "bf16".into(),
-        kept_for_backward: true,
+        kept_for_backward,
     };
-    let layers = (0..3)
-        .map(|l| pb::LayerSpec {
-            chunk: 0,
-            layer: l,
-            inputs: vec![hidden.clone()],
-            outputs: vec![pb::TensorSpec { kept_for_backward: false, ..hidden.clone() }],
-            saved_bytes: 8 * MIB,
-            forward_workspace_bytes: MIB,
-            backward_workspace_bytes: MIB,
-        })
-        .collect();
-    pb::PlanInput {
-        input: Some(pb::plan_input::Input::Schedule(pb::SchedulePlanInput {
-            schedule: Some(pb::Schedule {
-                kind: Some(pb::schedule::Kind::OneFOneB(pb::OneFOneB {
-                    pp_size: 4,
-                    pp_rank: 0,
-                    num_microbatches: m,
-                })),
-            }),
-            layers,
-            overhead: None,
-        })),
-        time_budget_ms: 50,
-    }
+    let layer = |layer| pb::LayerSpec {
+        chunk: 0,
+        layer,
+        inputs: vec![hidden(true)],
+        outputs: vec![hidden(false)],
+        saved_bytes: 8 * MIB,
+        forward_workspace_bytes: MIB,
+        backward_workspace_bytes: MIB,
+    };
+    let kind = pb::schedule::Kind::OneFOneB(pb::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: m });
+    let schedule = pb::SchedulePlanInput {
+        schedule: Some(pb::Schedule { kind: Some(kind) }),
+        layers: (0..3).map(layer).collect(),
+        overhead: None,
+    };
+    pb::PlanInput { input: Some(pb::plan_input::Input::Schedule(schedule)), time_budget_ms: 50 }
 }
 
 /// A plan whose response would pass the daemon's message limit is refused before anything
