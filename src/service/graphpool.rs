@@ -352,8 +352,10 @@ impl GraphpoolService {
         if r.summary_only {
             plan.buffers = Vec::new();
         }
-        // A response the transport would refuse to send fails here, before any reservation.
-        let response_bytes = prost::Message::encoded_len(&plan) + 16;
+        // A response the transport would refuse to send fails here, before any reservation:
+        // the plan as field 1 (tag, length, message) and `reserved_bytes` (tag, ≤ 10 bytes).
+        let plan_bytes = prost::Message::encoded_len(&plan);
+        let response_bytes = 1 + prost::length_delimiter_len(plan_bytes) + plan_bytes + 1 + 10;
         if response_bytes > self.plans.max_response_bytes {
             return Err(Status::resource_exhausted(format!(
                 "the plan of {} buffers is {response_bytes} bytes encoded, more than the daemon's \

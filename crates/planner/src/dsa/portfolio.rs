@@ -198,7 +198,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     // the first ran left them all undone: an interleaved schedule whose first pass took 8 ms
     // stayed at 1.0032 on 2 cores with 180 ms left, and reached its bound on one core.
     let deferred: Mutex<std::collections::VecDeque<usize>> = Mutex::new(Default::default());
-    let first_ended = AtomicBool::new(false);
+    let first_ended = AtomicBool::new(jobs == 0);
     run_workers(workers, |_| {
         loop {
             let fresh = next.fetch_add(1, AtomicOrdering::Relaxed);
