@@ -636,9 +636,10 @@ pub fn schedule_buffers_within(
         graphs,
         pools,
     };
-    let mut group_ids: HashMap<String, u32> = HashMap::new();
     for (c, chunk) in kinds.iter().enumerate() {
         let n = layers[c].len() as u64;
+        // Alias group of each (slot, buffer kind) of the chunk, numbered as first met.
+        let mut group_of = vec![u32::MAX; chunk_slots[c].0 as usize * chunk.len()];
         for mb in 0..m {
             let slot = out.microbatch_slot[c * m + mb];
             let (fb, bb) = (base[fstep[c][mb]], base[bstep[c][mb]]);
@@ -647,13 +648,13 @@ pub fn schedule_buffers_within(
                 Tick::Forward(l) => fb + l as u64,
                 Tick::Backward(l) => bb + (n - 1 - l as u64),
             };
-            for k in chunk {
-                let key = format!("s{slot}.c{c}.l{}.{}", k.layer, k.kind);
-                let next = group_ids.len() as u32;
-                let group = *group_ids.entry(key.clone()).or_insert_with(|| {
-                    out.groups.push(key);
-                    next
-                });
+            for (j, k) in chunk.iter().enumerate() {
+                let group = &mut group_of[slot as usize * chunk.len() + j];
+                if *group == u32::MAX {
+                    *group = out.groups.len() as u32;
+                    out.groups.push(format!("s{slot}.c{c}.l{}.{}", k.layer, k.kind));
+                }
+                let group = *group;
                 out.names.push(format!("mb{mb}.c{c}.l{}.{}", k.layer, k.kind));
                 out.buffers.push(Buffer {
                     start: at(k.start),
