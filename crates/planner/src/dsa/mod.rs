@@ -1301,6 +1301,15 @@ mod long_group_tests {
     use crate::pipeline::{schedule_buffers, varied_layers};
     use crate::{Schedule, SchedulePlanInput};
 
+    /// The placement of `input`'s buffers with `budget` (uncapped) on `threads` (0: every
+    /// core), checked valid.
+    fn placed(input: &SchedulePlanInput, budget: Duration, threads: usize) -> Placement {
+        let buffers = schedule_buffers(input).unwrap().buffers;
+        let placed = place(&buffers, &PlaceOptions { threads, ..uncapped(budget) }).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        placed
+    }
+
     /// With three cores or more, lists with alias groups run the canonical search beside the
     /// improvement chains; whichever settles the answer stops the other, so a plan proved
     /// optimal returns long before its budget, and the stage says what ran.
@@ -1314,15 +1323,7 @@ mod long_group_tests {
                 schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: (seed % 4) as u32, num_microbatches: 8 },
                 layers: varied_layers(1, 2, 1024, 1, 1024, seed),
             };
-            let buffers = schedule_buffers(&input).unwrap().buffers;
-            let opts = PlaceOptions {
-                time_budget: Duration::from_secs(10),
-                threads: 3,
-                scaled_budget_per_item: None,
-                ..PlaceOptions::default()
-            };
-            let placed = place(&buffers, &opts).unwrap();
-            verify(&buffers, &placed.offsets).unwrap();
+            let placed = placed(&input, Duration::from_secs(10), 3);
             let names: Vec<&str> = placed.stages.iter().map(|s| s.name.as_str()).collect();
             assert!(names.contains(&"canonical+improvement"), "seed {seed}: {names:?}");
             assert!(placed.greedy_footprint > placed.lower_bound, "seed {seed}: nothing left to search");
@@ -1352,15 +1353,7 @@ mod long_group_tests {
             },
             layers: varied_layers(4, 1, 8192, 4, 1024, 73),
         };
-        let buffers = schedule_buffers(&input).unwrap().buffers;
-        let opts = PlaceOptions {
-            time_budget: Duration::from_millis(200),
-            threads: 2,
-            scaled_budget_per_item: None,
-            ..PlaceOptions::default()
-        };
-        let placed = place(&buffers, &opts).unwrap();
-        verify(&buffers, &placed.offsets).unwrap();
+        let placed = placed(&input, Duration::from_millis(200), 2);
         assert!(placed.strategies_run >= 2, "{} ({:?})", placed.strategy, placed.stages);
         assert_eq!(placed.footprint, placed.lower_bound, "{}", placed.strategy);
     }
@@ -1374,10 +1367,7 @@ mod long_group_tests {
             schedule: Schedule::OneFOneB { pp_size: 2, pp_rank: 0, num_microbatches: 128 },
             layers: varied_layers(1, 3, 1024, 1, 1024, 162),
         };
-        let buffers = schedule_buffers(&input).unwrap().buffers;
-        let opts = uncapped(Duration::from_secs(20));
-        let placed = place(&buffers, &opts).unwrap();
-        verify(&buffers, &placed.offsets).unwrap();
+        let placed = placed(&input, Duration::from_secs(20), 0);
         assert!(placed.greedy_footprint as f64 > 1.1 * placed.lower_bound as f64);
         assert_eq!(placed.footprint, placed.lower_bound, "{}", placed.strategy);
     }
