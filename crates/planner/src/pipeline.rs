@@ -946,7 +946,11 @@ mod tests {
             schedule: Schedule::Explicit { order, num_microbatches: m, virtual_chunks: v as u32 },
             layers: varied_layers(v as u32, 6, 2048, 1, 2048, 919),
         };
-        let opts = PlaceOptions { time_budget: Duration::from_millis(200), ..PlaceOptions::default() };
+        // A debug build spends 150–260 ms on the bounds alone, and a plan that late ends at
+        // its floor (by design): there the budget leaves the pass time, and only the release
+        // build checks the pass beyond the budget.
+        let budget = if cfg!(debug_assertions) { 1000 } else { 200 };
+        let opts = PlaceOptions { time_budget: Duration::from_millis(budget), ..PlaceOptions::default() };
         let plan = plan_schedule(&input, &opts).unwrap();
         assert_ne!(plan.strategy, "online-best-fit", "{:?}", plan.stages);
         assert!(plan.ratio() <= 1.001, "{:.4} of the bound ({})", plan.ratio(), plan.strategy);
