@@ -404,7 +404,6 @@ impl Problem {
             return 0;
         }
         let (mut shared, mut missing, mut own) = (0u64, vec![0u64; m], vec![(0u64, usize::MAX); m]);
-        let mut absentees = vec![0u32; m];
         let mut absent_items: Vec<Vec<usize>> = vec![Vec::new(); m];
         for (i, &live) in live.iter().enumerate() {
             let count = live.count_ones() as usize;
@@ -413,7 +412,6 @@ impl Problem {
                 if count + 1 == m {
                     let absent = (0..m).find(|&k| live >> k & 1 == 0).expect("one rank missing");
                     missing[absent] += self.wmin[i];
-                    absentees[absent] += 1;
                     absent_items[absent].push(i);
                 }
             } else if count == 1 {
@@ -467,7 +465,7 @@ impl Problem {
         // over X_t with its other bytes in the runs of R right below and above X_t. Of the
         // X_t in address order, every other one has runs of its own, so R holds at least
         // the ⌈k/2⌉ smallest shortfalls (interval − X_t) of k such ranks.
-        let ranks: Vec<usize> = (0..m).filter(|&k| absentees[k] == 1 && own[k] > 0).collect();
+        let ranks: Vec<usize> = (0..m).filter(|&k| absent_items[k].len() == 1 && own[k] > 0).collect();
         if let Some(w) = ranks.iter().map(|&k| own[k]).min() {
             let mut short: Vec<u64> = ranks.iter().map(|&k| own[k].saturating_sub(missing[k])).collect();
             short.sort_unstable();
