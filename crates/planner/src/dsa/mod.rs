@@ -285,10 +285,11 @@ pub struct Stage {
     /// (the coarse instance built), `coarse` (the coarse instance planned), `refine` (the
     /// coarse plan refined) or `refine+improvement` (beside the improvement stage on the
     /// items), `fill-probe` (the layered construction's fill timed around a dominant
-    /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton planned), `constructions` (the
-    /// portfolio), `canonical`, `contour`, `restarts` (skyline or aligned restarts), `exact`,
-    /// `improvement`, or `canonical+improvement` (the two side by side, lists with alias
-    /// groups on three cores or more); the stages that ran, in order.
+    /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
+    /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
+    /// (skyline or aligned restarts), `exact`, `improvement`, or `canonical+improvement`
+    /// (the two side by side, lists with alias groups on three cores or more); the stages
+    /// that ran, in order.
     pub name: String,
     /// Wall-clock time it took.
     pub elapsed: Duration,
