@@ -95,14 +95,15 @@ fn grouped(groups: usize, lone: usize) -> impl Strategy<Value = Vec<Buffer>> {
 }
 
 /// Groups over a few one-step ticks in the pattern the contiguity bound reasons about: shared
-/// groups live at every tick but at most one, at every tick a group live there alone whose
-/// size tops the tick up to one peak, a stray buffer that may break the tie, and an escort:
-/// a buffer live at one tick and in the gap before it, where the shared groups missing that
-/// tick may meet it (they then have a member there too).
+/// groups live at every tick but one or two (shared once one of the two is left out of the
+/// pattern) or at all, at every tick a group live there alone whose size tops the tick up to
+/// one peak, a stray buffer that may break the tie, and an escort: a buffer live at one tick
+/// and in the gap before it, where the shared groups missing that tick may meet it (they then
+/// have a member there too).
 fn ticked() -> impl Strategy<Value = Vec<Buffer>> {
     (
         3usize..5,
-        prop::collection::vec((1u64..24, 0usize..5), 2..4),
+        prop::collection::vec((1u64..24, 0usize..5, 0usize..8), 2..4),
         0u64..12,
         prop::collection::vec((0usize..4, 1u64..6), 0..2),
         prop::collection::vec((0usize..4, 1u64..6, any::<bool>()), 0..4),
@@ -114,8 +115,8 @@ fn ticked() -> impl Strategy<Value = Vec<Buffer>> {
             let gap_before = |k: usize| (3 * k as u64 + 2, 3 * k as u64 + 3);
             let mut out = Vec::new();
             let mut load = vec![0u64; ticks];
-            for (g, &(size, missing)) in shared.iter().enumerate() {
-                for (k, l) in load.iter_mut().enumerate().filter(|&(k, _)| k != missing) {
+            for (g, &(size, missing, also)) in shared.iter().enumerate() {
+                for (k, l) in load.iter_mut().enumerate().filter(|&(k, _)| k != missing && k != also) {
                     let (start, end) = at(k);
                     out.push(Buffer { start, end, size, group: Some(g as u32) });
                     *l += size;
@@ -128,7 +129,11 @@ fn ticked() -> impl Strategy<Value = Vec<Buffer>> {
                 out.push(Buffer { start, end: end + 1, size, group: Some(groups + e as u32) });
                 load[k] += size;
                 if meet {
-                    for (g, _) in shared.iter().enumerate().filter(|&(_, &(_, missing))| missing == k) {
+                    for (g, _) in shared
+                        .iter()
+                        .enumerate()
+                        .filter(|&(_, &(_, missing, also))| missing == k || also == k)
+                    {
                         out.push(Buffer { start, end, size: shared[g].0, group: Some(g as u32) });
                     }
                 }

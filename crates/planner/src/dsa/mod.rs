@@ -95,6 +95,10 @@ use crate::until::Until;
 /// build the conflict graph.
 pub const ALIAS_BOUND_WORK: u64 = 40_000_000;
 
+/// Work the contiguity bound may spend on dropping ranks from its patterns: an item visit
+/// per item for every set of ranks evaluated, and the conflict tests of their escorts.
+pub const CONTIGUITY_PRUNE_WORK: u64 = 100_000;
+
 /// Items the complete canonical search (step 5 of the module documentation) takes at most:
 /// each node costs O(items + their lifetimes), and beyond a few thousand items the search
 /// rarely finishes.

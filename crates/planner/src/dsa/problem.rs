@@ -282,7 +282,8 @@ impl Problem {
     /// A lower bound that sees contiguity across ticks (alias groups replayed by several
     /// slots; see docs/planner.md, "Workspaces that differ between layers"). Any set F of
     /// ranks gives one (at most 64; tried: the ranks at or near the most bytes live, one
-    /// per distinct set of live items, and of those one per largest live item).
+    /// per distinct set of live items, and of those one per largest live item; then each
+    /// with ranks dropped, [`Problem::contiguity_bound_pruned`]).
     /// *Shared* items are live at all of F but at most one rank: any two of them are live
     /// together, so their smallest members' bytes are disjoint — call the rest of `[0, C)`
     /// R, `|R| = C − Σ shared`. An item live at exactly one rank `t` of F needs a contiguous
@@ -331,6 +332,7 @@ impl Problem {
         // (any set of ranks gives a valid bound; those near the peak the strongest).
         let mut best = 0;
         let mut last: Vec<u32> = Vec::new();
+        let mut pruning = Work::new(CONTIGUITY_PRUNE_WORK);
         for slack in [0, 64, 32, 16] {
             let floor = if slack == 0 { peak } else { peak - peak / slack };
             let mut ticks: Vec<u32> = Vec::new();
@@ -348,20 +350,63 @@ impl Problem {
                 continue;
             }
             let live = self.live_masks(&ticks);
-            best = best.max(self.contiguity_bound_at(&live, ticks.len()));
+            best = best.max(self.contiguity_bound_pruned(live.clone(), ticks.len(), &mut pruning));
             // One rank per largest item: a group replayed at several of the ranks (a slot
             // used by several microbatches) is live at one only.
             let kept = self.one_per_largest(&live, ticks.len());
-            let spread: Vec<u64> = live.iter().map(|&l| compact(l, kept)).collect();
-            best = best.max(self.contiguity_bound_at(&spread, kept.count_ones() as usize));
+            let spread: Vec<(usize, u64)> =
+                live.iter().map(|&(i, l)| (i, compact(l, kept))).filter(|&(_, l)| l != 0).collect();
+            best = best.max(self.contiguity_bound_pruned(spread, kept.count_ones() as usize, &mut pruning));
             last = ticks;
         }
         best
     }
 
-    /// For every item, the ranks of `ticks` (ascending, at most 64) where it is live, as
-    /// bits.
-    fn live_masks(&self, ticks: &[u32]) -> Vec<u64> {
+    /// The bound of [`Problem::contiguity_bound_at`] on `m` ranks (`live`:
+    /// [`Problem::live_masks`]), then on fewer of them. Any set of ranks gives a valid bound,
+    /// and fewer can give a stronger one: an item missing at two ranks is shared once one of
+    /// them goes (a slot's forward and backward workspaces near the peak, each beside the
+    /// same saved buffer missing there, spoil each other's pattern). So while some item is
+    /// missing at exactly two ranks, one of the ranks where such an item is missing goes —
+    /// the one whose drop gives the highest bound, then the most shared bytes — down to
+    /// three, and the best bound seen is returned. The first bound looks for escorts with a
+    /// budget of its own ([`ALIAS_BOUND_WORK`]); the drops charge `pruning` an item visit per
+    /// item live at the ranks and set of ranks tried, and their escorts' conflict tests, and
+    /// stop when it is spent.
+    fn contiguity_bound_pruned(&self, mut live: Vec<(usize, u64)>, mut m: usize, pruning: &mut Work) -> u64 {
+        let (mut best, _) = self.contiguity_bound_at(&live, m, &mut Work::new(ALIAS_BOUND_WORK));
+        // Bits without bit `k`: the ranks above it move down one.
+        let drop = |l: u64, k: usize| (l & ((1 << k) - 1)) | (l.checked_shr(k as u32 + 1).unwrap_or(0) << k);
+        let mut without: Vec<(usize, u64)> = Vec::with_capacity(live.len());
+        while m > 3 {
+            let all = u64::MAX >> (64 - m);
+            let candidates = live
+                .iter()
+                .filter(|&&(_, l)| l.count_ones() as usize + 2 == m)
+                .fold(0u64, |bits, &(_, l)| bits | (!l & all));
+            let mut step: Option<((u64, u64), usize)> = None;
+            for k in (0..m).filter(|&k| candidates >> k & 1 == 1) {
+                if !pruning.charge((live.len() + m * m) as u64) {
+                    return best;
+                }
+                without.clear();
+                without.extend(live.iter().map(|&(i, l)| (i, drop(l, k))).filter(|&(_, l)| l != 0));
+                let value = self.contiguity_bound_at(&without, m - 1, pruning);
+                if step.is_none_or(|(v, _)| value > v) {
+                    step = Some((value, k));
+                }
+            }
+            let Some(((bound, _), k)) = step else { break };
+            best = best.max(bound);
+            live = live.iter().map(|&(i, l)| (i, drop(l, k))).filter(|&(_, l)| l != 0).collect();
+            m -= 1;
+        }
+        best
+    }
+
+    /// The items live at some rank of `ticks` (ascending, at most 64), each with the ranks
+    /// where it is live, as bits.
+    fn live_masks(&self, ticks: &[u32]) -> Vec<(usize, u64)> {
         (0..self.len())
             .map(|i| {
                 let mut live = 0u64;
@@ -370,27 +415,31 @@ impl Problem {
                         live |= 1 << k;
                     }
                 }
-                live
+                (i, live)
             })
+            .filter(|&(_, live)| live != 0)
             .collect()
     }
 
     /// Of `m` ranks (`live`: [`Problem::live_masks`]), those whose largest live item is live
     /// at no other rank kept, as bits.
-    fn one_per_largest(&self, live: &[u64], m: usize) -> u64 {
-        let mut largest: Vec<(u64, u32)> = vec![(0, u32::MAX); m];
-        for (i, &l) in live.iter().enumerate() {
+    fn one_per_largest(&self, live: &[(usize, u64)], m: usize) -> u64 {
+        // For every rank, the wmin and item of its largest live item, and that item's bits.
+        let mut largest: Vec<(u64, usize, u64)> = vec![(0, usize::MAX, 0); m];
+        for &(i, l) in live {
             for (_, x) in largest.iter_mut().enumerate().filter(|&(k, _)| l >> k & 1 == 1) {
-                *x = (*x).max((self.wmin[i], i as u32));
+                if (self.wmin[i], i) > (x.0, x.1) {
+                    *x = (self.wmin[i], i, l);
+                }
             }
         }
         let mut kept = 0u64;
         for k in 0..m {
-            let (_, i) = largest[k];
-            if i == u32::MAX || live[i as usize] & kept != 0 {
+            let (_, i, bits) = largest[k];
+            if i == usize::MAX || bits & kept != 0 {
                 continue;
             }
-            if (0..m).any(|j| kept >> j & 1 == 1 && live[largest[j].1 as usize] >> k & 1 == 1) {
+            if (0..m).any(|j| kept >> j & 1 == 1 && largest[j].2 >> k & 1 == 1) {
                 continue;
             }
             kept |= 1 << k;
@@ -398,14 +447,15 @@ impl Problem {
         kept
     }
 
-    /// [`Problem::contiguity_bound`] for `m` ranks (`live`: [`Problem::live_masks`]).
-    fn contiguity_bound_at(&self, live: &[u64], m: usize) -> u64 {
+    /// [`Problem::contiguity_bound`] for `m` ranks (`live`: [`Problem::live_masks`]), and
+    /// the shared bytes it found. Escorts charge their conflict tests to `work`.
+    fn contiguity_bound_at(&self, live: &[(usize, u64)], m: usize, work: &mut Work) -> (u64, u64) {
         if m < 3 {
-            return 0;
+            return (0, 0);
         }
         let (mut shared, mut missing, mut own) = (0u64, vec![0u64; m], vec![(0u64, usize::MAX); m]);
         let mut absent_items: Vec<Vec<usize>> = vec![Vec::new(); m];
-        for (i, &live) in live.iter().enumerate() {
+        for &(i, live) in live {
             let count = live.count_ones() as usize;
             if count + 1 >= m {
                 shared += self.wmin[i];
@@ -439,7 +489,7 @@ impl Problem {
             // Only ranks with an own item of at least such a `w` can be among the three.
             Some(&w) => {
                 let ranks = (0..m).filter(|&k| own[k] >= w).fold(0u64, |bits, k| bits | 1 << k);
-                self.escorts(live, ranks, &own_items, &absent_items)
+                self.escorts(live, ranks, &own_items, &absent_items, work)
             }
             None => none,
         };
@@ -472,7 +522,7 @@ impl Problem {
             let runs: u64 = short[..ranks.len().div_ceil(2)].iter().sum();
             best = best.max(shared + w.min(runs));
         }
-        best
+        (best, shared)
     }
 
     /// For each rank (`own`: its largest own item's wmin and index; only the ranks in the
@@ -481,19 +531,20 @@ impl Problem {
     /// nor its largest own item (`own`: wmin and item), that conflict with every shared item
     /// missing there (`absent_items`). Such an item avoids the shared items live at the rank
     /// (it is live there too) and those missing it (they meet elsewhere), so its smallest
-    /// member's bytes lie in R, beside the own interval. Conflict tests stop after
-    /// [`ALIAS_BOUND_WORK`] steps (an item not tested is not counted: still a valid bound).
+    /// member's bytes lie in R, beside the own interval. Conflict tests charge `work` a step
+    /// per interval passed and stop when it is spent (an item not tested is not counted:
+    /// still a valid bound).
     fn escorts(
         &self,
-        live: &[u64],
+        live: &[(usize, u64)],
         ranks: u64,
         own: &[(u64, usize)],
         absent_items: &[Vec<usize>],
+        work: &mut Work,
     ) -> Vec<u64> {
         let m = own.len();
         let mut escorts = vec![0u64; m];
-        let mut work = 0u64;
-        for (i, &l) in live.iter().enumerate() {
+        for &(i, l) in live {
             if l.count_ones() as usize + 1 >= m {
                 continue;
             }
@@ -501,8 +552,7 @@ impl Problem {
                 let mut escorted = true;
                 for &x in &absent_items[k] {
                     let (conflict, steps) = self.conflict_steps(i, x);
-                    work += steps + 1;
-                    if !conflict || work > ALIAS_BOUND_WORK {
+                    if !work.charge(steps + 1) || !conflict {
                         escorted = false;
                         break;
                     }
@@ -781,6 +831,25 @@ fn bit(bits: &[u64], x: usize) -> bool {
 }
 
 /// The bits of `bits` at the positions set in `keep`, packed from bit 0 up in order.
+/// A budget of work steps for a bound's searches, so that the bound does not depend on the
+/// machine's speed.
+pub(super) struct Work {
+    spent: u64,
+    limit: u64,
+}
+
+impl Work {
+    pub(super) fn new(limit: u64) -> Work {
+        Work { spent: 0, limit }
+    }
+
+    /// Spends `steps`; whether the budget still holds after them.
+    pub(super) fn charge(&mut self, steps: u64) -> bool {
+        self.spent += steps;
+        self.spent <= self.limit
+    }
+}
+
 fn compact(bits: u64, keep: u64) -> u64 {
     let mut out = 0u64;
     let mut to = 0;
@@ -933,6 +1002,36 @@ mod alias_bound_tests {
         };
         let p = Problem::build(&schedule_buffers(&input).unwrap().buffers).unwrap();
         assert!(p.contiguity_bound() <= p.lower_bound());
+    }
+
+    /// The same layers with 2 MiB hidden states. At the backward workspaces' ticks each
+    /// slot misses its MLP saved buffer and a hidden state (18 MiB, over half the workspace),
+    /// so those three intervals need not overlap: 140 MiB. At the forward workspaces' ticks
+    /// of the slots' later microbatches each slot misses only the MLP saved buffer (16 MiB):
+    /// the pattern holds there, and the middle interval lies in R — 144 MiB, where the plan
+    /// is. Near the peak both kinds of ticks are in one set, where each saved buffer misses
+    /// two ranks and is not shared; the bound is found once the backward ticks are dropped.
+    #[test]
+    fn dropping_ranks_finds_the_forward_workspaces_pattern() {
+        let input = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 8 },
+            layers: crate::pipeline::workspace_layers(2, 2 << 20),
+        };
+        let buffers = schedule_buffers(&input).unwrap().buffers;
+        let p = Problem::build(&buffers).unwrap();
+        assert_eq!(p.lower_bound(), 130 << 20);
+        assert_eq!(p.contiguity_bound(), 144 << 20);
+        // The canonical search places it at the bound (~10 ms in release builds); a plan at
+        // the bound stops there, so the generous budget costs only what debug builds need.
+        let opts = PlaceOptions {
+            time_budget: std::time::Duration::from_secs(5),
+            scaled_budget_per_item: None,
+            ..PlaceOptions::default()
+        };
+        let placed = place(&buffers, &opts).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        assert_eq!(placed.lower_bound, 144 << 20);
+        assert_eq!(placed.footprint, 144 << 20);
     }
 
     /// Five ticks; a 16-byte group live at all of them, a 24-byte group missing each one,
