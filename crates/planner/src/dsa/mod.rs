@@ -405,6 +405,7 @@ pub enum VerifyError {
 }
 
 mod coarsen;
+mod contiguity;
 mod decompose;
 mod exact;
 mod greedy;
@@ -431,8 +432,9 @@ use portfolio::{Portfolio, PortfolioPlan};
 use problem::*;
 use skyline::*;
 
-/// No placement of `buffers` fits in fewer bytes: the larger of [`live_bound`] and the
-/// alias bound (a clique of pairwise conflicting alias groups; see [`Placement::lower_bound`]).
+/// No placement of `buffers` fits in fewer bytes: the largest of [`live_bound`], the alias
+/// bound (a clique of pairwise conflicting alias groups) and the contiguity bound (groups
+/// replayed across ticks keep one offset); see [`Placement::lower_bound`].
 pub fn lower_bound(buffers: &[Buffer]) -> Result<u64, PlaceError> {
     let p = Problem::build(buffers)?;
     Ok(p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound()))
