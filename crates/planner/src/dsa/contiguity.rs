@@ -14,17 +14,21 @@ impl Problem {
     /// together, so their smallest members' bytes are disjoint — call the rest of `[0, C)`
     /// R, `|R| = C − Σ shared`. An item live at exactly one rank `t` of F needs a contiguous
     /// interval at `t` that avoids every shared item live at `t`, so it lies in R plus the
-    /// shared items *missing* `t` (`y_t` bytes). Take three ranks whose such items are at
-    /// least `W` bytes (and `W`-byte sub-intervals J of them), `y₁ ≥ y₂` the two largest
-    /// `y` of the three, and suppose `|R| < min(W, 2W − y₁ − y₂)`. Two J hold at least
-    /// `2W − y₁ − y₂ > |R|` bytes of R between them, so they overlap, and what they share is
-    /// in R (no shared item misses two ranks); the J whose left end is in the middle lies
-    /// within the other two, hence in R: `|R| ≥ W`, a contradiction. So `C ≥ Σ shared +
-    /// min(W, 2W − y₁ − y₂)`. More: a rank's *escorts* ([`Problem::escorts`], `e` bytes at
-    /// each of the three) lie in R beside its J, so the middle J needs `W + e` bytes of R —
-    /// `C ≥ Σ shared + min(W + e, 2W − y₁ − y₂)`. Where a single shared item is missing at
-    /// each of k ranks, the argument of `contiguity_bound_at` gives `Σ shared + min(W, the
-    /// ⌈k/2⌉ smallest shortfalls)`. Returns the best such bound, or 0.
+    /// shared items *missing* `t` (`y_t` bytes). Take ranks whose such items are at least
+    /// `W` bytes (and `W`-byte sub-intervals J of them). Two J share only bytes of R (no
+    /// shared item misses two ranks), so if three, sorted by left end, had the first meet
+    /// the third, the middle one would lie within them, hence in R. Unless some J lies
+    /// wholly in R, then, every other J is apart from the rest, each holding `W − y` bytes of
+    /// R ([`Pattern::alternate_runs`]: `2W − y₁ − y₂` for three ranks). So `C ≥ Σ shared +
+    /// min(W, those runs)`. A rank's *escorts* ([`Problem::escorts`], `e` bytes at each of
+    /// the ranks) lie in R beside its J, so a J in R needs `W + e` bytes of R:
+    /// `C ≥ Σ shared + min(W + e, runs)`. A J wholly in R makes a run of R of `W` bytes,
+    /// which a second set of ranks whose shared items are among the first's (its R holds
+    /// the first's) may find too little ([`Pattern::beside_run`]): the bound is then the
+    /// lesser of the two sets' ([`Problem::run_then_beside`]). Where a single shared item
+    /// is missing at each of k ranks, the argument in [`Problem::pattern_bound`] gives
+    /// `Σ shared + min(W, the ⌈k/2⌉ smallest shortfalls)`. Returns the best such bound, or
+    /// 0.
     pub(super) fn contiguity_bound(&self) -> u64 {
         let n = self.len();
         let r = self.ranks as usize;
@@ -59,6 +63,7 @@ impl Problem {
         let mut best = 0;
         let mut last: Vec<u32> = Vec::new();
         let mut pruning = Work::new(CONTIGUITY_PRUNE_WORK);
+        let mut patterns: Vec<Pattern> = Vec::new();
         for slack in [0, 64, 32, 16] {
             let floor = if slack == 0 { peak } else { peak - peak / slack };
             let mut ticks: Vec<u32> = Vec::new();
@@ -76,58 +81,105 @@ impl Problem {
                 continue;
             }
             let live = self.live_masks(&ticks);
-            best = best.max(self.contiguity_bound_pruned(live.clone(), ticks.len(), &mut pruning));
             // One rank per largest item: a group replayed at several of the ranks (a slot
             // used by several microbatches) is live at one only.
             let kept = self.one_per_largest(&live, ticks.len());
             let spread: Vec<(usize, u64)> =
                 live.iter().map(|&(i, l)| (i, compact(l, kept))).filter(|&(_, l)| l != 0).collect();
-            best = best.max(self.contiguity_bound_pruned(spread, kept.count_ones() as usize, &mut pruning));
+            for start in [self.pattern(live, ticks.len()), self.pattern(spread, kept.count_ones() as usize)] {
+                let (bound, strongest) = self.contiguity_bound_pruned(&start, &mut pruning);
+                best = best.max(bound);
+                patterns.push(start);
+                patterns.extend(strongest);
+            }
             last = ticks;
         }
-        best
+        best.max(self.run_then_beside(&patterns, best, &mut pruning))
     }
 
-    /// The bound of [`Problem::contiguity_bound_at`] on `m` ranks (`live`:
-    /// [`Problem::live_masks`]), then on fewer of them. Any set of ranks gives a valid bound,
-    /// and fewer can give a stronger one: an item missing at two ranks is shared once one of
-    /// them goes (a slot's forward and backward workspaces near the peak, each beside the
-    /// same saved buffer missing there, spoil each other's pattern). So while some item is
-    /// missing at exactly two ranks, one of the ranks where such an item is missing goes —
-    /// the one whose drop gives the highest bound, then the most shared bytes — down to
-    /// three, and the best bound seen is returned. The first bound looks for escorts with a
-    /// budget of its own ([`ALIAS_BOUND_WORK`]); the drops charge `pruning` an item visit per
-    /// item live at the ranks and set of ranks tried, and their escorts' conflict tests, and
-    /// stop when it is spent.
-    fn contiguity_bound_pruned(&self, mut live: Vec<(usize, u64)>, mut m: usize, pruning: &mut Work) -> u64 {
-        let (mut best, _) = self.contiguity_bound_at(&live, m, &mut Work::new(ALIAS_BOUND_WORK));
+    /// The bound of one set of ranks that forces a run of R and of another that then needs
+    /// more ([`Problem::contiguity_bound`]), over pairs of `patterns` (a pair may be one
+    /// pattern twice) whose first's shared items include the second's, where it can beat
+    /// `best`. Subset tests and the second's escorts charge `work`.
+    fn run_then_beside(&self, patterns: &[Pattern], best: u64, work: &mut Work) -> u64 {
+        let mut bound = best;
+        let mut escorts: Vec<Option<Vec<u64>>> = vec![None; patterns.len()];
+        for f in patterns {
+            let mut widths: Vec<u64> = f.own.iter().map(|&(w, _)| w).filter(|&w| w > 0).collect();
+            widths.sort_unstable();
+            widths.dedup();
+            for (b_at, b) in patterns.iter().enumerate() {
+                if f.shared_bytes < b.shared_bytes || !work.charge((f.shared.len() + b.shared.len()) as u64) {
+                    continue;
+                }
+                if !includes(&f.shared, &b.shared) {
+                    continue;
+                }
+                for &w in &widths {
+                    let Some(runs) = f.alternate_runs(w, 0, None) else { continue };
+                    // Without escorts first: with them the bound can only be lower.
+                    let Some(beside) = b.beside_run(w, None) else { continue };
+                    if (f.shared_bytes + runs).min(b.shared_bytes + beside) <= bound {
+                        continue;
+                    }
+                    let e = escorts[b_at].get_or_insert_with(|| {
+                        let ranks = (0..b.m).filter(|&k| b.own[k].0 > 0).fold(0u64, |bits, k| bits | 1 << k);
+                        self.escorts(&b.live, ranks, &b.own, &b.absent, work)
+                    });
+                    if let Some(beside) = b.beside_run(w, Some(e)) {
+                        bound = bound.max((f.shared_bytes + runs).min(b.shared_bytes + beside));
+                    }
+                }
+            }
+        }
+        bound
+    }
+
+    /// The bound of `start` ([`Problem::pattern_bound`]), then of fewer of its ranks. Any
+    /// set of ranks gives a valid bound, and fewer can give a stronger one: an item missing
+    /// at two ranks is shared once one of them goes (a slot's forward and backward
+    /// workspaces near the peak, each beside the same saved buffer missing there, spoil
+    /// each other's pattern). So while some item is missing at exactly two ranks, one of the
+    /// ranks where such an item is missing goes — the one whose drop gives the highest
+    /// bound, then the most shared bytes — down to three. Returns the best bound seen and,
+    /// when a drop raised it, the pattern where it was first reached. The first bound looks
+    /// for escorts with a budget of its own ([`ALIAS_BOUND_WORK`]); the drops charge
+    /// `pruning` an item visit per item live at the ranks and a step per pair of ranks, for
+    /// every set tried, and their escorts' conflict tests, and stop when it is spent.
+    fn contiguity_bound_pruned(&self, start: &Pattern, pruning: &mut Work) -> (u64, Option<Pattern>) {
+        let mut best = self.pattern_bound(start, &mut Work::new(ALIAS_BOUND_WORK));
+        let mut strongest: Option<(Vec<(usize, u64)>, usize)> = None;
+        let (mut live, mut m) = (start.live.clone(), start.m);
         // Bits without bit `k`: the ranks above it move down one.
         let drop = |l: u64, k: usize| (l & ((1 << k) - 1)) | (l.checked_shr(k as u32 + 1).unwrap_or(0) << k);
-        let mut without: Vec<(usize, u64)> = Vec::with_capacity(live.len());
-        while m > 3 {
+        'drops: while m > 3 {
             let all = u64::MAX >> (64 - m);
             let candidates = live
                 .iter()
                 .filter(|&&(_, l)| l.count_ones() as usize + 2 == m)
                 .fold(0u64, |bits, &(_, l)| bits | (!l & all));
-            let mut step: Option<((u64, u64), usize)> = None;
+            let mut step: Option<((u64, u64), Pattern)> = None;
             for k in (0..m).filter(|&k| candidates >> k & 1 == 1) {
                 if !pruning.charge((live.len() + m * m) as u64) {
-                    return best;
+                    break 'drops;
                 }
-                without.clear();
-                without.extend(live.iter().map(|&(i, l)| (i, drop(l, k))).filter(|&(_, l)| l != 0));
-                let value = self.contiguity_bound_at(&without, m - 1, pruning);
-                if step.is_none_or(|(v, _)| value > v) {
-                    step = Some((value, k));
+                let without = self.pattern(
+                    live.iter().map(|&(i, l)| (i, drop(l, k))).filter(|&(_, l)| l != 0).collect(),
+                    m - 1,
+                );
+                let value = (self.pattern_bound(&without, pruning), without.shared_bytes);
+                if step.as_ref().is_none_or(|(v, _)| value > *v) {
+                    step = Some((value, without));
                 }
             }
-            let Some(((bound, _), k)) = step else { break };
-            best = best.max(bound);
-            live = live.iter().map(|&(i, l)| (i, drop(l, k))).filter(|&(_, l)| l != 0).collect();
-            m -= 1;
+            let Some(((bound, _), next)) = step else { break };
+            if bound > best {
+                best = bound;
+                strongest = Some((next.live.clone(), next.m));
+            }
+            (live, m) = (next.live, next.m);
         }
-        best
+        (best, strongest.map(|(live, m)| self.pattern(live, m)))
     }
 
     /// The items live at some rank of `ticks` (ascending, at most 64), each with the ranks
@@ -173,52 +225,61 @@ impl Problem {
         kept
     }
 
-    /// [`Problem::contiguity_bound`] for `m` ranks (`live`: [`Problem::live_masks`]), and
-    /// the shared bytes it found. Escorts charge their conflict tests to `work`.
-    fn contiguity_bound_at(&self, live: &[(usize, u64)], m: usize, work: &mut Work) -> (u64, u64) {
+    /// `live` (items with the ranks of a set where they are live, as bits; `m` ranks) sorted
+    /// into the kinds the contiguity bound reasons about.
+    fn pattern(&self, live: Vec<(usize, u64)>, m: usize) -> Pattern {
+        let mut p = Pattern {
+            m,
+            shared: Vec::new(),
+            shared_bytes: 0,
+            missing: vec![0; m],
+            absent: vec![Vec::new(); m],
+            own: vec![(0, usize::MAX); m],
+            live: Vec::new(),
+        };
         if m < 3 {
-            return (0, 0);
+            return p;
         }
-        let (mut shared, mut missing, mut own) = (0u64, vec![0u64; m], vec![(0u64, usize::MAX); m]);
-        let mut absent_items: Vec<Vec<usize>> = vec![Vec::new(); m];
-        for &(i, live) in live {
+        for &(i, live) in &live {
             let count = live.count_ones() as usize;
             if count + 1 >= m {
-                shared += self.wmin[i];
+                p.shared.push(i);
+                p.shared_bytes += self.wmin[i];
                 if count + 1 == m {
                     let absent = (0..m).find(|&k| live >> k & 1 == 0).expect("one rank missing");
-                    missing[absent] += self.wmin[i];
-                    absent_items[absent].push(i);
+                    p.missing[absent] += self.wmin[i];
+                    p.absent[absent].push(i);
                 }
             } else if count == 1 {
                 let k = live.trailing_zeros() as usize;
-                own[k] = own[k].max((self.wmin[i], i));
+                p.own[k] = p.own[k].max((self.wmin[i], i));
             }
         }
-        let own_items = own;
-        let own: Vec<u64> = own_items.iter().map(|&(w, _)| w).collect();
-        // The three ranks with an item of at least `w` bytes missing the fewest bytes (`y₁ ≥
-        // y₂` their two largest), for each `w`: escorts can raise the bound only where
-        // `2w − y₁ − y₂ > w`, and are looked for only then.
-        let fewest_missing = |w: u64, e: u64, escorts: &[u64]| {
-            let mut ys: Vec<u64> =
-                (0..m).filter(|&k| own[k] >= w && escorts[k] >= e).map(|k| missing[k]).collect();
-            ys.sort_unstable();
-            (ys.len() >= 3).then(|| ys[1] + ys[2])
-        };
-        let none = vec![0u64; m];
-        let escorts = match own
-            .iter()
-            .filter(|&&w| w > 0 && fewest_missing(w, 0, &none).is_some_and(|y| y < w))
-            .min()
-        {
-            // Only ranks with an own item of at least such a `w` can be among the three.
-            Some(&w) => {
-                let ranks = (0..m).filter(|&k| own[k] >= w).fold(0u64, |bits, k| bits | 1 << k);
-                self.escorts(live, ranks, &own_items, &absent_items, work)
-            }
-            None => none,
-        };
+        p.shared.sort_unstable();
+        p.live = live;
+        p
+    }
+
+    /// [`Problem::contiguity_bound`] for the ranks of `p`. Escorts charge their conflict
+    /// tests to `work`.
+    fn pattern_bound(&self, p: &Pattern, work: &mut Work) -> u64 {
+        let m = p.m;
+        if m < 3 {
+            return 0;
+        }
+        let own: Vec<u64> = p.own.iter().map(|&(w, _)| w).collect();
+        // Escorts can raise the bound only where the runs the intervals need apart exceed
+        // `w`, and are looked for only then.
+        let escorts =
+            match own.iter().filter(|&&w| w > 0 && p.alternate_runs(w, 0, None).is_some_and(|t| t > w)).min()
+            {
+                // Only ranks with an own item of at least such a `w` can be among those.
+                Some(&w) => {
+                    let ranks = (0..m).filter(|&k| own[k] >= w).fold(0u64, |bits, k| bits | 1 << k);
+                    self.escorts(&p.live, ranks, &p.own, &p.absent, work)
+                }
+                None => vec![0; m],
+            };
         let distinct = |values: &[u64]| {
             let mut v: Vec<u64> = values.iter().copied().chain([0]).collect();
             v.sort_unstable();
@@ -229,10 +290,10 @@ impl Problem {
         let thresholds = distinct(&escorts);
         for w in distinct(&own).into_iter().filter(|&w| w > 0) {
             // Of the ranks with an item of at least `w` bytes and escorts of at least `e`
-            // bytes, the three missing the fewest bytes (`e = 0` takes every such rank).
+            // bytes (`e = 0` takes every such rank).
             for &e in &thresholds {
-                if let Some(y) = fewest_missing(w, e, &escorts).filter(|&y| y < 2 * w) {
-                    best = best.max(shared + (w + e).min(2 * w - y));
+                if let Some(runs) = p.alternate_runs(w, e, Some(&escorts)) {
+                    best = best.max(p.shared_bytes + (w + e).min(runs));
                 }
             }
         }
@@ -241,14 +302,14 @@ impl Problem {
         // over X_t with its other bytes in the runs of R right below and above X_t. Of the
         // X_t in address order, every other one has runs of its own, so R holds at least
         // the ⌈k/2⌉ smallest shortfalls (interval − X_t) of k such ranks.
-        let ranks: Vec<usize> = (0..m).filter(|&k| absent_items[k].len() == 1 && own[k] > 0).collect();
+        let ranks: Vec<usize> = (0..m).filter(|&k| p.absent[k].len() == 1 && own[k] > 0).collect();
         if let Some(w) = ranks.iter().map(|&k| own[k]).min() {
-            let mut short: Vec<u64> = ranks.iter().map(|&k| own[k].saturating_sub(missing[k])).collect();
+            let mut short: Vec<u64> = ranks.iter().map(|&k| own[k].saturating_sub(p.missing[k])).collect();
             short.sort_unstable();
             let runs: u64 = short[..ranks.len().div_ceil(2)].iter().sum();
-            best = best.max(shared + w.min(runs));
+            best = best.max(p.shared_bytes + w.min(runs));
         }
-        (best, shared)
+        best
     }
 
     /// For each rank (`own`: its largest own item's wmin and index; only the ranks in the
@@ -290,6 +351,78 @@ impl Problem {
         }
         escorts
     }
+}
+
+/// A set of ranks sorted into the kinds the contiguity bound reasons about
+/// ([`Problem::contiguity_bound`]).
+pub(super) struct Pattern {
+    /// The items live at some rank of the set, each with those ranks as bits.
+    live: Vec<(usize, u64)>,
+    /// Ranks in the set.
+    m: usize,
+    /// Shared items (live at every rank but at most one), ascending, and their bytes (the
+    /// smallest members').
+    shared: Vec<usize>,
+    shared_bytes: u64,
+    /// For every rank: the shared bytes missing there (`y`), and those items.
+    missing: Vec<u64>,
+    absent: Vec<Vec<usize>>,
+    /// For every rank: its largest own item (live at no other rank of the set), as wmin and
+    /// item; `(0, usize::MAX)` where none is.
+    own: Vec<(u64, usize)>,
+}
+
+impl Pattern {
+    /// The bytes of R that intervals of `w` bytes at the ranks with an own item of at least
+    /// `w` (and escorts of at least `e`, where `escorts` are given) need unless one of them
+    /// lies wholly in R. Sorted by left end, no interval may then meet the one after next,
+    /// so every other one is disjoint from the rest, each holding at least `w − y` bytes of
+    /// R: of the `2j − 1` ranks needing the most, the `j` smallest needs. The most over `j`;
+    /// `None` below three ranks.
+    fn alternate_runs(&self, w: u64, e: u64, escorts: Option<&[u64]>) -> Option<u64> {
+        let mut needs: Vec<u64> = (0..self.m)
+            .filter(|&k| self.own[k].0 >= w && escorts.is_none_or(|es| es[k] >= e))
+            .map(|k| w.saturating_sub(self.missing[k]))
+            .collect();
+        if needs.len() < 3 {
+            return None;
+        }
+        needs.sort_unstable_by(|a, b| b.cmp(a));
+        // The `j` smallest of the first `2j − 1`: needs[j − 1..2j − 1].
+        let mut prefix = vec![0u64; needs.len() + 1];
+        for (i, &x) in needs.iter().enumerate() {
+            prefix[i + 1] = prefix[i] + x;
+        }
+        (2..).take_while(|&j| 2 * j - 1 <= needs.len()).map(|j| prefix[2 * j - 1] - prefix[j - 1]).max()
+    }
+
+    /// The bytes R must hold when it has a run M of at least `w` bytes: an interval at a
+    /// rank with an own item (`W` bytes, `y` shared bytes missing there, escorts `e` —
+    /// unbounded where `escorts` are not given, for an optimistic value) lies inside M only if R also holds its escorts (`W +
+    /// e` bytes), avoids M only if R holds `W − y` bytes beyond M (`w + W − y` in all), and
+    /// otherwise crosses an end of M, where the byte beyond is a shared item's, missing at
+    /// that rank — so at most two ranks cross. The third largest of `min(W + e, w + W − y)`
+    /// over the ranks; `None` below three ranks.
+    fn beside_run(&self, w: u64, escorts: Option<&[u64]>) -> Option<u64> {
+        let mut needs: Vec<u64> = (0..self.m)
+            .filter(|&k| self.own[k].0 > 0)
+            .map(|k| {
+                let (own, e) = (self.own[k].0, escorts.map_or(u64::MAX, |es| es[k]));
+                own.saturating_add(e).min((w + own).saturating_sub(self.missing[k]))
+            })
+            .collect();
+        if needs.len() < 3 {
+            return None;
+        }
+        needs.sort_unstable_by(|a, b| b.cmp(a));
+        Some(needs[2])
+    }
+}
+
+/// Whether the ascending `outer` holds every element of the ascending `inner`.
+fn includes(outer: &[usize], inner: &[usize]) -> bool {
+    let mut it = outer.iter();
+    inner.iter().all(|x| it.any(|y| y == x))
 }
 
 /// A budget of work steps for a bound's searches, so that the bound does not depend on the
@@ -396,6 +529,35 @@ mod tests {
         verify(&buffers, &placed.offsets).unwrap();
         assert_eq!(placed.lower_bound, 144 << 20);
         assert_eq!(placed.footprint, 144 << 20);
+    }
+
+    /// The same layers with 2 MiB hidden states on five or more slots. The forward
+    /// workspaces' pattern alone gives Σ shared + W, and it forces more: unless R holds a
+    /// whole forward workspace, every other one of them (by address) is apart from the
+    /// rest, each needing 16 MiB of R — more than W in all. So R has a run of 32 MiB, and
+    /// every backward workspace must either lie inside it with its slot's gradient of the
+    /// attention output beside it (34 MiB of R), or cross one of the run's two ends into
+    /// its own slot's missing buffers — two slots at most. One hidden state more: 258 MiB on
+    /// pp 8, rank 0 (8 slots), 174 MiB on pp 8, rank 3 (5 slots), where the plans are.
+    #[test]
+    fn a_forced_run_leaves_no_room_beside_it() {
+        for (rank, m, bound) in [(0, 16, 258u64 << 20), (3, 8, 174 << 20)] {
+            let input = SchedulePlanInput {
+                schedule: Schedule::OneFOneB { pp_size: 8, pp_rank: rank, num_microbatches: m },
+                layers: crate::pipeline::workspace_layers(2, 2 << 20),
+            };
+            let buffers = schedule_buffers(&input).unwrap().buffers;
+            let p = Problem::build(&buffers).unwrap();
+            assert_eq!(p.contiguity_bound(), bound, "pp 8, rank {rank}, M {m}");
+            let opts = PlaceOptions {
+                time_budget: std::time::Duration::from_secs(5),
+                scaled_budget_per_item: None,
+                ..PlaceOptions::default()
+            };
+            let placed = place(&buffers, &opts).unwrap();
+            verify(&buffers, &placed.offsets).unwrap();
+            assert_eq!((placed.lower_bound, placed.footprint), (bound, bound), "pp 8, rank {rank}, M {m}");
+        }
     }
 
     /// Five ticks; a 16-byte group live at all of them, a 24-byte group missing each one,
