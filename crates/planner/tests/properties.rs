@@ -94,23 +94,24 @@ fn grouped(groups: usize, lone: usize) -> impl Strategy<Value = Vec<Buffer>> {
     )
 }
 
-/// Groups over a few one-step ticks in the pattern the contiguity bound reasons about: shared
-/// groups live at every tick but one or two (shared once one of the two is left out of the
-/// pattern) or at all, at every tick a group live there alone whose size tops the tick up to
-/// one peak, a stray buffer that may break the tie, and an escort: a buffer live at one tick
-/// and in the gap before it, where the shared groups missing that tick may meet it (they then
-/// have a member there too).
-fn ticked() -> impl Strategy<Value = Vec<Buffer>> {
+/// Groups over 3 to `max_ticks − 1` one-step ticks in the pattern the contiguity bound
+/// reasons about: shared groups live at every tick but one or two (shared once one of the
+/// two is left out of the pattern) or at all, at every tick a group live there alone whose
+/// size tops the tick up to one peak, stray buffers that may break the tie, and escorts:
+/// buffers live at one tick and in the gap before it, where the shared groups missing that
+/// tick may meet them (they then have a member there too). At most `items` items: the
+/// brute force tries their orders.
+fn ticked(max_ticks: usize, items: usize) -> impl Strategy<Value = Vec<Buffer>> {
     (
-        3usize..5,
-        prop::collection::vec((1u64..24, 0usize..5, 0usize..8), 2..4),
+        3usize..max_ticks,
+        prop::collection::vec((1u64..24, 0usize..max_ticks, 0usize..max_ticks + 3), 2..max_ticks - 1),
         0u64..12,
-        prop::collection::vec((0usize..4, 1u64..6), 0..2),
-        prop::collection::vec((0usize..4, 1u64..6, any::<bool>()), 0..4),
+        prop::collection::vec((0usize..max_ticks - 1, 1u64..6), 0..2),
+        prop::collection::vec((0usize..max_ticks - 1, 1u64..6, any::<bool>()), 0..4),
     )
-        .prop_map(|(ticks, shared, extra, mut strays, escorts)| {
-            // At most ten items: the brute force tries their orders.
-            strays.truncate(3 - escorts.len());
+        .prop_map(move |(ticks, shared, extra, mut strays, mut escorts)| {
+            escorts.truncate(items.saturating_sub(ticks + shared.len()));
+            strays.truncate(items.saturating_sub(ticks + shared.len() + escorts.len()));
             let at = |k: usize| (3 * k as u64 + 3, 3 * k as u64 + 4);
             let gap_before = |k: usize| (3 * k as u64 + 2, 3 * k as u64 + 3);
             let mut out = Vec::new();
@@ -253,7 +254,7 @@ proptest! {
 
     /// The contiguity bound (groups replayed over several ticks) never exceeds the optimum.
     #[test]
-    fn contiguity_bound_is_valid(b in ticked()) {
+    fn contiguity_bound_is_valid(b in ticked(5, 10)) {
         let bound = lower_bound(&b).unwrap();
         let p = place(&b, &quick()).unwrap();
         verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -366,5 +367,16 @@ proptest! {
         let best = brute_force(&b);
         prop_assert!(p.lower_bound <= best, "proved {} above the optimum {}", p.lower_bound, best);
         prop_assert_eq!(p.footprint, best);
+    }
+
+    /// Up to six ticks: patterns of four to six ranks, where the runs every other interval
+    /// needs and a run forced by one set of ranks for another come into play.
+    #[test]
+    fn contiguity_bound_is_valid_on_more_ticks(b in ticked(7, 10)) {
+        let bound = lower_bound(&b).unwrap();
+        let p = place(&b, &quick()).unwrap();
+        verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let opt = brute_force_items(&b, p.footprint);
+        prop_assert!(bound <= opt, "bound {} above the optimum {}", bound, opt);
     }
 }
