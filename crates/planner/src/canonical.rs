@@ -26,12 +26,14 @@
 //! on either side never meet: each side is searched on its own (from level 0), and a side
 //! that does not fit fails the node without trying the other side's alternatives.
 //!
-//! Candidates are tried lowest floor first, then by a static priority; restarts cycle
-//! through three priorities (most bytes live at the item's busiest rank, lifetime, size ×
-//! lifetime, in different precedence) with a node limit that doubles each round. The search
-//! is deterministic but for its deadline (and the flag of a search running beside it).
+//! Candidates are tried lowest floor first, then by a priority. Restarts take three static
+//! priorities (most bytes live at the item's busiest rank, lifetime, size × lifetime, in
+//! different precedence), then the same keys scaled by random factors, with node limits
+//! that follow the Luby sequence. The search is deterministic (seeded by the capacity) but
+//! for its deadline (and the flag of a search running beside it).
 
 use crate::items::Items;
+use crate::rng::Rng;
 use crate::until::Until;
 
 /// What a search at one capacity found.
@@ -58,18 +60,43 @@ impl Order {
     pub(crate) const ALL: [Order; 3] = [Order::TotalWidthArea, Order::WidthAreaTotal, Order::TotalAreaWidth];
 }
 
-/// Round robin over the orders with a node limit that doubles each round (a bad early
-/// choice costs one round, not the whole budget). Deterministic but for the deadline.
+/// Restarts with node limits of `2n` times the Luby sequence (1, 1, 2, 1, 1, 2, 4, …: a bad
+/// early choice costs one short restart, and every limit recurs, so a search long enough to
+/// finish comes at a logarithmic factor over the shortest). The first three restarts take
+/// the static orders; the later ones cycle through their keys with each item's key scaled
+/// by a random factor in [0.5, 1.5) ([`Prepared::noisy_rank`]): searches on instances with
+/// a few hundred alias groups are heavy-tailed, and a different order of ties often finds
+/// in milliseconds what one order misses for seconds. Any fixed order keeps the search
+/// complete. Deterministic (seeded by the capacity) but for the deadline.
 pub(crate) fn fits_restarting(prep: &Prepared<'_>, capacity: u64, until: Until<'_>) -> Outcome {
-    let mut limit = prep.items.size.len() as u64 * 2;
-    loop {
-        for order in Order::ALL {
-            match fits(prep, capacity, until, order, limit) {
-                Outcome::Unknown if !until.passed() => {}
-                other => return other,
-            }
+    let unit = prep.items.size.len() as u64 * 2;
+    let mut rng = Rng::new(capacity);
+    for restart in 1u64.. {
+        let order = Order::ALL[(restart % 3) as usize];
+        let noisy;
+        let rank = if restart <= 3 {
+            &prep.rank[order as usize]
+        } else {
+            noisy = prep.noisy_rank(order, &mut rng);
+            &noisy
+        };
+        match fits(prep, capacity, until, rank, unit.saturating_mul(luby(restart))) {
+            Outcome::Unknown if !until.passed() => {}
+            other => return other,
         }
-        limit = limit.saturating_mul(2);
+    }
+    unreachable!("restarts end with an answer or at the deadline")
+}
+
+/// Term `i` (from 1) of the Luby sequence: 1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8, …
+fn luby(i: u64) -> u64 {
+    let mut i = i;
+    loop {
+        let k = 64 - u64::from(i.leading_zeros());
+        if i == (1 << k) - 1 {
+            return 1 << (k - 1);
+        }
+        i -= (1 << (k - 1)) - 1;
     }
 }
 
@@ -169,6 +196,9 @@ pub(crate) struct Prepared<'a> {
     /// Priority rank of each item under each [`Order`] (the order of candidates at one
     /// floor, and the order items at one offset are placed in).
     rank: Vec<Vec<u32>>,
+    /// The keys of the orders: the most bytes live at any rank of the item, its lifetime.
+    total: Vec<u64>,
+    width: Vec<u64>,
 }
 
 impl<'a> Prepared<'a> {
@@ -221,17 +251,41 @@ impl<'a> Prepared<'a> {
                 rank
             })
             .collect();
-        Prepared { items, nb: Neighbours::new(items), load, cut, rank }
+        Prepared { items, nb: Neighbours::new(items), load, cut, rank, total, width }
+    }
+
+    /// A priority rank like `order`'s, its first key scaled by a random factor in
+    /// [0.5, 1.5) for every item (ties by index).
+    fn noisy_rank(&self, order: Order, rng: &mut Rng) -> Vec<u32> {
+        let n = self.items.size.len();
+        let keys: Vec<f64> = (0..n)
+            .map(|i| {
+                let key = match order {
+                    Order::TotalWidthArea => self.total[i],
+                    Order::WidthAreaTotal => self.width[i],
+                    Order::TotalAreaWidth => self.items.size[i] * self.width[i],
+                };
+                key as f64 * (0.5 + rng.unit())
+            })
+            .collect();
+        let mut by_priority: Vec<u32> = (0..n as u32).collect();
+        by_priority.sort_unstable_by(|&a, &b| keys[b as usize].total_cmp(&keys[a as usize]).then(a.cmp(&b)));
+        let mut rank = vec![0u32; n];
+        for (r, &i) in by_priority.iter().enumerate() {
+            rank[i as usize] = r as u32;
+        }
+        rank
     }
 }
 
 /// Decides whether the prepared items fit under `capacity` (see the module documentation),
-/// trying candidates in `order`; gives up when `until` passes or after `node_limit` nodes.
+/// trying candidates by the priority `rank` (one of [`Prepared`]'s, or a noisy one); gives
+/// up when `until` passes or after `node_limit` nodes.
 pub(crate) fn fits(
     prep: &Prepared<'_>,
     capacity: u64,
     until: Until<'_>,
-    order: Order,
+    rank: &[u32],
     node_limit: u64,
 ) -> Outcome {
     let items = prep.items;
@@ -251,7 +305,7 @@ pub(crate) fn fits(
         node_limit,
         nodes: 0,
         nb: &prep.nb,
-        rank: &prep.rank[order as usize],
+        rank,
         load: prep.load.clone(),
         floor: vec![0; n],
         placed: vec![false; n],
@@ -566,6 +620,12 @@ mod tests {
         let mut best = u64::MAX;
         rec(groups, size, &mut Vec::new(), &mut best);
         best
+    }
+
+    #[test]
+    fn luby_sequence() {
+        let terms: Vec<u64> = (1..=15).map(luby).collect();
+        assert_eq!(terms, [1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8]);
     }
 
     #[test]

@@ -560,6 +560,27 @@ mod tests {
         }
     }
 
+    /// Four layers (two with workspaces) on pp 4, rank 0: the bound (256 MiB) is reached
+    /// only by an interleaving of the slots' workspaces and saved buffers, which the
+    /// canonical search's static orders took 8–12 s to find; its restarts with noisy orders
+    /// find it in milliseconds (the budget here only bounds a slow machine).
+    #[test]
+    fn four_layers_reach_their_bound() {
+        let input = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 8 },
+            layers: crate::pipeline::workspace_layers(4, 2 << 20),
+        };
+        let buffers = schedule_buffers(&input).unwrap().buffers;
+        let opts = PlaceOptions {
+            time_budget: std::time::Duration::from_secs(10),
+            scaled_budget_per_item: None,
+            ..PlaceOptions::default()
+        };
+        let placed = place(&buffers, &opts).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        assert_eq!((placed.lower_bound, placed.footprint), (256 << 20, 256 << 20));
+    }
+
     /// Five ticks; a 16-byte group live at all of them, a 24-byte group missing each one,
     /// and a 32-byte buffer at each tick alone: 128 + 16 bytes live at every tick, but each
     /// 32-byte interval needs 8 bytes of R next to its tick's missing group, and R must hold
