@@ -224,6 +224,19 @@ fn brute_force_items(b: &[Buffer], upper: u64) -> u64 {
     if n == 0 { 0 } else { best }
 }
 
+/// The bounds of `b` (computed up front, and proved by the placement's search) are at most
+/// its brute-force optimum, and the placement is valid and above them.
+fn bounds_below_the_optimum(b: &[Buffer]) -> Result<(), TestCaseError> {
+    let bound = lower_bound(b).unwrap();
+    let p = place(b, &quick()).unwrap();
+    verify(b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let opt = brute_force_items(b, p.footprint);
+    prop_assert!(bound <= opt, "bound {} above the optimum {}", bound, opt);
+    prop_assert!(p.lower_bound <= opt, "proved {} above the optimum {}", p.lower_bound, opt);
+    prop_assert!(p.lower_bound >= bound && p.footprint >= p.lower_bound);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -255,12 +268,7 @@ proptest! {
     /// The contiguity bound (groups replayed over several ticks) never exceeds the optimum.
     #[test]
     fn contiguity_bound_is_valid(b in ticked(5, 10)) {
-        let bound = lower_bound(&b).unwrap();
-        let p = place(&b, &quick()).unwrap();
-        verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let opt = brute_force_items(&b, p.footprint);
-        prop_assert!(bound <= opt, "bound {} above the optimum {}", bound, opt);
-        prop_assert!(p.lower_bound >= bound && p.footprint >= p.lower_bound);
+        bounds_below_the_optimum(&b)?;
     }
 
     #[test]
@@ -373,10 +381,6 @@ proptest! {
     /// needs and a run forced by one set of ranks for another come into play.
     #[test]
     fn contiguity_bound_is_valid_on_more_ticks(b in ticked(7, 10)) {
-        let bound = lower_bound(&b).unwrap();
-        let p = place(&b, &quick()).unwrap();
-        verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let opt = brute_force_items(&b, p.footprint);
-        prop_assert!(bound <= opt, "bound {} above the optimum {}", bound, opt);
+        bounds_below_the_optimum(&b)?;
     }
 }

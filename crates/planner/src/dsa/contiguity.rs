@@ -464,6 +464,30 @@ mod tests {
     use crate::pipeline::schedule_buffers;
     use crate::{Schedule, SchedulePlanInput};
 
+    /// The buffers of 1F1B (pp `pp`, rank `rank`, `m` microbatches) over
+    /// [`crate::pipeline::workspace_layers`] with `layers` layers and `hidden` bytes of
+    /// hidden state.
+    fn workspace_mix(pp: u32, rank: u32, m: u32, layers: u32, hidden: u64) -> Vec<Buffer> {
+        let input = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: pp, pp_rank: rank, num_microbatches: m },
+            layers: crate::pipeline::workspace_layers(layers, hidden),
+        };
+        schedule_buffers(&input).unwrap().buffers
+    }
+
+    /// A verified placement with `seconds` of budget: searches that reach the bound stop
+    /// there, so a generous budget only bounds a slow machine.
+    fn placed_within(buffers: &[Buffer], seconds: u64) -> Placement {
+        let opts = PlaceOptions {
+            time_budget: std::time::Duration::from_secs(seconds),
+            scaled_budget_per_item: None,
+            ..PlaceOptions::default()
+        };
+        let placed = place(buffers, &opts).unwrap();
+        verify(buffers, &placed.offsets).unwrap();
+        placed
+    }
+
     #[test]
     fn compact_packs_the_kept_bits_in_order() {
         assert_eq!(compact(0b1011_0110, 0b1111_0000), 0b1011);
@@ -480,11 +504,7 @@ mod tests {
     /// is.
     #[test]
     fn replayed_workspaces_raise_the_bound() {
-        let input = SchedulePlanInput {
-            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 8 },
-            layers: crate::pipeline::workspace_layers(2, 1 << 20),
-        };
-        let buffers = schedule_buffers(&input).unwrap().buffers;
+        let buffers = workspace_mix(4, 0, 8, 2, 1 << 20);
         let p = Problem::build(&buffers).unwrap();
         assert_eq!(p.lower_bound(), 81 << 20);
         assert_eq!(p.contiguity_bound(), 89 << 20);
@@ -493,11 +513,7 @@ mod tests {
         assert_eq!(placed.lower_bound, 89 << 20);
         assert_eq!(placed.footprint, 89 << 20);
         // One microbatch per slot: no slot is replayed, nothing to prove beyond the live bound.
-        let input = SchedulePlanInput {
-            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 4 },
-            layers: crate::pipeline::workspace_layers(2, 1 << 20),
-        };
-        let p = Problem::build(&schedule_buffers(&input).unwrap().buffers).unwrap();
+        let p = Problem::build(&workspace_mix(4, 0, 4, 2, 1 << 20)).unwrap();
         assert!(p.contiguity_bound() <= p.lower_bound());
     }
 
@@ -510,25 +526,13 @@ mod tests {
     /// two ranks and is not shared; the bound is found once the backward ticks are dropped.
     #[test]
     fn dropping_ranks_finds_the_forward_workspaces_pattern() {
-        let input = SchedulePlanInput {
-            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 8 },
-            layers: crate::pipeline::workspace_layers(2, 2 << 20),
-        };
-        let buffers = schedule_buffers(&input).unwrap().buffers;
+        let buffers = workspace_mix(4, 0, 8, 2, 2 << 20);
         let p = Problem::build(&buffers).unwrap();
         assert_eq!(p.lower_bound(), 130 << 20);
         assert_eq!(p.contiguity_bound(), 144 << 20);
-        // The canonical search places it at the bound (~10 ms in release builds); a plan at
-        // the bound stops there, so the generous budget costs only what debug builds need.
-        let opts = PlaceOptions {
-            time_budget: std::time::Duration::from_secs(5),
-            scaled_budget_per_item: None,
-            ..PlaceOptions::default()
-        };
-        let placed = place(&buffers, &opts).unwrap();
-        verify(&buffers, &placed.offsets).unwrap();
-        assert_eq!(placed.lower_bound, 144 << 20);
-        assert_eq!(placed.footprint, 144 << 20);
+        // The canonical search places it at the bound (~10 ms in release builds).
+        let placed = placed_within(&buffers, 5);
+        assert_eq!((placed.lower_bound, placed.footprint), (144 << 20, 144 << 20));
     }
 
     /// The same layers with 2 MiB hidden states on five or more slots. The forward
@@ -542,20 +546,10 @@ mod tests {
     #[test]
     fn a_forced_run_leaves_no_room_beside_it() {
         for (rank, m, bound) in [(0, 16, 258u64 << 20), (3, 8, 174 << 20)] {
-            let input = SchedulePlanInput {
-                schedule: Schedule::OneFOneB { pp_size: 8, pp_rank: rank, num_microbatches: m },
-                layers: crate::pipeline::workspace_layers(2, 2 << 20),
-            };
-            let buffers = schedule_buffers(&input).unwrap().buffers;
+            let buffers = workspace_mix(8, rank, m, 2, 2 << 20);
             let p = Problem::build(&buffers).unwrap();
             assert_eq!(p.contiguity_bound(), bound, "pp 8, rank {rank}, M {m}");
-            let opts = PlaceOptions {
-                time_budget: std::time::Duration::from_secs(5),
-                scaled_budget_per_item: None,
-                ..PlaceOptions::default()
-            };
-            let placed = place(&buffers, &opts).unwrap();
-            verify(&buffers, &placed.offsets).unwrap();
+            let placed = placed_within(&buffers, 5);
             assert_eq!((placed.lower_bound, placed.footprint), (bound, bound), "pp 8, rank {rank}, M {m}");
         }
     }
@@ -563,21 +557,10 @@ mod tests {
     /// Four layers (two with workspaces) on pp 4, rank 0: the bound (256 MiB) is reached
     /// only by an interleaving of the slots' workspaces and saved buffers, which the
     /// canonical search's static orders took 8–12 s to find; its restarts with noisy orders
-    /// find it in milliseconds (the budget here only bounds a slow machine).
+    /// find it in milliseconds.
     #[test]
     fn four_layers_reach_their_bound() {
-        let input = SchedulePlanInput {
-            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 8 },
-            layers: crate::pipeline::workspace_layers(4, 2 << 20),
-        };
-        let buffers = schedule_buffers(&input).unwrap().buffers;
-        let opts = PlaceOptions {
-            time_budget: std::time::Duration::from_secs(10),
-            scaled_budget_per_item: None,
-            ..PlaceOptions::default()
-        };
-        let placed = place(&buffers, &opts).unwrap();
-        verify(&buffers, &placed.offsets).unwrap();
+        let placed = placed_within(&workspace_mix(4, 0, 8, 4, 2 << 20), 10);
         assert_eq!((placed.lower_bound, placed.footprint), (256 << 20, 256 << 20));
     }
 
