@@ -236,7 +236,7 @@ impl<'a> Prepared<'a> {
                 let mut by_priority: Vec<u32> = (0..n as u32).collect();
                 by_priority.sort_unstable_by_key(|&i| {
                     let i = i as usize;
-                    let (t, w, a) = (total[i], width[i], items.size[i] * width[i]);
+                    let (t, w, a) = (total[i], width[i], items.size[i].saturating_mul(width[i]));
                     let key = match order {
                         Order::TotalWidthArea => (t, w, a),
                         Order::WidthAreaTotal => (w, a, t),
@@ -261,11 +261,11 @@ impl<'a> Prepared<'a> {
         let keys: Vec<f64> = (0..n)
             .map(|i| {
                 let key = match order {
-                    Order::TotalWidthArea => self.total[i],
-                    Order::WidthAreaTotal => self.width[i],
-                    Order::TotalAreaWidth => self.items.size[i] * self.width[i],
+                    Order::TotalWidthArea => self.total[i] as f64,
+                    Order::WidthAreaTotal => self.width[i] as f64,
+                    Order::TotalAreaWidth => self.items.size[i] as f64 * self.width[i] as f64,
                 };
-                key as f64 * (0.5 + rng.unit())
+                key * (0.5 + rng.unit())
             })
             .collect();
         let mut by_priority: Vec<u32> = (0..n as u32).collect();

@@ -95,8 +95,9 @@ use crate::until::Until;
 /// build the conflict graph.
 pub const ALIAS_BOUND_WORK: u64 = 40_000_000;
 
-/// Work the contiguity bound may spend on dropping ranks from its patterns: an item visit
-/// per item for every set of ranks evaluated, and the conflict tests of their escorts.
+/// Work the contiguity bound may spend beyond its first patterns: dropping ranks (an item
+/// visit per item and a step per pair of ranks for every set evaluated), pairing patterns
+/// (a step per shared item compared), and the conflict tests of their escorts.
 pub const CONTIGUITY_PRUNE_WORK: u64 = 100_000;
 
 /// Items the complete canonical search (step 5 of the module documentation) takes at most:
