@@ -148,23 +148,25 @@ impl Problem {
     /// every set tried, and their escorts' conflict tests, and stop when it is spent.
     fn contiguity_bound_pruned(&self, start: &Pattern, pruning: &mut Work) -> (u64, Option<Pattern>) {
         let mut best = self.pattern_bound(start, &mut Work::new(ALIAS_BOUND_WORK));
-        let mut strongest: Option<(Vec<(usize, u64)>, usize)> = None;
-        let (mut live, mut m) = (start.live.clone(), start.m);
+        let mut strongest: Option<Pattern> = None;
+        let mut current = start.clone();
         // Bits without bit `k`: the ranks above it move down one.
         let drop = |l: u64, k: usize| (l & ((1 << k) - 1)) | (l.checked_shr(k as u32 + 1).unwrap_or(0) << k);
-        'drops: while m > 3 {
+        'drops: while current.m > 3 {
+            let m = current.m;
             let all = u64::MAX >> (64 - m);
-            let candidates = live
+            let candidates = current
+                .live
                 .iter()
                 .filter(|&&(_, l)| l.count_ones() as usize + 2 == m)
                 .fold(0u64, |bits, &(_, l)| bits | (!l & all));
             let mut step: Option<((u64, u64), Pattern)> = None;
             for k in (0..m).filter(|&k| candidates >> k & 1 == 1) {
-                if !pruning.charge((live.len() + m * m) as u64) {
+                if !pruning.charge((current.live.len() + m * m) as u64) {
                     break 'drops;
                 }
                 let without = self.pattern(
-                    live.iter().map(|&(i, l)| (i, drop(l, k))).filter(|&(_, l)| l != 0).collect(),
+                    current.live.iter().map(|&(i, l)| (i, drop(l, k))).filter(|&(_, l)| l != 0).collect(),
                     m - 1,
                 );
                 let value = (self.pattern_bound(&without, pruning), without.shared_bytes);
@@ -175,11 +177,11 @@ impl Problem {
             let Some(((bound, _), next)) = step else { break };
             if bound > best {
                 best = bound;
-                strongest = Some((next.live.clone(), next.m));
+                strongest = Some(next.clone());
             }
-            (live, m) = (next.live, next.m);
+            current = next;
         }
-        (best, strongest.map(|(live, m)| self.pattern(live, m)))
+        (best, strongest)
     }
 
     /// The items live at some rank of `ticks` (ascending, at most 64), each with the ranks
@@ -240,18 +242,18 @@ impl Problem {
         if m < 3 {
             return p;
         }
-        for &(i, live) in &live {
-            let count = live.count_ones() as usize;
+        for &(i, bits) in &live {
+            let count = bits.count_ones() as usize;
             if count + 1 >= m {
                 p.shared.push(i);
                 p.shared_bytes += self.wmin[i];
                 if count + 1 == m {
-                    let absent = (0..m).find(|&k| live >> k & 1 == 0).expect("one rank missing");
+                    let absent = (0..m).find(|&k| bits >> k & 1 == 0).expect("one rank missing");
                     p.missing[absent] += self.wmin[i];
                     p.absent[absent].push(i);
                 }
             } else if count == 1 {
-                let k = live.trailing_zeros() as usize;
+                let k = bits.trailing_zeros() as usize;
                 p.own[k] = p.own[k].max((self.wmin[i], i));
             }
         }
@@ -355,6 +357,7 @@ impl Problem {
 
 /// A set of ranks sorted into the kinds the contiguity bound reasons about
 /// ([`Problem::contiguity_bound`]).
+#[derive(Clone)]
 pub(super) struct Pattern {
     /// The items live at some rank of the set, each with those ranks as bits.
     live: Vec<(usize, u64)>,
