@@ -78,12 +78,33 @@ impl std::hash::Hasher for KeyHasher {
 
 type KeyMap<V> = HashMap<(u32, u64), V, KeyHashing>;
 
-/// How many coarse buffers start and end at one (rank, size) key, and the first to start.
+/// How many coarse buffers start and end at one (rank, size) key, the first to start, and
+/// whether those that start there all end at one rank (and those that end there all start
+/// at one): such buffers are interchangeable.
 #[derive(Debug, Clone, Copy, Default)]
 struct KeyUse {
     starts: u32,
     first_start: u32,
     ends: u32,
+    /// The rank where every buffer starting here ends ([`MIXED`] if they differ).
+    starters_end: u32,
+    /// The rank where every buffer ending here starts ([`MIXED`] if they differ).
+    enders_start: u32,
+}
+
+/// [`KeyUse`]'s mark for buffers of one key that do not share their other end.
+const MIXED: u32 = u32::MAX;
+
+impl KeyUse {
+    /// Whether the buffers ending at this key can be chained one to one with those
+    /// starting at it whatever the pairing: one of each, or as many of each where those of
+    /// one side are interchangeable (one lifetime and one size), so every pairing is the
+    /// same placement up to which of them is which.
+    fn pairs(&self) -> bool {
+        self.starts == self.ends
+            && self.starts > 0
+            && (self.starts == 1 || self.starters_end != MIXED || self.enders_start != MIXED)
+    }
 }
 
 /// Which stacks a round of [`coarsen_in_order`] makes first.
@@ -158,38 +179,78 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
     let mut has_pred: Vec<bool> = Vec::new();
     let mut next: Vec<Block> = Vec::with_capacity(n);
     let mut stackable: Vec<Block> = Vec::new();
+    let mut enders: Vec<((u32, u64), u32)> = Vec::new();
+    let mut starters: Vec<((u32, u64), u32)> = Vec::new();
     for round in 0.. {
         if round > 0 && Instant::now() > until {
             break;
         }
         let before = cur.len();
         // Chain a buffer with one of equal size starting where it ends, where the pairing is
-        // unambiguous (one buffer of that size ends there and one starts there). Chains run
-        // forward in time, so they have no cycles; one pass finds them all (a merge only
-        // removes keys whose counts were one, so it makes no new unambiguous pair). A merged
-        // key's counts are zeroed: no buffer left starts or ends there, so the counts then
-        // describe the chained buffers and still serve the stacking.
+        // unambiguous: one buffer of that size ends there and one starts there, or as many
+        // of each with those of one side interchangeable ([`KeyUse::pairs`]; a tiling cut
+        // twice at the same steps makes such pieces, and stacking them instead breaks both
+        // chains). Chains run forward in time, so they have no cycles; one pass finds them
+        // all (a merge only removes keys whose buffers all pair, so it makes no new pair). A
+        // merged key's counts are zeroed: no buffer left starts or ends there, so the counts
+        // then describe the chained buffers and still serve the stacking.
         keys.clear();
         for (k, x) in cur.iter().enumerate() {
             let at_start = keys.entry((x.s, x.size)).or_default();
             if at_start.starts == 0 {
                 at_start.first_start = k as u32;
+                at_start.starters_end = x.e;
+            } else if at_start.starters_end != x.e {
+                at_start.starters_end = MIXED;
             }
             at_start.starts += 1;
-            keys.entry((x.e, x.size)).or_default().ends += 1;
+            let at_end = keys.entry((x.e, x.size)).or_default();
+            if at_end.ends == 0 {
+                at_end.enders_start = x.s;
+            } else if at_end.enders_start != x.s {
+                at_end.enders_start = MIXED;
+            }
+            at_end.ends += 1;
         }
         let len = cur.len();
         succ.clear();
         succ.resize(len, u32::MAX);
         has_pred.clear();
         has_pred.resize(len, false);
-        for k in 0..len {
-            if let Some(at_end) = keys.get_mut(&(cur[k].e, cur[k].size))
-                && at_end.starts == 1
-                && at_end.ends == 1
+        // At a key that pairs, one buffer on each side chains at once; several on each
+        // side are gathered and paired in the order of their keys (any pairing will do).
+        enders.clear();
+        starters.clear();
+        for (k, x) in cur.iter().enumerate() {
+            if let Some(at_end) = keys.get(&(x.e, x.size))
+                && at_end.pairs()
             {
-                succ[k] = at_end.first_start;
-                has_pred[at_end.first_start as usize] = true;
+                if at_end.ends == 1 {
+                    succ[k] = at_end.first_start;
+                    has_pred[at_end.first_start as usize] = true;
+                } else {
+                    enders.push(((x.e, x.size), k as u32));
+                }
+            }
+            if let Some(at_start) = keys.get(&(x.s, x.size))
+                && at_start.starts > 1
+                && at_start.pairs()
+            {
+                starters.push(((x.s, x.size), k as u32));
+            }
+        }
+        enders.sort_unstable();
+        starters.sort_unstable();
+        debug_assert_eq!(enders.len(), starters.len());
+        for (&(key, k), &(start_key, j)) in enders.iter().zip(&starters) {
+            debug_assert_eq!(key, start_key);
+            succ[k as usize] = j;
+            has_pred[j as usize] = true;
+        }
+        for x in cur.iter() {
+            if let Some(at_end) = keys.get_mut(&(x.e, x.size))
+                && at_end.pairs()
+            {
                 *at_end = KeyUse::default();
             }
         }
@@ -584,6 +645,28 @@ mod coarse_tests {
             inc.strategy
         );
         assert!(steps > 0);
+    }
+
+    /// Two buffers of one size ending at one step, and two interchangeable ones (one
+    /// lifetime, that size) starting there: each pair chains, whichever way they are paired,
+    /// instead of the two starting ones stacking and neither chaining.
+    #[test]
+    fn interchangeable_hand_overs_chain() {
+        let at = |start, end, size| Buffer { start, end, size, group: None };
+        let b = [at(0, 4, 8), at(2, 4, 8), at(4, 9, 8), at(4, 9, 8), at(0, 9, 16)];
+        let p = Problem::build(&b).unwrap();
+        for order in [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst] {
+            let c = coarsen_in_order(&p, order, far());
+            let block = |i: usize| c.member[p.item_of[i] as usize].0;
+            assert_ne!(block(0), block(1), "{order:?}: the buffers ending at 4 were stacked");
+            assert_ne!(block(2), block(3), "{order:?}: the interchangeable buffers were stacked");
+            for ender in [0, 1] {
+                assert!(
+                    [2, 3].iter().any(|&j| block(j) == block(ender)),
+                    "{order:?}: buffer {ender} chained to none"
+                );
+            }
+        }
     }
 
     #[test]
