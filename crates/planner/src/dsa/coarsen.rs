@@ -217,17 +217,19 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
         succ.resize(len, u32::MAX);
         has_pred.clear();
         has_pred.resize(len, false);
-        // At a key that pairs, one buffer on each side chains at once; several on each
-        // side are gathered and paired in the order of their keys (any pairing will do).
+        // At a key that pairs, one buffer on each side chains at once (its counts are not
+        // read again); several on each side are gathered and paired in the order of their
+        // keys (any pairing will do).
         enders.clear();
         starters.clear();
         for (k, x) in cur.iter().enumerate() {
-            if let Some(at_end) = keys.get(&(x.e, x.size))
+            if let Some(at_end) = keys.get_mut(&(x.e, x.size))
                 && at_end.pairs()
             {
                 if at_end.ends == 1 {
                     succ[k] = at_end.first_start;
                     has_pred[at_end.first_start as usize] = true;
+                    *at_end = KeyUse::default();
                 } else {
                     enders.push(((x.e, x.size), k as u32));
                 }
@@ -246,13 +248,7 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
             debug_assert_eq!(key, start_key);
             succ[k as usize] = j;
             has_pred[j as usize] = true;
-        }
-        for x in cur.iter() {
-            if let Some(at_end) = keys.get_mut(&(x.e, x.size))
-                && at_end.pairs()
-            {
-                *at_end = KeyUse::default();
-            }
+            keys.insert(key, KeyUse::default());
         }
         next.clear();
         for k in 0..len {
