@@ -84,6 +84,7 @@ def timeseries(title, targets, unit, x, y, w=12, h=8, desc="", stack=False, over
 
 
 def table(title, targets, x, y, w=12, h=8, desc="", units=None, renames=None, hide=()):
+    sort_field = list((units or {"Value": None}).keys())[0]
     overrides = [{"matcher": {"id": "byName", "options": name},
                   "properties": [{"id": "unit", "value": unit}]} for name, unit in (units or {}).items()]
     return {
@@ -91,8 +92,9 @@ def table(title, targets, x, y, w=12, h=8, desc="", units=None, renames=None, hi
         "gridPos": {"h": h, "w": w, "x": x, "y": y},
         "targets": refs(targets),
         "fieldConfig": {"defaults": {}, "overrides": overrides},
+        # Grafana matches sortBy against the column's display name, which is the renamed one.
         "options": {"showHeader": True, "cellHeight": "sm",
-                    "sortBy": [{"displayName": list((units or {"Value": None}).keys())[0], "desc": True}]},
+                    "sortBy": [{"displayName": (renames or {}).get(sort_field, sort_field), "desc": True}]},
         "transformations": [
             {"id": "merge", "options": {}},
             {"id": "organize", "options": {
@@ -203,7 +205,7 @@ def build():
         "Refusals by reason",
         [target(f"sum by (reason) (rate(graphpool_refusals_total{{{NODE_GPU}}}[$__rate_interval]))", "{{reason}}")],
         "reqps", 0, y, w=12, h=8, stack=True,
-        desc="Requests refused before capture because they would not fit: device-budget, job-quota, rank-quota, session-grants, plan-reservation."))
+        desc="Requests refused before capture because they would not fit: device-budget, job-quota, rank-quota, session-budget, session-grants (too many segments in one session), device-memory (the GPU has no physical memory left)."))
     panels.append(timeseries(
         "Requests by method and code",
         [target(f"sum by (method, code) (rate(graphpool_requests_total[$__rate_interval]) {ON_NODE})", "{{method}} {{code}}")],

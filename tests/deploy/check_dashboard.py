@@ -33,6 +33,17 @@ check(all(p.get("datasource", {}).get("uid") == "${datasource}" and t.get("datas
           for p, t in targets), "every panel and query uses ${datasource}")
 check(all(t.get("refId") for _, t in targets) and all(
     len({t["refId"] for t in p.get("targets", [])}) == len(p.get("targets", [])) for p in panels), "refIds unique per panel")
+for p in panels:
+    if p["type"] != "table":
+        continue
+    # Grafana sorts by the column whose *display* name (after the organize transformation's
+    # renames) equals sortBy's displayName; a name that was renamed or hidden sorts nothing.
+    organize = next((t["options"] for t in p.get("transformations", []) if t["id"] == "organize"), {})
+    renamed, hidden = organize.get("renameByName", {}), organize.get("excludeByName", {})
+    for s in p.get("options", {}).get("sortBy", []):
+        name = s.get("displayName")
+        check(name not in renamed and not hidden.get(name),
+              f"table {p['title']!r} sorts by {name!r}, a column it shows under that name")
 exprs = " ".join(t["expr"] for _, t in targets)
 for metric in ("graphpool_device_capacity_bytes", "graphpool_device_granted_bytes", "graphpool_device_free_bytes",
                "graphpool_rank_granted_bytes", "graphpool_job_granted_bytes", "graphpool_plan_saved_bytes",

@@ -24,6 +24,14 @@
      its own, which proves that the alert watches series that exist with the labels it
      names; selectors of recording-rule outputs are waited for until Prometheus has recorded
      them. Prometheus must report every rule group healthy.
+   - label names and values, which a query that returns data can still get wrong: every label
+     a dashboard query or a rule groups, joins or matches by, and every label of a legend,
+     must be carried by the series it selects (labels taken from the daemon's own /metrics);
+     a legend's labels must be on every series its query returns; an alert's annotations may
+     print only labels its result keeps; matchers on `reason`, `code`, `method`, `transport`
+     and `backend` may name only values found in the daemon's source. The series that
+     tests/deploy/rules_test.yml feeds promtool must have the daemon's names, labels and
+     values, and every alert must have a unit test in which it fires.
 5. Sends SIGTERM and checks STOPPING=1 and a clean exit; then starts the daemon once more with
    the Kubernetes configuration (deploy/k8s/core/graphpoold.toml) to prove it loads.
 
@@ -148,6 +156,59 @@ def vector_selectors(expr):
         else:
             i += 1
     return out
+
+
+# ---- the label names and values that queries rely on -----------------------------------------
+
+_MATCHER = re.compile(r'([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+\S+")
+_CLAUSE = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+_TOP_AGGREGATION = re.compile(
+    r"^\s*(?:sum|min|max|avg|count|group|stddev|stdvar|topk|bottomk|quantile)\s+by\s*\(([^)]*)\)")
+# Labels Prometheus adds to every scraped series.
+TARGET_LABELS = {"job", "instance"}
+# dcgm-exporter's labels (no dcgm-exporter here).
+DCGM_LABELS = {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION"}
+# Gauges only the cuda backend renders, and a gauge of this run labelled the same way.
+CUDA_ONLY = {"graphpool_device_driver_used_bytes": "graphpool_device_capacity_bytes"}
+# Labels whose values are fixed strings in the daemon's source: a matcher or a test series with
+# another value watches something that never happens.
+ENUM_LABELS = ("reason", "code", "method", "transport", "backend")
+
+
+def exposition_labels(text):
+    """{series name: label names} of a Prometheus text exposition."""
+    out = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line) if line and not line.startswith("#") else None
+        if m:
+            out.setdefault(m.group(1), set()).update(n for n, _, _ in _MATCHER.findall(m.group(2) or ""))
+    return out
+
+
+def source_strings():
+    """Every short string literal of the daemon's source (label values are among them)."""
+    out = set()
+    for f in (ROOT / "src").rglob("*.rs"):
+        out.update(re.findall(r'"([A-Za-z0-9_.-]+)"', f.read_text()))
+    return out
+
+
+def matchers(expr):
+    """(label, op, value) of every matcher of every selector in expr."""
+    return [m for sel in vector_selectors(expr) if "{" in sel for m in _MATCHER.findall(sel[sel.index("{"):])]
+
+
+def grouping_labels(expr):
+    return [n.strip() for m in _CLAUSE.finditer(expr) for n in m.group(2).split(",") if n.strip()]
+
+
+def enum_values(op, value):
+    """The literal values a matcher names (regex alternatives of plain words only)."""
+    if op in ("=~", "!~"):
+        alts = value.split("|")
+        return alts if all(re.fullmatch(r"[\w.-]+", a) for a in alts) else []
+    return [value]
 
 
 # ---- processes -----------------------------------------------------------------------------
@@ -414,6 +475,11 @@ def run(args, bin_dir, tmp, procs):
             rok, rres = prom.query_range(expr)
             ok = rok and bool(rres)
         result(ok, f"[{title}] returns {len(res)} series{'' if t.get('instant') else ' (instant and range)'}: {expr}")
+        legend = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", "")))
+        missing = sorted({name for s in res for name in legend if name not in s["metric"]})
+        if legend and res:
+            result(not missing, f"[{title}] legend {t['legendFormat']!r} names labels of its series"
+                                f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}")
 
     # 4b. Rules.
     rules = yaml.safe_load(RULES.read_text())
@@ -448,6 +514,80 @@ def run(args, bin_dir, tmp, procs):
     bad = [(r.get("name"), r.get("lastError")) for gr in groups for r in gr["rules"] if r.get("health") not in ("ok",)]
     result(code == 200 and len(groups) == len(rules["groups"]) and not bad,
            f"Prometheus loaded {len(groups)} rule groups, every rule healthy {bad or ''}")
+
+    # 4c. Label names and values: every label a query groups, joins, matches or labels its
+    # legend by, and every label an alert's annotations print, must be carried by the series it
+    # selects (a misspelt label still returns data, only wrong or empty); enum values must be
+    # values the daemon emits; and the promtool unit tests must feed series shaped like the
+    # daemon's.
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        exported = exposition_labels(r.read().decode())
+    literals = source_strings()
+    metrics_rs = (ROOT / "src/metrics.rs").read_text()
+
+    def labels_of(metric):
+        if metric in exported:
+            return exported[metric] | TARGET_LABELS
+        if metric == "up":
+            return set(TARGET_LABELS)
+        if metric.startswith("DCGM_"):
+            return DCGM_LABELS | TARGET_LABELS
+        if metric in CUDA_ONLY and f'"{metric}"' in metrics_rs:
+            return labels_of(CUDA_ONLY[metric])
+        if metric in recorded:
+            _, body = prom.get("/api/v1/series", **{"match[]": metric})
+            return {k for s in body.get("data", []) for k in s if k != "__name__"} or None
+        return None
+
+    def check_expr(where, expr, extra=()):
+        metrics = sorted({sel.split("{")[0] for sel in vector_selectors(expr)})
+        known = {m: labels_of(m) for m in metrics}
+        problems = [f"{m} is neither exported nor recorded" for m, l in known.items() if l is None]
+        have = set().union(*(l for l in known.values() if l is not None))
+        used = set(grouping_labels(expr)) | {n for n, _, _ in matchers(expr)} | set(extra)
+        problems += [f"no series of it has label {n}" for n in sorted(used - have)]
+        problems += [f"the daemon never emits {n}={v!r}" for n, op, value in matchers(expr)
+                     if n in ENUM_LABELS for v in enum_values(op, value) if v not in literals]
+        result(not problems, f"{where}: labels {sorted(used)} and matcher values exist on "
+                             f"{', '.join(metrics)}{' (' + '; '.join(problems) + ')' if problems else ''}")
+        return None if any(l is None for l in known.values()) else have
+
+    for title, t in targets:
+        legend = re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", ""))
+        check_expr(f"[{title}] {t['refId']}", expand(t["expr"]), legend)
+    for g in rules["groups"]:
+        for rule in g["rules"]:
+            expr = rule["expr"].strip()
+            where = f"rule {rule.get('record') or rule.get('alert')}"
+            have = check_expr(where, expr)
+            if "alert" not in rule or have is None:
+                continue
+            m = _TOP_AGGREGATION.match(expr)
+            if m:
+                out = {n.strip() for n in m.group(1).split(",") if n.strip()}
+            elif expr.startswith("absent("):
+                out = {n for n, op, _ in matchers(expr) if op == "="}
+            else:
+                out = have
+            printed = set(re.findall(r"\$labels\.(\w+)", json.dumps(rule.get("annotations", {}))))
+            result(printed <= out, f"alert {rule['alert']}: its annotations print labels its result has"
+                                   f"{' (not: ' + ', '.join(sorted(printed - out)) + ')' if not printed <= out else ''}")
+    unit_tests = yaml.safe_load((ROOT / "tests/deploy/rules_test.yml").read_text())
+    for case in unit_tests["tests"]:
+        for series in case.get("input_series", []):
+            m = re.fullmatch(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})?", series["series"].strip())
+            name, lab = m.group(1), _MATCHER.findall(m.group(2) or "")
+            have = labels_of(name)
+            bad = [n for n, _, _ in lab if have is None or n not in have]
+            bad += [f"{n}={v!r}" for n, _, v in lab if n in ENUM_LABELS and v not in literals]
+            result(have is not None and not bad,
+                   f"rules_test series {series['series']} is shaped like the daemon's {bad or ''}")
+    tested = {t["alertname"] for case in unit_tests["tests"] for t in case.get("alert_rule_test", [])
+              if t.get("exp_alerts")}
+    for g in rules["groups"]:
+        for rule in g["rules"]:
+            if "alert" in rule:
+                result(rule["alert"] in tested, f"alert {rule['alert']} has a unit test in which it fires")
 
     # 5. Graceful stop, and the Kubernetes configuration.
     for name, p in workers:
