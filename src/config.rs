@@ -384,6 +384,16 @@ impl Config {
         if fd_socket == socket {
             return Err(invalid("fd_socket", "must differ from socket"));
         }
+        if fd_socket.as_os_str().len() > 107 {
+            return Err(invalid(
+                "fd_socket",
+                format!(
+                    "{} is longer than the 107 bytes a Unix socket path may have (by default it is \
+                     {FD_SOCKET_NAME} next to socket); set a shorter fd_socket or socket",
+                    fd_socket.display()
+                ),
+            ));
+        }
         let socket_mode = match file.socket_mode {
             Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
                 .ok()
@@ -408,7 +418,12 @@ impl Config {
                 .limits
                 .jobs
                 .iter()
-                .map(|(k, v)| Ok((k.clone(), v.bytes(&format!("limits.jobs.{k}"))?)))
+                .map(|(k, v)| {
+                    // A key no job id can match would be a quota that never applies.
+                    crate::service::validate::job_id(k)
+                        .map_err(|e| invalid(&format!("limits.jobs.{k:?}"), e.message()))?;
+                    Ok((k.clone(), v.bytes(&format!("limits.jobs.{k}"))?))
+                })
                 .collect::<Result<_, ConfigError>>()?,
             devices: file
                 .limits
@@ -476,6 +491,22 @@ impl Config {
             None => Duration::from_secs(10),
         };
 
+        // Clients may ask for at most MAX_TIME_BUDGET per plan; the default they get when they
+        // ask for none must not be longer.
+        let max_plan_ms = crate::planning::MAX_TIME_BUDGET.as_millis() as u64;
+        let plan_time_budget = match file.plan_time_budget_ms {
+            Some(ms) if ms <= max_plan_ms => Duration::from_millis(ms),
+            Some(_) => {
+                return Err(invalid(
+                    "plan_time_budget_ms",
+                    format!(
+                        "at most {max_plan_ms} (what a client may ask for with PlanInput.time_budget_ms)"
+                    ),
+                ));
+            }
+            None => Duration::from_millis(200),
+        };
+
         Ok(Config {
             socket,
             fd_socket,
@@ -494,7 +525,7 @@ impl Config {
             host,
             cuda,
             drain_timeout,
-            plan_time_budget: Duration::from_millis(file.plan_time_budget_ms.unwrap_or(200)),
+            plan_time_budget,
         })
     }
 }
@@ -594,6 +625,43 @@ mod tests {
         assert!(e.to_string().contains("bogus"), "{e}");
         let e = Config::from_toml("socket = \"/tmp/a\"\nmetrics_listen = \"nowhere\"").unwrap_err();
         assert!(e.to_string().contains("metrics_listen"), "{e}");
+    }
+
+    #[test]
+    fn a_derived_fd_socket_path_too_long_for_a_socket_is_refused() {
+        // 100 bytes: a valid socket path, but graphpool-fd.sock next to it is 111.
+        let socket = format!("/tmp/{}/g.sock", "d".repeat(88));
+        assert_eq!(socket.len(), 100);
+        let e = Config::from_toml(&format!("socket = \"{socket}\"")).unwrap_err();
+        assert!(e.to_string().contains("invalid value for fd_socket"), "{e}");
+        let ok = Config::from_toml(&format!("socket = \"{socket}\"\nfd_socket = \"/tmp/gfd.sock\"")).unwrap();
+        assert_eq!(ok.fd_socket, PathBuf::from("/tmp/gfd.sock"));
+    }
+
+    #[test]
+    fn job_quotas_must_name_a_valid_job_id() {
+        let c =
+            Config::from_toml("socket = \"/tmp/a\"\n[limits]\njobs = { \"train-1\" = \"1GiB\" }").unwrap();
+        assert_eq!(c.limits.jobs["train-1"], 1 << 30);
+        for bad in ["train 1", ""] {
+            let text = format!("socket = \"/tmp/a\"\n[limits]\njobs = {{ \"{bad}\" = \"1GiB\" }}");
+            let e = Config::from_toml(&text).unwrap_err();
+            assert!(
+                e.to_string().contains("limits.jobs") && e.to_string().contains("job_id"),
+                "{bad:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn plan_time_budget_is_range_checked() {
+        let c = Config::from_toml("socket = \"/tmp/a\"\nplan_time_budget_ms = 500").unwrap();
+        assert_eq!(c.plan_time_budget, Duration::from_millis(500));
+        for bad in [10_001u64, u64::MAX >> 1] {
+            let e =
+                Config::from_toml(&format!("socket = \"/tmp/a\"\nplan_time_budget_ms = {bad}")).unwrap_err();
+            assert!(e.to_string().contains("plan_time_budget_ms"), "{bad}: {e}");
+        }
     }
 
     #[test]

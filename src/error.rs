@@ -21,6 +21,11 @@ pub enum DaemonError {
     /// Another daemon already serves the socket.
     #[error("another graphpoold is already serving {0}; stop it first or pass another --socket")]
     SocketInUse(PathBuf),
+    /// The socket path names a file that is not a socket.
+    #[error(
+        "{0} exists and is not a socket; graphpoold replaces only a stale socket there: pass another path"
+    )]
+    NotASocket(PathBuf),
     /// A socket could not be created.
     #[error("cannot create socket {path}: {source}; check that its directory exists and is writable")]
     Bind {

@@ -121,6 +121,9 @@ fn handle(shared: &Shared, peer: Peer, frame: &[u8]) -> Reply {
     match req.call {
         None => {
             let r = shared.authorize(peer).and_then(|peer| {
+                // As the gRPC calls: an unset id is named, not looked up (and reported as gone).
+                crate::service::validate::id("session_id", req.session_id)?;
+                crate::service::validate::id("grant_id", req.grant_id)?;
                 let seg =
                     shared.ledger.segment_for(req.session_id, &peer, req.grant_id).inspect_err(|e| {
                         if matches!(

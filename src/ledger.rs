@@ -119,11 +119,7 @@ pub struct Refusal {
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
     /// The request does not fit a limit.
-    #[error(
-        "{}: asked for {} on device {}, but {} allows only {} more (limit {})",
-        .0.limit.as_str(), crate::units::SizeDisplay(.0.requested_bytes), .0.device,
-        .0.limit.as_str(), crate::units::SizeDisplay(.0.free_bytes), crate::units::SizeDisplay(.0.limit_bytes)
-    )]
+    #[error("{}", refusal_message(.0))]
     Refused(Box<Refusal>),
     /// No such session.
     #[error("session_id {0} does not exist (it ended, or the daemon restarted: attach again)")]
@@ -893,6 +889,26 @@ impl Ledger {
     }
 }
 
+/// What a refusal says. The session-grants limit counts grants, not bytes.
+fn refusal_message(r: &Refusal) -> String {
+    use crate::units::SizeDisplay;
+    let limit = r.limit.as_str();
+    match r.limit {
+        LimitKind::SessionGrants => format!(
+            "{limit}: a session may hold at most {} grants (guards.max_grants_per_session) on device {}; \
+             release segments it no longer needs, or ask for fewer, larger ones",
+            r.limit_bytes, r.device
+        ),
+        _ => format!(
+            "{limit}: asked for {} on device {}, but {limit} allows only {} more (limit {})",
+            SizeDisplay(r.requested_bytes),
+            r.device,
+            SizeDisplay(r.free_bytes),
+            SizeDisplay(r.limit_bytes)
+        ),
+    }
+}
+
 fn top_holders<'a>(sessions: impl Iterator<Item = &'a SessionRec>) -> Vec<Holder> {
     let mut by: BTreeMap<(String, u32, u32), u64> = BTreeMap::new();
     for s in sessions {
@@ -1009,6 +1025,26 @@ mod tests {
         assert_eq!(l.devices()[0].charged_bytes, 10 * MIB);
         let LedgerError::Refused(r) = l.allocate(a.id, &peer(1), 4 * MIB, "").unwrap_err() else { panic!() };
         assert_eq!(r.limit, LimitKind::SessionBudget);
+    }
+
+    #[test]
+    fn grant_count_refusal_counts_grants_not_bytes() {
+        let b = HostBackend::new(&HostConfig {
+            devices: 1,
+            capacity_bytes: 64 * MIB,
+            granularity_bytes: 2 * MIB,
+        })
+        .unwrap();
+        let guards = GuardsConfig { max_grants_per_session: 2, ..Default::default() };
+        let l = Ledger::new(Arc::new(b), &LimitsConfig::default(), guards).unwrap();
+        let (a, _) = l.attach(peer(1), spec("j", 0, 0), &[]).unwrap();
+        l.allocate(a.id, &peer(1), MIB, "").unwrap();
+        l.allocate(a.id, &peer(1), MIB, "").unwrap();
+        let e = l.allocate(a.id, &peer(1), MIB, "").unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(&e, LedgerError::Refused(r) if r.limit == LimitKind::SessionGrants), "{msg}");
+        assert!(msg.contains("at most 2 grants") && msg.contains("guards.max_grants_per_session"), "{msg}");
+        assert!(!msg.contains("2 B") && !msg.contains("0 B"), "a grant count is not a size: {msg}");
     }
 
     #[test]

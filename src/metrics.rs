@@ -123,7 +123,7 @@ impl Metrics {
         gauge(
             "graphpool_device_capacity_bytes",
             "Device memory graphpool may manage.",
-            per_dev(&|d| d.info.total_bytes),
+            per_dev(&|d| ledger.backend().capacity_bytes(d.info.index).unwrap_or(0)),
         );
         gauge(
             "graphpool_device_budget_bytes",
@@ -319,4 +319,57 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, ledger: Arc<Led
 /// Binds the metrics listener.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::host::HostBackend;
+    use crate::backend::{BackendError, BackendKind, DeviceBackend, DeviceInfo, DriverMemory, Segment};
+    use crate::config::{GuardsConfig, HostConfig, LimitsConfig};
+
+    const GIB: u64 = 1 << 30;
+
+    /// Devices of 8 GiB of which 2 GiB are reserved, as the cuda backend's `reserve` does.
+    #[derive(Debug)]
+    struct Reserving(HostBackend);
+
+    impl DeviceBackend for Reserving {
+        fn kind(&self) -> BackendKind {
+            self.0.kind()
+        }
+        fn devices(&self) -> &[DeviceInfo] {
+            self.0.devices()
+        }
+        fn allocate(&self, device: u32, size: u64, headroom: u64) -> Result<Box<dyn Segment>, BackendError> {
+            self.0.allocate(device, size, headroom)
+        }
+        fn driver_memory(&self, _device: u32) -> Option<DriverMemory> {
+            None
+        }
+        fn capacity_bytes(&self, device: u32) -> Option<u64> {
+            self.0.capacity_bytes(device).map(|c| c - 2 * GIB)
+        }
+    }
+
+    fn gauge(text: &str, name: &str) -> Vec<u64> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn device_capacity_is_what_graphpool_may_manage_not_the_total() {
+        let host =
+            HostBackend::new(&HostConfig { devices: 1, capacity_bytes: 8 * GIB, granularity_bytes: 2 << 20 })
+                .unwrap();
+        let ledger =
+            Ledger::new(Arc::new(Reserving(host)), &LimitsConfig::default(), GuardsConfig::default())
+                .unwrap();
+        let text = Metrics::new("host").render(&ledger);
+        assert_eq!(gauge(&text, "graphpool_device_capacity_bytes"), [6 * GIB]);
+        assert_eq!(gauge(&text, "graphpool_device_budget_bytes"), [6 * GIB]);
+        assert_eq!(gauge(&text, "graphpool_device_free_bytes"), [6 * GIB]);
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -182,7 +182,8 @@ fn notify(state: &[sd_notify::NotifyState<'_>]) {
 }
 
 /// Binds a Unix socket at `path`: creates its directory, replaces a stale socket file (but
-/// refuses if a daemon still answers there), and applies the configured mode and group.
+/// refuses if a daemon still answers there, or if the file there is not a socket), and
+/// applies the configured mode and group.
 fn bind_socket(path: &Path, config: &Config) -> Result<UnixListener, DaemonError> {
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
@@ -191,7 +192,11 @@ fn bind_socket(path: &Path, config: &Config) -> Result<UnixListener, DaemonError
         std::fs::create_dir_all(dir)
             .map_err(|source| DaemonError::Bind { path: path.to_path_buf(), source })?;
     }
-    if path.exists() {
+    if let Ok(meta) = std::fs::metadata(path) {
+        // Only a socket is replaced: any other file there is not ours to delete.
+        if !meta.file_type().is_socket() {
+            return Err(DaemonError::NotASocket(path.to_path_buf()));
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(DaemonError::SocketInUse(path.to_path_buf()));
         }

@@ -327,6 +327,7 @@ async fn bad_input_gets_the_right_code_and_the_daemon_keeps_serving() {
     }
     let e = allocate(&mut c, &s, MIB).await.unwrap_err();
     assert_eq!(capacity(&e).limit, "session-grants");
+    assert!(e.message().contains("at most 3 grants (guards.max_grants_per_session)"), "{}", e.message());
 
     // An oversized message is refused by the transport's limit before it is decoded.
     let huge = pb::AttachRequest { job_id: "x".repeat(100 * 1024), ..Default::default() };
@@ -345,6 +346,15 @@ async fn bad_input_gets_the_right_code_and_the_daemon_keeps_serving() {
     match conn.fetch(s.id, 424242) {
         Err(ClientError::FdRefused { code: 5, .. }) => {}
         other => panic!("{other:?}"),
+    }
+    // Unset ids are named, as on gRPC, not looked up and reported as gone.
+    for (session, grant, f) in [(0, 1, "session_id"), (s.id, 0, "grant_id")] {
+        match conn.fetch(session, grant) {
+            Err(ClientError::FdRefused { code: 3, message, .. }) => {
+                assert!(message.starts_with(f), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     // Still serving.
@@ -599,4 +609,110 @@ async fn plans_too_large_to_send_are_refused_before_reserving() {
     // Reserved in whole units of the device's granularity.
     assert!(resp.reserved_bytes >= plan.predicted_capture_bytes.max(plan.footprint_bytes));
     assert_eq!(usage(&mut c).await.devices[0].planned_bytes, resp.reserved_bytes);
+}
+
+/// Whether the session's Attach stream is still open: no event and no end within 300 ms.
+async fn stream_open(s: &mut Session) -> bool {
+    tokio::time::timeout(Duration::from_millis(300), s.events.message()).await.is_err()
+}
+
+/// A request field that an error message would echo cannot make the error too large for the
+/// client's HTTP/2 limits: that closed the whole connection, and with it the Attach stream of
+/// another session on it (its grants were released). Each answer names the field instead,
+/// and the session on the same connection keeps its grant.
+#[tokio::test]
+async fn a_long_name_in_a_request_is_refused_without_breaking_the_connection() {
+    let d = start("");
+    let mut c = d.clients().await;
+    let mut s = attach(&mut c, "j", 0, "").await.unwrap();
+    allocate(&mut c, &s, 2 * MIB).await.unwrap();
+    let long = "x".repeat(20_000);
+
+    let e = attach(&mut c, "j", 1, &long).await.err().unwrap();
+    assert_eq!((e.code(), field(&e).as_str()), (Code::InvalidArgument, "device"), "{e:?}");
+    let held =
+        pb::HeldGrant { grant_id: 7, device_uuid: long.clone(), size_bytes: 2 * MIB, label: String::new() };
+    let req = pb::AttachRequest { job_id: "j".into(), resume: vec![held], ..Default::default() };
+    let e = attach_req(&mut c, req).await.err().unwrap();
+    assert_eq!((e.code(), field(&e).as_str()), (Code::InvalidArgument, "resume[0].device_uuid"), "{e:?}");
+    let limits = pb::SetLimitsRequest {
+        devices: vec![pb::DeviceLimit { device_uuid: long.clone(), device_index: 0, budget_bytes: MIB }],
+        ..Default::default()
+    };
+    let e = c.admin.set_limits(limits).await.unwrap_err();
+    assert_eq!((e.code(), field(&e).as_str()), (Code::InvalidArgument, "devices[0].device_uuid"), "{e:?}");
+
+    // The planner's own messages echo what they refuse (here a dtype): cut to a bounded size,
+    // with the start and the advice at the end kept.
+    let mut plan = one_f_one_b_plan(4);
+    let Some(pb::plan_input::Input::Schedule(sched)) = plan.input.as_mut() else { unreachable!() };
+    sched.layers[0].inputs[0].dtype = long.clone();
+    let req = pb::PlanCaptureRequest { session_id: s.id, input: Some(plan), ..Default::default() };
+    let e = c.graphpool.plan_capture(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(field(&e).ends_with(".dtype"), "{e:?}");
+    assert!(e.message().len() < 2048 && e.message().contains("unknown dtype"), "{}", e.message());
+
+    assert!(stream_open(&mut s).await, "the session's stream was closed");
+    assert_eq!(granted_total(&mut c).await, 2 * MIB);
+}
+
+/// A restart declaration of grant id 0 ("not set" in every other request) is refused: adopted,
+/// it could never be released, since ReleaseSegment refuses grant_id 0.
+#[tokio::test]
+async fn a_declared_grant_without_an_id_is_refused() {
+    let d = start("");
+    let mut c = d.clients().await;
+    let held =
+        pb::HeldGrant { grant_id: 0, device_uuid: String::new(), size_bytes: 2 * MIB, label: String::new() };
+    let req = pb::AttachRequest { job_id: "j".into(), resume: vec![held], ..Default::default() };
+    let e = attach_req(&mut c, req).await.err().unwrap();
+    assert_eq!((e.code(), field(&e).as_str()), (Code::InvalidArgument, "resume[0].grant_id"), "{e:?}");
+    assert_eq!(granted_total(&mut c).await, 0);
+    assert!(c.graphpool.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner().sessions.is_empty());
+}
+
+/// A socket path that names a file other than a socket is refused, and the file is left as it
+/// was: only a stale socket is replaced (the daemon had deleted whatever file was there).
+#[test]
+fn a_socket_path_naming_another_file_is_refused_and_the_file_kept() {
+    let dir = tempfile::Builder::new().prefix("gp").tempdir_in("/tmp").unwrap();
+    for which in ["socket", "fd_socket"] {
+        let (socket, fd_socket) = (dir.path().join("g.sock"), dir.path().join("g-fd.sock"));
+        let victim = if which == "socket" { &socket } else { &fd_socket };
+        std::fs::write(victim, "precious\n").unwrap();
+        let config = dir.path().join("graphpoold.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "socket = \"{}\"\nfd_socket = \"{}\"\nbackend = \"host\"\nmetrics_listen = \"off\"\n",
+                socket.display(),
+                fd_socket.display()
+            ),
+        )
+        .unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_graphpoold"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let Some(status) = child.try_wait().unwrap() else {
+            let _ = child.kill();
+            panic!("graphpoold kept running with a regular file at its {which} path");
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(!status.success(), "{which}: {err}");
+        assert!(err.contains("is not a socket"), "{which}: {err}");
+        assert_eq!(std::fs::read_to_string(victim).unwrap(), "precious\n", "{which}");
+        for p in [&socket, &fd_socket] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }

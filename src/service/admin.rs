@@ -70,6 +70,7 @@ impl AdminService {
         }
         let ledger = &self.shared.ledger;
         for (i, d) in r.devices.iter().enumerate() {
+            validate::device(&format!("devices[{i}].device_uuid"), &d.device_uuid)?;
             let idx = if d.device_uuid.is_empty() {
                 d.device_index
             } else {

@@ -64,6 +64,7 @@ impl GraphpoolService {
         let r = req.into_inner();
         validate::job_id(&r.job_id)?;
         validate::client(&r.client)?;
+        validate::device("device", &r.device)?;
         if r.resume.len() > validate::MAX_RESUME {
             return Err(invalid("resume", format!("at most {} grants", validate::MAX_RESUME)));
         }
@@ -75,6 +76,10 @@ impl GraphpoolService {
         }
         let mut declared = Vec::with_capacity(r.resume.len());
         for (i, h) in r.resume.iter().enumerate() {
+            // Id 0 is "not set" everywhere else: a grant adopted under it could never be
+            // released (ReleaseSegment refuses grant_id 0).
+            validate::id(&format!("resume[{i}].grant_id"), h.grant_id)?;
+            validate::device(&format!("resume[{i}].device_uuid"), &h.device_uuid)?;
             if !h.device_uuid.is_empty() && !h.device_uuid.eq_ignore_ascii_case(&info.uuid) {
                 return Err(invalid(
                     &format!("resume[{i}].device_uuid"),

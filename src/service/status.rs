@@ -9,9 +9,32 @@ use tonic::{Code, Status};
 use crate::backend::BackendError;
 use crate::ledger::{LedgerError, Refusal};
 
+/// Longest message a status carries. A status travels in HTTP/2 trailers (`grpc-message`,
+/// and the detail again in `graphpool-error-bin`), and clients bound the size of those (8 KiB
+/// in grpc-python; tonic's client closes the whole HTTP/2 connection, every stream on it
+/// included, when the limit is passed): a message that echoes a long request field is cut.
+pub const MAX_MESSAGE: usize = 1024;
+
+/// `message` cut to at most about [`MAX_MESSAGE`] bytes: its start and its end (where an error
+/// says what to do) are kept, the middle is replaced by a note of how much was left out.
+pub fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let floor = |mut i: usize| {
+        while !message.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let head = floor(MAX_MESSAGE * 2 / 3);
+    let tail = floor(message.len() - MAX_MESSAGE / 4);
+    format!("{} [{} bytes left out] {}", &message[..head], tail - head, &message[tail..])
+}
+
 /// A status whose details name the request field at fault.
 pub fn field_status(code: Code, field: &str, message: impl Into<String>) -> Status {
-    let message = message.into();
+    let message = bounded(message.into());
     let detail = ErrorDetail {
         detail: Some(error_detail::Detail::Field(FieldViolation {
             field: field.to_string(),
@@ -88,5 +111,19 @@ mod tests {
         let d = ErrorDetail::decode(raw).unwrap();
         let Some(error_detail::Detail::Field(f)) = d.detail else { panic!() };
         assert_eq!(f.field, "size_bytes");
+    }
+
+    #[test]
+    fn long_messages_are_cut_but_keep_their_start_and_end() {
+        let long = format!("unknown dtype \"{}\"; use one of bf16, fp32", "é".repeat(20_000));
+        let s = invalid("input.schedule.layers[0].inputs[0].dtype", long);
+        assert!(s.message().len() <= MAX_MESSAGE + 100, "{} bytes", s.message().len());
+        assert_eq!(s.message().matches("bytes left out").count(), 1);
+        assert!(s.message().starts_with("input.schedule.layers[0].inputs[0].dtype: unknown dtype"));
+        assert!(s.message().ends_with("use one of bf16, fp32"), "{}", s.message());
+        let raw = s.metadata().get_bin(ERROR_DETAIL_METADATA_KEY).unwrap().to_bytes().unwrap();
+        let Some(error_detail::Detail::Field(f)) = ErrorDetail::decode(raw).unwrap().detail else { panic!() };
+        assert!(f.description.len() <= MAX_MESSAGE + 100);
+        assert_eq!(bounded("short".to_string()), "short");
     }
 }

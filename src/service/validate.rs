@@ -12,6 +12,8 @@ pub const MAX_LABEL: usize = 64;
 pub const MAX_CLIENT: usize = 128;
 /// Most grants a client may declare when re-attaching.
 pub const MAX_RESUME: usize = 65_536;
+/// Longest device name (an index or a UUID) accepted.
+pub const MAX_DEVICE: usize = 128;
 
 /// A job id: 1..=128 bytes of `[A-Za-z0-9._:-]`.
 pub fn job_id(v: &str) -> Result<(), Status> {
@@ -42,6 +44,22 @@ pub fn label(field: &str, v: &str) -> Result<(), Status> {
 pub fn client(v: &str) -> Result<(), Status> {
     if v.len() > MAX_CLIENT || !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
         return Err(invalid("client", format!("must be printable ASCII of at most {MAX_CLIENT} bytes")));
+    }
+    Ok(())
+}
+
+/// A device as a request names it: an index or a UUID, printable ASCII of at most 128 bytes.
+/// Whether the daemon has that device is checked where it is resolved; this bounds what an
+/// error message may echo back.
+pub fn device(field: &str, v: &str) -> Result<(), Status> {
+    if v.len() > MAX_DEVICE || !v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err(invalid(
+            field,
+            format!(
+                "must be a device index or UUID (printable ASCII, at most {MAX_DEVICE} bytes, no spaces); \
+                 `graphpool status` lists them"
+            ),
+        ));
     }
     Ok(())
 }
@@ -89,6 +107,16 @@ mod tests {
         assert!(size("size_bytes", 0, 10).is_err());
         assert!(size("size_bytes", 11, 10).unwrap_err().message().contains("size_bytes"));
         assert!(size("size_bytes", 10, 10).is_ok());
+    }
+
+    #[test]
+    fn devices() {
+        assert!(device("device", "").is_ok());
+        assert!(device("device", "1").is_ok());
+        assert!(device("device", "GPU-5f4e6d2c-0b1a-4c3d-9e8f-7a6b5c4d3e2f").is_ok());
+        let e = device("device", &"x".repeat(MAX_DEVICE + 1)).unwrap_err();
+        assert!(e.message().starts_with("device:") && e.message().len() < 200, "{}", e.message());
+        assert!(device("device", "GPU 0").is_err());
     }
 
     #[test]
