@@ -357,7 +357,7 @@ impl Config {
         Self::build(file, args)
     }
 
-    /// Parses a configuration from TOML text with no flags (for tests and `--check-config`).
+    /// Parses a configuration from TOML text with no flags (for tests).
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         let file = Self::parse_file(Path::new("<inline>"), text)?;
         Self::build(file, &DaemonArgs::default())

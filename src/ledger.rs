@@ -41,6 +41,10 @@ pub enum EndReason {
 }
 
 impl EndReason {
+    /// Every reason.
+    pub const ALL: [EndReason; 4] =
+        [EndReason::Detach, EndReason::StreamClosed, EndReason::ProcessExit, EndReason::Shutdown];
+
     /// Label value for metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -70,6 +74,16 @@ pub enum LimitKind {
 }
 
 impl LimitKind {
+    /// Every limit.
+    pub const ALL: [LimitKind; 6] = [
+        LimitKind::DeviceBudget,
+        LimitKind::JobQuota,
+        LimitKind::RankQuota,
+        LimitKind::SessionBudget,
+        LimitKind::SessionGrants,
+        LimitKind::DeviceMemory,
+    ];
+
     /// The name used in the API, metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -15,7 +15,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::ledger::{EndReason, Ledger, Refusal};
+use crate::backend::DeviceInfo;
+use crate::ledger::{EndReason, Ledger, LimitKind, Refusal};
 use crate::shutdown::Shutdown;
 
 /// Latency buckets of `graphpool_request_duration_seconds`, from 10 µs to 10 s.
@@ -72,14 +73,31 @@ impl Metrics {
 
     /// Records a refusal.
     pub fn refusal(&self, r: &Refusal) {
+        self.refusals(r.limit, r.device, &r.device_uuid).increment(1);
+    }
+
+    fn refusals(&self, limit: LimitKind, device: u32, uuid: &str) -> metrics::Counter {
         metrics::counter!(
             "graphpool_refusals_total",
-            "reason" => r.limit.as_str(),
-            "gpu" => r.device.to_string(),
-            "UUID" => r.device_uuid.clone(),
+            "reason" => limit.as_str(),
+            "gpu" => device.to_string(),
+            "UUID" => uuid.to_string(),
             "Hostname" => self.hostname.clone()
         )
-        .increment(1);
+    }
+
+    /// Exports the refusal and session-end counters at 0 for every reason (and device) before
+    /// anything happens: a counter that first appears at 1 hides that first event from
+    /// `rate()` and `increase()`, so a single refusal would never reach the alerts.
+    pub fn start_counters(&self, devices: &[DeviceInfo]) {
+        for d in devices {
+            for limit in LimitKind::ALL {
+                self.refusals(limit, d.index, &d.uuid).increment(0);
+            }
+        }
+        for reason in EndReason::ALL {
+            metrics::counter!("graphpool_sessions_ended_total", "reason" => reason.as_str()).increment(0);
+        }
     }
 
     /// Records the end of a session.
@@ -357,6 +375,31 @@ mod tests {
             .filter(|l| l.starts_with(&format!("{name}{{")))
             .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
             .collect()
+    }
+
+    #[test]
+    fn refusal_and_session_end_counters_start_at_zero() {
+        let host =
+            HostBackend::new(&HostConfig { devices: 2, capacity_bytes: 8 * GIB, granularity_bytes: 2 << 20 })
+                .unwrap();
+        let metrics = Metrics::new("host");
+        metrics.start_counters(host.devices());
+        let text = metrics.handle.render();
+        for limit in LimitKind::ALL {
+            for gpu in ["0", "1"] {
+                let series = format!("reason=\"{}\"", limit.as_str());
+                assert!(
+                    text.lines().any(|l| l.starts_with("graphpool_refusals_total{")
+                        && l.contains(&series)
+                        && l.contains(&format!("gpu=\"{gpu}\""))),
+                    "{series} gpu {gpu}: {text}"
+                );
+            }
+        }
+        for reason in EndReason::ALL {
+            let series = format!("graphpool_sessions_ended_total{{reason=\"{}\"}}", reason.as_str());
+            assert!(text.lines().any(|l| l.starts_with(&series)), "{series}: {text}");
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     let ledger = Arc::new(Ledger::new(backend.clone(), &config.limits, config.guards.clone())?);
     let metrics = Metrics::new(backend.kind().as_str());
+    metrics.start_counters(backend.devices());
     let shutdown = Shutdown::new();
     let sessions = Arc::new(SessionRegistry::default());
     let shared =

@@ -201,10 +201,15 @@ async fn sigkilled_client_is_reclaimed_within_a_second() {
     assert!(m.contains("graphpool_sessions{Hostname="), "{m}");
     let sessions_line = m.lines().find(|l| l.starts_with("graphpool_sessions{")).unwrap();
     assert!(sessions_line.ends_with(" 0"), "{sessions_line}");
-    assert!(
-        m.lines().any(|l| l.starts_with("graphpool_sessions_ended_total") && l.contains("reason=\"")),
-        "{m}"
-    );
+    // Every reason is exported from the start (at 0); the killed client's session counts once.
+    let ended = |reason: &str| {
+        m.lines()
+            .find(|l| l.starts_with(&format!("graphpool_sessions_ended_total{{reason=\"{reason}\"}}")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no sessions_ended_total for {reason}: {m}"))
+    };
+    assert_eq!(ended("process-exit") + ended("stream-closed"), 1, "{m}");
+    assert_eq!(ended("detach"), 0, "{m}");
     assert!(!m.contains("job_id=\"victim\""), "no stale series of the dead job:\n{m}");
 }
 
@@ -555,6 +560,46 @@ async fn plan_capture_is_checked_reserved_and_recorded() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(field(&e).starts_with("input."), "{e:?}");
+}
+
+/// A session may have one plan in flight: a second PlanCapture while the first plans is
+/// refused at once, and the first still answers.
+#[tokio::test]
+async fn one_plan_at_a_time_per_session() {
+    let d = start_with("", true);
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "planner", 0, "").await.unwrap();
+    // 3000 buffers of uneven sizes and lifetimes: the planner uses its whole time box (such
+    // lists do not reach their lower bound).
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let list: Vec<(u64, u64, u64)> = (0..3000)
+        .map(|_| {
+            let start = next() % 2000;
+            (start, start + 1 + next() % 200, (1 + next() % 256) * 4096)
+        })
+        .collect();
+    let mut input = buffer_list(&list);
+    input.time_budget_ms = 2000;
+    let request = pb::PlanCaptureRequest { session_id: s.id, input: Some(input), ..Default::default() };
+    let mut first_client = c.graphpool.clone();
+    let first = tokio::spawn({
+        let request = request.clone();
+        async move { first_client.plan_capture(request).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let t = std::time::Instant::now();
+    let e = c.graphpool.plan_capture(request).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("already has a PlanCapture in flight"), "{e:?}");
+    assert!(t.elapsed() < std::time::Duration::from_millis(500), "refused at once, not after the first plan");
+    let plan = first.await.unwrap().unwrap().into_inner().plan.unwrap();
+    assert_eq!(plan.buffers.len(), 3000);
 }
 
 /// A 1F1B schedule of `m` microbatches over three identical layers (a small request whose

@@ -113,14 +113,22 @@ pub fn describe_status(s: &tonic::Status) -> String {
     if let Some(pb::ErrorDetail { detail: Some(pb::error_detail::Detail::Capacity(c)) }) =
         crate::client::error_detail(s)
     {
-        out.push_str(&format!(
-            "\n  requested {} on {}, {} still allowed by {} (limit {})",
-            SizeDisplay(c.requested_bytes),
-            c.device_uuid,
-            SizeDisplay(c.free_bytes),
-            c.limit,
-            SizeDisplay(c.limit_bytes)
-        ));
+        if c.limit == crate::ledger::LimitKind::SessionGrants.as_str() {
+            // This limit counts grants, not bytes.
+            out.push_str(&format!(
+                "\n  a session on {} may hold at most {} grants (session-grants)",
+                c.device_uuid, c.limit_bytes
+            ));
+        } else {
+            out.push_str(&format!(
+                "\n  requested {} on {}, {} still allowed by {} (limit {})",
+                SizeDisplay(c.requested_bytes),
+                c.device_uuid,
+                SizeDisplay(c.free_bytes),
+                c.limit,
+                SizeDisplay(c.limit_bytes)
+            ));
+        }
         for h in &c.top_holders {
             out.push_str(&format!(
                 "\n  held by job {} rank {} (pid {}): {}",
@@ -378,4 +386,32 @@ fn limits_json(l: &pb::Limits) -> serde_json::Value {
         "jobs": l.jobs.iter().map(|j| json!({"job_id": j.job_id, "quota_bytes": j.quota_bytes})).collect::<Vec<_>>(),
         "ranks": l.ranks.iter().map(|r| json!({"job_id": r.job_id, "rank": r.rank, "quota_bytes": r.quota_bytes})).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{LimitKind, Refusal};
+
+    fn refusal(limit: LimitKind, limit_bytes: u64) -> tonic::Status {
+        let r = Refusal {
+            requested_bytes: 2 << 20,
+            free_bytes: 0,
+            limit,
+            limit_bytes,
+            device: 0,
+            device_uuid: "GPU-0".into(),
+            top_holders: Vec::new(),
+        };
+        crate::service::status::refusal_status(&r, "refused".into())
+    }
+
+    #[test]
+    fn refusals_are_described_in_their_units() {
+        let bytes = describe_status(&refusal(LimitKind::RankQuota, 8 << 30));
+        assert!(bytes.contains("still allowed by rank-quota (limit 8 GiB)"), "{bytes}");
+        let grants = describe_status(&refusal(LimitKind::SessionGrants, 64));
+        assert!(grants.contains("at most 64 grants"), "{grants}");
+        assert!(!grants.contains(" B"), "a grant count is not a size: {grants}");
+    }
 }

@@ -18,6 +18,7 @@ pub struct GraphpoolService {
     fd_socket: String,
     instance: String,
     plans: PlanLimits,
+    plan_gate: std::sync::Arc<super::plan_gate::PlanGate>,
 }
 
 /// What `PlanCapture` may spend and send.
@@ -34,7 +35,7 @@ pub struct PlanLimits {
 impl GraphpoolService {
     /// A service over `shared`, announcing `fd_socket` to clients.
     pub fn new(shared: Shared, fd_socket: String, instance: String, plans: PlanLimits) -> Self {
-        GraphpoolService { shared, fd_socket, instance, plans }
+        GraphpoolService { shared, fd_socket, instance, plans, plan_gate: Default::default() }
     }
 
     fn device_proto(&self, index: u32) -> pb::Device {
@@ -345,6 +346,8 @@ impl GraphpoolService {
         validate::id("session_id", r.session_id)?;
         let session = self.shared.ledger.session(r.session_id, &peer)?;
         let input = r.input.ok_or_else(|| invalid("input", "must be set"))?;
+        // One plan per session at a time, and a bounded number on the node.
+        let _ticket = self.plan_gate.enter(r.session_id).await?;
         let (budget, max) = (self.plans.time_budget, self.plans.max_buffers);
         // Planning is CPU work bounded by its time box: keep it off the async workers.
         let mut plan = tokio::task::spawn_blocking(move || crate::planning::plan(&input, budget, max))

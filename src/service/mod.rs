@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod graphpool;
+pub mod plan_gate;
 pub mod segments;
 pub mod sessions;
 pub mod status;

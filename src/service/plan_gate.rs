@@ -1,0 +1,113 @@
+//! How many `PlanCapture` calls plan at once. A plan is CPU work on every core of the node
+//! for up to its time box (at most `planning::MAX_TIME_BUDGET`), so the daemon bounds it:
+//! one plan in flight per session (a second is refused at once), and at most
+//! [`PLANS_AT_ONCE`] on the node (more wait their turn in arrival order; a caller that gives
+//! up stops waiting).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::Status;
+
+/// Plans that run at once on the node. Each uses every core for its time box; two keep the
+/// ranks of a node that plan together from each waiting on every other's whole budget while
+/// bounding what planning takes from the node.
+pub const PLANS_AT_ONCE: usize = 2;
+
+/// The gate every `PlanCapture` passes (see the module documentation).
+#[derive(Debug)]
+pub struct PlanGate {
+    running: Arc<Semaphore>,
+    sessions: Mutex<HashSet<u64>>,
+}
+
+impl Default for PlanGate {
+    fn default() -> Self {
+        PlanGate::new(PLANS_AT_ONCE)
+    }
+}
+
+/// A plan's place through the gate: while it lives, its session has a plan in flight and it
+/// holds one of the node's places.
+#[derive(Debug)]
+pub struct PlanTicket<'a> {
+    gate: &'a PlanGate,
+    session_id: u64,
+    _running: OwnedSemaphorePermit,
+}
+
+impl Drop for PlanTicket<'_> {
+    fn drop(&mut self) {
+        self.gate.sessions.lock().expect("plan gate lock").remove(&self.session_id);
+    }
+}
+
+/// Removes a session's mark if it is dropped while waiting for a place.
+struct Waiting<'a> {
+    gate: &'a PlanGate,
+    session_id: u64,
+    armed: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.gate.sessions.lock().expect("plan gate lock").remove(&self.session_id);
+        }
+    }
+}
+
+impl PlanGate {
+    /// A gate letting `at_once` plans run together (at least one).
+    pub fn new(at_once: usize) -> Self {
+        PlanGate { running: Arc::new(Semaphore::new(at_once.max(1))), sessions: Mutex::new(HashSet::new()) }
+    }
+
+    /// Waits for a place for a plan of `session_id`. Refused with RESOURCE_EXHAUSTED when that
+    /// session already has a plan in flight.
+    pub async fn enter(&self, session_id: u64) -> Result<PlanTicket<'_>, Status> {
+        if !self.sessions.lock().expect("plan gate lock").insert(session_id) {
+            return Err(Status::resource_exhausted(format!(
+                "session {session_id} already has a PlanCapture in flight; wait for its answer \
+                 before asking for another plan"
+            )));
+        }
+        let mut waiting = Waiting { gate: self, session_id, armed: true };
+        let permit = self.running.clone().acquire_owned().await.map_err(|_| {
+            Status::unavailable("graphpoold is shutting down; attach again after it restarts")
+        })?;
+        waiting.armed = false;
+        Ok(PlanTicket { gate: self, session_id, _running: permit })
+    }
+
+    /// Sessions with a plan in flight: running, or waiting for a place.
+    pub fn in_flight(&self) -> usize {
+        self.sessions.lock().expect("plan gate lock").len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn one_plan_per_session_and_a_bounded_number_at_once() {
+        let gate = PlanGate::new(1);
+        let a = gate.enter(1).await.unwrap();
+        // The same session again: refused at once, naming what to do.
+        let e = gate.enter(1).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("session 1") && e.message().contains("wait"), "{}", e.message());
+        // Another session waits for the one place.
+        assert!(tokio::time::timeout(Duration::from_millis(50), gate.enter(2)).await.is_err());
+        // A caller that gave up left no mark: session 2 may ask again, and gets in once a is done.
+        drop(a);
+        let b = tokio::time::timeout(Duration::from_secs(5), gate.enter(2)).await.unwrap().unwrap();
+        assert_eq!(gate.in_flight(), 1);
+        drop(b);
+        assert_eq!(gate.in_flight(), 0);
+        let _c = gate.enter(1).await.unwrap();
+    }
+}
