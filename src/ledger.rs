@@ -482,6 +482,32 @@ impl Ledger {
                 top_holders: Vec::new(),
             })));
         }
+        // Declared memory is physically in use, so it cannot be more than the device's memory
+        // that no grant accounts for yet: a declaration past that is refused whole.
+        let declared: u64 = resume
+            .iter()
+            .filter(|d| !st.grants.contains_key(&d.grant_id))
+            .fold(0, |a, d| a.saturating_add(d.size_bytes));
+        if declared > 0 {
+            let on_device: u64 = st
+                .sessions
+                .values()
+                .filter(|s| s.view.device == spec.device)
+                .map(|s| s.view.granted_bytes)
+                .sum();
+            let unaccounted = dev.total_bytes.saturating_sub(on_device);
+            if declared > unaccounted {
+                return Err(LedgerError::Refused(Box::new(Refusal {
+                    requested_bytes: declared,
+                    free_bytes: unaccounted,
+                    limit: LimitKind::DeviceMemory,
+                    limit_bytes: dev.total_bytes,
+                    device: spec.device,
+                    device_uuid: dev.uuid.clone(),
+                    top_holders: top_holders(st.sessions.values().filter(|s| s.view.device == spec.device)),
+                })));
+            }
+        }
         let reserved = if spec.reserve_budget {
             let r = round_up(spec.budget_bytes, dev.granularity_bytes).unwrap_or(u64::MAX);
             self.admit(&st, spec.device, &spec.job_id, spec.rank, None, r)?;
@@ -1039,6 +1065,25 @@ mod tests {
         assert_eq!(l.devices()[0].charged_bytes, 10 * MIB);
         let LedgerError::Refused(r) = l.allocate(a.id, &peer(1), 4 * MIB, "").unwrap_err() else { panic!() };
         assert_eq!(r.limit, LimitKind::SessionBudget);
+    }
+
+    #[test]
+    fn declarations_cannot_add_up_to_more_than_the_device_memory() {
+        let l = ledger(64 * MIB, LimitsConfig::default());
+        let (a, _) = l.attach(peer(1), spec("j", 0, 0), &[]).unwrap();
+        l.allocate(a.id, &peer(1), 16 * MIB, "").unwrap();
+        let declare = |id: u64, size: u64| Declared { grant_id: id, size_bytes: size, label: String::new() };
+        // 16 MiB are granted: 48 MiB of the device's 64 may still be in use elsewhere.
+        let e = l
+            .attach(peer(2), spec("k", 0, 0), &[declare(100, 32 * MIB), declare(101, 32 * MIB)])
+            .unwrap_err();
+        let LedgerError::Refused(r) = &e else { panic!("{e}") };
+        assert_eq!((r.limit, r.requested_bytes, r.free_bytes), (LimitKind::DeviceMemory, 64 * MIB, 48 * MIB));
+        assert_eq!(l.devices()[0].granted_bytes, 16 * MIB, "nothing adopted: {e}");
+        let (_, adopted) =
+            l.attach(peer(2), spec("k", 0, 0), &[declare(100, 32 * MIB), declare(101, 16 * MIB)]).unwrap();
+        assert_eq!(adopted.len(), 2);
+        assert_eq!(l.devices()[0].granted_bytes, 64 * MIB);
     }
 
     #[test]
