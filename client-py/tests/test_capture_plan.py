@@ -134,3 +134,22 @@ def test_capture_asks_for_the_plan_without_its_buffers(
     assert summary.lower_bound_bytes == full.lower_bound_bytes
     assert list(summary.microbatch_slot) == list(full.microbatch_slot)
     assert summary.footprint_bytes >= summary.lower_bound_bytes > 0
+
+
+def test_plan_through_a_client_names_the_session(daemon: object, client: graphpool.Client, job_id: str) -> None:
+    """``make_graphed_callables(client=graphpool.Client(...))`` is documented; the plan goes
+    through the Client for a session of this process (the capture's pools' session), and is
+    reserved for that session. Without a session id it says what is missing."""
+    schedule = Schedule.one_f_one_b(pp_size=4, pp_rank=0, num_microbatches=16)
+    with client.attach(job_id, rank=0) as s:
+        resp = request_plan(schedule, _profiles(3), budget=None, client=client, session_id=s.session_id)
+        assert resp.reserved_bytes >= resp.plan.footprint_bytes > 0
+        job = client.usage().job(job_id)
+        assert job is not None and job.sessions == 1
+        # A Session as client plans for a session named by id through its Client, too.
+        again = request_plan(
+            schedule, _profiles(3), budget=None, client=s, session_id=s.session_id, reserve=False
+        )
+        assert again.plan.footprint_bytes == resp.plan.footprint_bytes and again.reserved_bytes == 0
+    with pytest.raises(TypeError, match="session_id"):
+        request_plan(schedule, _profiles(3), budget=None, client=client)

@@ -124,3 +124,81 @@ def test_daemon_unavailable_without_socket(tmp_path: Any) -> None:
     assert ei.value.socket_path == path
     assert path in str(ei.value) and "graphpoold --socket" in str(ei.value)
     assert not c.health()
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("NOT_FOUND", graphpool.NotFound),
+        ("PERMISSION_DENIED", graphpool.PermissionDenied),
+        ("UNAUTHENTICATED", graphpool.PermissionDenied),
+        ("FAILED_PRECONDITION", graphpool.FailedPrecondition),
+    ],
+)
+def test_shim_daemon_refusals_are_typed(name: str, cls: type[graphpool.GraphpoolError]) -> None:
+    """A daemon refusal reported by the allocator shim (graphpool.torch) raises the same
+    exception as on a Session: ``MemPool(daemon_device="99")`` is NotFound naming the device."""
+    from graphpool import _shim
+
+    code = grpc.StatusCode[name]
+    e = _shim.error_from_shim(
+        {
+            "kind": "daemon",
+            "call": "Attach",
+            "code": name,
+            "code_number": code.value[0],
+            "message": f"graphpoold refused Attach ({name}): device: no such device",
+            "field": "device",
+            "description": "no such device",
+        }
+    )
+    assert type(e) is cls and e.code == code
+    assert "no such device" in str(e)
+    if cls is graphpool.NotFound:
+        assert isinstance(e, graphpool.NotFound) and e.field == "device"
+
+
+def test_shim_other_daemon_errors_stay_shim_errors() -> None:
+    from graphpool import _shim
+
+    e = _shim.error_from_shim({"kind": "daemon", "code": "INTERNAL", "code_number": 13, "message": "boom"})
+    assert isinstance(e, _shim.ShimError) and e.kind == "daemon" and e.details["code"] == "INTERNAL"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"rank": -1}, "rank"),
+        ({"local_rank": 1 << 32}, "local_rank"),
+        ({"device": -1}, "device"),
+        ({"budget_bytes": -5}, "budget_bytes"),
+    ],
+)
+def test_shim_configure_refuses_values_ctypes_would_wrap(
+    kwargs: dict[str, Any], field: str, tmp_path: Any
+) -> None:
+    """A negative rank must not reach the daemon as 4294967295."""
+    from graphpool import _shim
+
+    args: dict[str, Any] = {
+        "socket": str(tmp_path / "none.sock"),
+        "job_id": "j",
+        "rank": 0,
+        "local_rank": 0,
+        "device": 0,
+        "daemon_device": "0",
+        "budget_bytes": 0,
+        "reserve_budget": False,
+        **kwargs,
+    }
+    with pytest.raises(graphpool.InvalidArgument) as ei:
+        _shim.configure(**args)
+    assert ei.value.field == field
+
+
+@pytest.mark.parametrize("timeout", [None, 0, -1.0, float("nan"), "10"])
+def test_client_timeout_is_checked_up_front(timeout: Any, tmp_path: Any) -> None:
+    """A timeout every call would trip over (None: a TypeError adding it to a float, 0: every
+    call past its deadline) is refused when the Client is made."""
+    with pytest.raises(ValueError, match="timeout"):
+        graphpool.Client(str(tmp_path / "g.sock"), timeout=timeout)

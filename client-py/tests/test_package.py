@@ -49,3 +49,30 @@ def test_default_socket_xdg(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
     monkeypatch.setattr("graphpool.client.os.path.isdir", lambda p: False)
     assert graphpool.default_socket_path() == "/run/user/1000/graphpool/graphpool.sock"
+
+
+def test_public_api_is_documented() -> None:
+    """Every public class, function, method and property of the package has a docstring."""
+    import importlib
+    import inspect
+
+    missing = []
+    for modname in ("client", "errors", "segments", "units", "schedule", "capture", "_shim"):
+        mod = importlib.import_module(f"graphpool.{modname}")
+        for name in getattr(mod, "__all__", ()):
+            obj = getattr(mod, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if not inspect.getdoc(obj):
+                missing.append(f"{modname}.{name}")
+            if not inspect.isclass(obj):
+                continue
+            for attr, member in vars(obj).items():
+                if attr.startswith("_"):
+                    continue
+                fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+                if isinstance(fn, property):
+                    fn = fn.fget
+                if inspect.isfunction(fn) and not fn.__doc__:
+                    missing.append(f"{modname}.{name}.{attr}")
+    assert missing == []

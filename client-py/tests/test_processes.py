@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import graphpool
 from gp_helpers import CLIENT, Daemon
 
@@ -177,3 +179,43 @@ print(m[size - 6:size].decode(), flush=True)
         ours.close()
         assert proc.returncode == 0
         assert out.strip() == "parent"
+
+
+def test_forked_child_does_not_unmap_device_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA mappings and contexts are not inherited through fork: releasing an inherited
+    device segment in the child drops its fd only, without calling the CUDA driver (which
+    would act on the parent's behalf, or fail) and without releasing the parent's grant."""
+    from graphpool import segments
+    from graphpool.client import GrantInfo
+
+    def no_driver() -> object:
+        raise AssertionError("the CUDA driver was called in a forked child")
+
+    released: list[int] = []
+    grant = GrantInfo(
+        grant_id=9, session_id=1, size=2 * MiB, requested=2 * MiB, device_uuid="GPU-test",
+        device_index=0, label="", job_id="j", rank=0, pid=os.getpid(), created_unix_seconds=0.0,
+        adopted=False, handle_kind=segments.HANDLE_CUDA,
+    )
+    r, w = os.pipe()
+    seg = segments.Segment(grant, os.dup(r), segments.HANDLE_CUDA, released.append)
+    seg._device = segments.DeviceMapping(ptr=1 << 40, size=2 * MiB, device=0, handle=1, ctx_retained=False)
+    monkeypatch.setattr(segments._Driver, "get", no_driver)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            seg.release()
+            code = 0 if seg.released and seg.fd == -1 and not released else 2
+        except BaseException as e:  # report it to the parent
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    assert _wait_child(pid) == 0, os.read(r, 4096).decode()
+    os.close(r)
+    # In the parent the mapping is still there, and the grant still held.
+    assert not seg.released and seg._device is not None and released == []
+    seg._device = None
+    seg.release()
+    assert released == [9]

@@ -233,3 +233,182 @@ def test_job_quota_set_by_admin(client: graphpool.Client, job_id: str) -> None:
     finally:
         limits = client.set_limits(jobs={job_id: 0})
     assert all(j.job_id != job_id for j in limits.jobs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"rank": -1}, "rank"),
+        ({"rank": 1 << 32}, "rank"),
+        ({"rank": "3"}, "rank"),
+        ({"rank": None}, "rank"),  # protobuf would send it as rank 0
+        ({"rank": 0, "local_rank": -2}, "local_rank"),
+        ({"job_id": 42, "rank": 0}, "job_id"),
+    ],
+)
+def test_attach_checks_its_arguments(
+    client: graphpool.Client, job_id: str, kwargs: dict[str, object], field: str
+) -> None:
+    """Malformed arguments are InvalidArgument naming the field, not protobuf's bare
+    ValueError/TypeError, and nothing is attached."""
+    args: dict[str, object] = {"job_id": job_id, **kwargs}
+    with pytest.raises(graphpool.InvalidArgument) as ei:
+        client.attach(**args)  # type: ignore[arg-type]
+    assert ei.value.field == field
+    assert not any(s.job_id == job_id for s in client.status().sessions)
+
+
+def test_session_calls_check_their_arguments(client: graphpool.Client, job_id: str) -> None:
+    with client.attach(job_id, rank=0) as s:
+        with pytest.raises(graphpool.InvalidArgument) as ei:
+            s.allocate("2MiB", label=3)  # type: ignore[arg-type]
+        assert ei.value.field == "label"
+        for bad in (-1, 1 << 64, "1"):
+            with pytest.raises(graphpool.InvalidArgument) as ei:
+                s.release(bad)  # type: ignore[arg-type]
+            assert ei.value.field == "grant_id"
+            with pytest.raises(graphpool.InvalidArgument) as ei:
+                s.fetch_fd(bad)  # type: ignore[arg-type]
+            assert ei.value.field == "grant_id"
+        assert s.grants() == []
+
+
+def _segment_fds() -> int:
+    n = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:graphpool"):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def test_dropped_segment_closes_its_fd(client: graphpool.Client, job_id: str) -> None:
+    """A Segment dropped without release() closes its fd when collected: otherwise the fd
+    (and the memfd's memory) outlived even the session, which cannot reach it any more."""
+    import gc
+
+    before = _segment_fds()
+    with client.attach(job_id, rank=0) as s:
+        seg = s.allocate("2MiB")
+        assert _segment_fds() == before + 1
+        seg.map()[0] = 1  # (mmap keeps a descriptor of its own while mapped)
+        del seg
+        gc.collect()
+        assert _segment_fds() == before
+        assert len(s.grants()) == 1  # the grant stays the session's until released or closed
+    assert client.usage().job(job_id) is None
+
+
+class _FailingDriver:
+    """Stands in for libcuda: cuMemUnmap fails, the other calls succeed."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        ok = lambda *a: 0  # noqa: E731
+        self.lib = SimpleNamespace(
+            cuMemUnmap=lambda *a: 700, cuMemAddressFree=ok, cuMemRelease=ok, cuDevicePrimaryCtxRelease_v2=ok
+        )
+
+    def check(self, function: str, result: int) -> None:
+        if result:
+            raise graphpool.CudaError(function, result, "CUDA_ERROR_ILLEGAL_ADDRESS", "illegal address")
+
+
+def _failing_unmap(seg: graphpool.Segment, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphpool import segments
+
+    drv = _FailingDriver()
+    monkeypatch.setattr(segments._Driver, "get", lambda: drv)
+    seg._device = segments.DeviceMapping(ptr=1 << 40, size=seg.size, device=0, handle=1, ctx_retained=False)
+
+
+def test_failed_unmap_still_releases_the_grant(
+    client: graphpool.Client, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with client.attach(job_id, rank=0) as s:
+        seg = s.allocate("2MiB")
+        _failing_unmap(seg, monkeypatch)
+        with pytest.raises(graphpool.CudaError, match="cuMemUnmap"):
+            seg.release()
+        assert seg.released and seg.fd == -1
+        assert s.grants() == []
+        # The same through Session.release(grant_id).
+        seg = s.allocate("2MiB")
+        _failing_unmap(seg, monkeypatch)
+        with pytest.raises(graphpool.CudaError, match="cuMemUnmap"):
+            s.release(seg.grant_id)
+        assert seg.released and seg.fd == -1
+        assert s.grants() == []
+
+
+def test_failed_unmap_still_ends_the_session(
+    client: graphpool.Client, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = client.attach(job_id, rank=0)
+    seg = s.allocate("2MiB")
+    other = s.allocate("2MiB")
+    _failing_unmap(seg, monkeypatch)
+    with pytest.raises(graphpool.CudaError, match="cuMemUnmap"):
+        s.close()
+    assert seg.released and other.released and other.fd == -1
+    assert client.usage().job(job_id) is None
+    assert not any(x.job_id == job_id for x in client.status().sessions)
+    assert s.close() == graphpool.DetachResult(0, 0)
+
+
+def test_attach_that_times_out_leaves_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``attached`` event that arrives after attach() gave up must not leave the session
+    thread waiting forever for a session that will never exist."""
+    import threading
+    import time
+
+    from graphpool._proto.graphpool.v1 import graphpool_pb2 as pb
+
+    class LateCall:
+        def __init__(self) -> None:
+            self.cancelled = threading.Event()
+
+        def __iter__(self) -> object:
+            time.sleep(0.3)
+            yield pb.SessionEvent(attached=pb.Attached(session_id=7))
+            self.cancelled.wait(10)
+
+        def cancel(self) -> bool:
+            self.cancelled.set()
+            return True
+
+    class Stub:
+        def Attach(self, req: object, **kwargs: object) -> LateCall:
+            return LateCall()
+
+    c = graphpool.Client("/nonexistent/g.sock", timeout=0.1)
+    monkeypatch.setattr(c, "_stubs", lambda: (Stub(), None))
+    with pytest.raises(graphpool.DaemonUnavailable, match="no answer to Attach"):
+        c.attach("late-job", rank=0)
+    deadline = time.monotonic() + 3.0
+    while any(t.name == "graphpool-session-late-job-0" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the session thread of a failed attach is still waiting"
+        time.sleep(0.02)
+
+
+def test_fd_socket_failure_is_not_reported_as_a_restart(
+    client: graphpool.Client, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the fd socket fails while the daemon and the session's stream are fine, the error
+    is the fd socket's, not "the daemon went away ... session is re-attaching"."""
+    with client.attach(job_id, rank=0) as s:
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise graphpool.DaemonUnavailable(s.fd_socket, "fd socket: [Errno 13] Permission denied")
+
+        monkeypatch.setattr(s._fds, "allocate", broken)
+        with pytest.raises(graphpool.DaemonUnavailable) as ei:
+            s.allocate("2MiB")
+        assert "Permission denied" in str(ei.value) and "re-attaching" not in str(ei.value)
+        assert ei.value.socket_path == s.fd_socket
+        assert s.alive and not s.reconnecting
+        monkeypatch.undo()
+        s.allocate("2MiB").release()

@@ -18,7 +18,15 @@ import threading
 from typing import Any
 
 from ._native import SHIM_ENV, native_path
-from .errors import CapacityExceeded, DaemonUnavailable, GraphpoolError, Holder, InvalidArgument
+from ._proto.graphpool.v1 import graphpool_pb2 as pb
+from .errors import (
+    CapacityExceeded,
+    DaemonUnavailable,
+    GraphpoolError,
+    Holder,
+    InvalidArgument,
+    error_from_code,
+)
 
 __all__ = [
     "ShimError",
@@ -42,9 +50,10 @@ _path: str | None = None
 
 
 class ShimError(GraphpoolError):
-    """A shim failure that is not a capacity refusal or an unreachable daemon (a CUDA
-    driver error, an fd error, a fork, a misuse). ``kind`` and ``details`` come from the
-    shim's JSON error."""
+    """A shim failure that is not a capacity refusal, an unreachable daemon or a daemon
+    refusal with an exception of its own (``InvalidArgument``, ``NotFound``,
+    ``PermissionDenied``, ``FailedPrecondition``): a CUDA driver error, an fd error, a fork,
+    a misuse. ``kind`` and ``details`` come from the shim's JSON error."""
 
     def __init__(self, message: str, *, kind: str = "", details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -165,6 +174,18 @@ def error_from_shim(d: dict[str, Any] | None, *, socket: str = "") -> GraphpoolE
         return DaemonUnavailable(socket, message)
     if kind == "invalid-argument" or d.get("code") == "INVALID_ARGUMENT":
         return InvalidArgument(message, field=str(d.get("field", "")), description=str(d.get("description", "")))
+    code = d.get("code_number")
+    if kind == "daemon" and isinstance(code, int) and not isinstance(code, bool):
+        # A daemon refusal: the exception the same refusal raises on a Session (NotFound for
+        # an unknown device, PermissionDenied for a uid not allowed, ...).
+        detail = None
+        if d.get("field"):
+            detail = pb.ErrorDetail(
+                field=pb.FieldViolation(field=str(d["field"]), description=str(d.get("description", "")))
+            )
+        err = error_from_code(code, message, socket, detail)
+        if type(err) is not GraphpoolError:
+            return err
     return ShimError(message, kind=kind, details=d)
 
 
@@ -180,7 +201,19 @@ def configure(
     reserve_budget: bool,
 ) -> None:
     """Opens the daemon session of CUDA device ``device`` in the shim; raises the package's
-    exception (``CapacityExceeded`` when a reserved budget does not fit)."""
+    exception (``CapacityExceeded`` when a reserved budget does not fit, ``InvalidArgument``
+    for a rank, device or budget out of range)."""
+    # ctypes would silently wrap a negative or oversized value (rank -1 becomes 4294967295).
+    for name, value, lo, hi in (
+        ("rank", rank, 0, (1 << 32) - 1),
+        ("local_rank", local_rank, 0, (1 << 32) - 1),
+        ("device", device, 0, (1 << 31) - 1),
+        ("budget_bytes", budget_bytes, 0, (1 << 64) - 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise InvalidArgument(f"{name} must be an int between {lo} and {hi}, not {value!r}", field=name)
+    if not isinstance(job_id, str):
+        raise InvalidArgument(f"job_id must be a str, not {job_id!r}", field="job_id")
     lib = load()
     rc = lib.graphpool_shim_configure(
         socket.encode() if socket else None,

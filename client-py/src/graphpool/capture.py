@@ -33,6 +33,7 @@ Nothing here touches CUDA at import time, and torch is imported only when a func
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -231,8 +232,8 @@ def _daemon_pool_factory(device: int, budget: int | None, client: Any) -> Callab
         # the session budget: the capture's, or none (MemPool's default of 8 GiB would refuse
         # captures larger than that although no budget was asked for)
         kwargs: dict[str, Any] = {"device": device, "budget": budget or None}
-        if client is not None:
-            kwargs["client"] = client
+        if client is not None:  # a Client, or a Session: the socket of its Client
+            kwargs["client"] = _session_client(client) or client
         try:
             return cls(label=label, **kwargs)
         except TypeError:
@@ -269,8 +270,16 @@ def request_plan(
     device: int = 0,
     reserve: bool = True,
     overhead: dict[str, int] | None = None,
+    session_id: int | None = None,
 ) -> Any:
     """Ask graphpoold for a plan of this capture; raise ``CapacityExceeded`` if it cannot fit.
+
+    ``client`` is a ``graphpool.Session`` (the plan is made for that session) or a
+    ``graphpool.Client`` with ``session_id``, a session of this process (e.g. the one of the
+    ``graphpool.torch`` pools that will hold the capture). With ``reserve`` the plan's bytes
+    are reserved for that session, so that its later segment requests are admitted against
+    them: plan for the session that allocates the capture's memory, or the capture is
+    charged twice (the reservation, and the segments of another session).
 
     ``overhead`` (:meth:`GraphedSchedule.capture_overhead` of an earlier capture of the model)
     is added to the plan's predicted bytes, which the daemon checks against quota and capacity.
@@ -278,16 +287,35 @@ def request_plan(
     Returns the ``graphpool.v1.PlanCaptureResponse``, its ``plan`` without the per-buffer list
     (``summary_only``), or ``None`` when there is no daemon or client to ask (then only the
     local checks of :func:`_check_capacity` apply).
+
+    Raises:
+        TypeError: ``client`` is a ``graphpool.Client`` and no ``session_id`` was given.
     """
     if client is None:
         return None
-    plan_capture = getattr(client, "plan_capture", None)
-    if plan_capture is None:
+    if getattr(client, "plan_capture", None) is None:
         log.debug("client has no plan_capture(); skipping the daemon plan")
         return None
     # The footprint and the prediction are what capture checks; the per-buffer list of a
     # schedule of many microbatches would not fit in one message.
-    return plan_capture(capture_plan_input(schedule, profiles, overhead), reserve=reserve, summary_only=True)
+    plan_input = capture_plan_input(schedule, profiles, overhead)
+    session_client = _session_client(client)
+    if session_id is None:
+        if session_client is None:
+            raise TypeError(
+                "request_plan: a graphpool.Client plans for a session: pass session_id= (a "
+                "session of this process), or pass the graphpool.Session as client"
+            )
+        return client.plan_capture(plan_input, reserve=reserve, summary_only=True)
+    by_id = session_client if session_client is not None else client
+    return by_id.plan_capture(session_id, plan_input, reserve=reserve, summary_only=True)
+
+
+def _session_client(client: Any) -> Any:
+    """The ``graphpool.Client`` of ``client`` when it is a ``graphpool.Session``, else None."""
+    if hasattr(client, "session_id") and hasattr(client, "client"):
+        return client.client
+    return None
 
 
 def capture_plan_input(
@@ -490,14 +518,19 @@ class GraphedSchedule:
         return len(self._flat) * self.schedule.num_microbatches
 
     def layer(self, layer: int) -> list[Callable[..., Any]]:
+        """The callables of ``layer`` (index into the flat list of layers), one per
+        microbatch."""
         return list(self._calls[layer])
 
     def chunk(self, chunk: int, microbatch: int) -> list[Callable[..., Any]]:
+        """The callables of every layer of ``chunk`` (0-based) for ``microbatch``, in forward
+        order."""
         start = sum(len(c) for c in self._layers[:chunk])
         return [self._calls[start + i][microbatch] for i in range(len(self._layers[chunk]))]
 
     @property
     def num_graphs(self) -> int:
+        """CUDA graphs captured: ``2 x layers x slots``, whatever the number of microbatches."""
         return self.stats.graphs
 
     # --- memory
@@ -659,6 +692,8 @@ class GraphedSchedule:
         return done
 
     def slots_in_use(self) -> list[list[int | None]]:
+        """Per chunk, per slot: the microbatch that holds the slot now (its forward ran, its
+        backward has not), or ``None`` for a free slot."""
         return [list(x) for x in self._owner]
 
 
@@ -792,8 +827,12 @@ def make_graphed_callables(
         pools: ``"graphpool"`` (daemon-backed ``graphpool.torch.MemPool``, error if none),
             ``"torch"`` (plain ``torch.cuda.MemPool``), or ``"auto"`` (graphpool when a daemon
             is reachable, else torch).
-        client: a ``graphpool.Client`` for the plan and the pools (default: none / the pool's).
-        plan: ask the daemon for a plan before capture (when a client is given).
+        client: a ``graphpool.Client`` (or ``graphpool.Session``) for the plan and the pools
+            (default: none / the pool's): the pools use its socket, and the plan is made and
+            reserved for the daemon session of the pools, which is the one charged for the
+            capture; with ``torch`` pools only a ``Session`` can be planned for.
+        plan: ask the daemon for a plan before capture (when a client is given); its
+            ``CapacityExceeded`` stops the capture before any segment is taken.
         progress_every_s: log capture progress at most this often.
         expandable_segments: create the pools' segments as torch's expandable segments (the
             allocator setting is switched on for the capture only, then switched off): one
@@ -818,7 +857,9 @@ def make_graphed_callables(
         A :class:`GraphedSchedule`.
 
     Raises:
-        graphpool.CapacityExceeded: the capture would not fit (budget, daemon plan, free memory).
+        graphpool.CapacityExceeded: the capture would not fit (budget, daemon plan, free memory),
+            or the daemon refused one of the pools' segments during capture. On any failure
+            the graphs captured so far are destroyed and the pools given back.
 
     Parameter gradients are accumulated inside the backward graphs into ``param.grad`` (allocated
     here when ``None``). ``optimizer.zero_grad(set_to_none=True)`` is fine: the next backward
@@ -885,10 +926,6 @@ def make_graphed_callables(
         graphs = 2 * sum(len(ch) * n for ch, n in zip(layers, schedule.slots_per_chunk))
         stats.predicted_bytes += overhead_bytes(overhead, graphs, sum(schedule.slots_per_chunk) + 1)
     _check_capacity(stats.predicted_bytes, budget_bytes, device)
-    if plan:
-        stats.plan = request_plan(
-            schedule, stats.profiles, budget=budget_bytes, client=client, device=device, overhead=overhead
-        )
 
     # 3. parameter gradient buffers, outside every pool
     for ch in layers:
@@ -919,50 +956,156 @@ def make_graphed_callables(
     elif expandable_segments and stats.pool_kind == "graphpool":
         log.warning("expandable_segments does not apply to daemon-backed pools; ignored")
         expandable_segments = False
-    if _unsafe_single_pool:
-        log.warning("_unsafe_single_pool: every graph in one pool; results may be wrong")
-        shared = factory("all")
-        factory = lambda label: shared  # noqa: E731
-    pool_list: list[tuple[str, Any]] = []
-    fwd_pools = []
-    for c, n in enumerate(schedule.slots_per_chunk):
-        row = []
-        for s in range(n):
-            p = factory(f"fwd/c{c}/s{s}")
-            pool_list.append((f"fwd/c{c}/s{s}", p))
-            row.append(p)
-        fwd_pools.append(row)
-    bwd_pool = factory("bwd")
-    pool_list.append(("bwd", bwd_pool))
-    stats.num_pools = len({id(p) for _, p in pool_list})
-    if arena and not expandable_segments and not _unsafe_single_pool:
-        sizes = _arena_sizes(schedule, stats.profiles)
-        torch.cuda.synchronize()
-        for label, p in pool_list:
-            n = sizes.get(label, 0)
-            if n > 20 << 20:
-                _give_arena(p, n, stream, device)
-                stats.arena_bytes[label] = n
-        torch.cuda.synchronize()
+    # Every pool made from here on: given back at once if the capture fails (for daemon-backed
+    # pools, their segments), not whenever the exception and its frames are collected.
+    created: list[Any] = []
+    make_pool = factory
+
+    def recorded(label: str) -> Any:
+        pool = make_pool(label)
+        created.append(pool)
+        return pool
+
+    new_pool: Callable[[str], Any] = recorded
 
     settings: Any = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
         torch.cuda.memory, "_set_allocator_settings", None
     )
     if expandable_segments and settings is None:
         raise RuntimeError("expandable_segments: this torch cannot switch allocator settings")
-    if expandable_segments:
-        settings("expandable_segments:True")
+    # A segment the daemon refuses surfaces in torch as OutOfMemoryError: raise the daemon's
+    # CapacityExceeded (what was asked, what is free, which limit, who holds it) instead.
+    if stats.pool_kind == "graphpool":
+        from .torch import translate_errors
+
+        refusals: contextlib.AbstractContextManager[Any] = translate_errors()
+    else:
+        refusals = contextlib.nullcontext()
     try:
-        _capture_all(schedule, layers, samples, fwd_pools, bwd_pool, pool_list, stats, stream,
-                     allow_unused_input, progress_every_s, device, reserved0)
-    finally:
-        if expandable_segments:
-            settings("expandable_segments:False")
+        with refusals:
+            if _unsafe_single_pool:
+                log.warning("_unsafe_single_pool: every graph in one pool; results may be wrong")
+                shared = new_pool("all")
+                new_pool = lambda label: shared  # noqa: E731
+            pool_list: list[tuple[str, Any]] = []
+            fwd_pools = []
+            for c, n in enumerate(schedule.slots_per_chunk):
+                row = []
+                for s in range(n):
+                    p = new_pool(f"fwd/c{c}/s{s}")
+                    pool_list.append((f"fwd/c{c}/s{s}", p))
+                    row.append(p)
+                fwd_pools.append(row)
+            bwd_pool = new_pool("bwd")
+            pool_list.append(("bwd", bwd_pool))
+            stats.num_pools = len({id(p) for _, p in pool_list})
+            if plan and client is not None:
+                # Planned (and reserved) for the session that allocates the capture's memory:
+                # the daemon session of the pools, once they opened it.
+                stats.plan = _plan_for_pools(schedule, stats, budget_bytes, client, device, overhead)
+            if arena and not expandable_segments and not _unsafe_single_pool:
+                sizes = _arena_sizes(schedule, stats.profiles)
+                torch.cuda.synchronize()
+                for label, p in pool_list:
+                    n = sizes.get(label, 0)
+                    if n > 20 << 20:
+                        _give_arena(p, n, stream, device)
+                        stats.arena_bytes[label] = n
+                torch.cuda.synchronize()
+
+            if expandable_segments:
+                settings("expandable_segments:True")
+            try:
+                _capture_all(schedule, layers, samples, fwd_pools, bwd_pool, pool_list, stats, stream,
+                             allow_unused_input, progress_every_s, device, reserved0)
+            finally:
+                if expandable_segments:
+                    settings("expandable_segments:False")
+    except BaseException as e:
+        _discard_capture(layers, created, e)
+        raise
     gs = GraphedSchedule(schedule, layers, pool_list, stats)
     stats.reserved_outside_pools = max(
         0, torch.cuda.memory_reserved(device) - reserved0 - sum(gs.pool_reserved().values())
     )
     return gs
+
+
+def _plan_for_pools(
+    schedule: Schedule, stats: CaptureStats, budget: int | None, client: Any, device: int,
+    overhead: dict[str, int] | None,
+) -> Any:
+    """The daemon's plan of the capture, for the session whose segments will hold it: the
+    pools' session (daemon-backed pools), else the ``graphpool.Session`` given as ``client``."""
+    session_id = None
+    if stats.pool_kind == "graphpool":
+        from . import _shim
+
+        info = _shim.session_info(device)
+        session_id = info[0] if info else None
+    if session_id is None and _session_client(client) is None:
+        log.warning(
+            "plan: the capture's %s pools have no daemon session to plan for; pass a "
+            "graphpool.Session as client to plan them", stats.pool_kind,
+        )
+        return None
+    return request_plan(
+        schedule, stats.profiles, budget=budget, client=client, device=device, overhead=overhead,
+        session_id=session_id,
+    )
+
+
+def _discard_capture(layers: list[list[_Layer]], pools: list[Any], exc: BaseException) -> None:
+    """After a failed capture: destroys the graphs captured so far and the static buffers they
+    left in the pools, then gives the pools back (``release()``: a daemon-backed pool's
+    segments go back to the daemon, and its session ends with the last pool)."""
+    import gc
+    import traceback
+
+    import torch
+
+    # The frames of the calls that failed hold tensors allocated from the pools: drop their
+    # locals, or those blocks (and the segments under them) live as long as the exception.
+    seen_errors: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen_errors:
+        seen_errors.add(id(err))
+        if err.__traceback__ is not None:
+            traceback.clear_frames(err.__traceback__)
+        err = err.__cause__ or err.__context__
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - the failure may have been the device's
+        pass
+    for ch in layers:
+        for lay in ch:
+            for graphs in (lay.fwd, lay.bwd):
+                for i, g in enumerate(graphs):
+                    if g is not None:
+                        try:
+                            g.reset()
+                        except Exception:  # noqa: BLE001
+                            pass
+                        graphs[i] = None
+            lay.static_in = lay.static_out = lay.static_gin = lay.static_gout = []
+    gc.collect()
+    seen: set[int] = set()
+    for pool in pools:
+        if id(pool) in seen:
+            continue
+        seen.add(id(pool))
+        release = getattr(pool, "release", None)  # graphpool.torch.MemPool
+        if release is not None:
+            try:
+                release()
+            except Exception as e:  # noqa: BLE001 - the capture's own error is the one raised
+                log.warning("releasing pool %r after a failed capture: %s", pool, e)
+    pools.clear()
+    gc.collect()
+    try:
+        torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _capture_all(

@@ -425,13 +425,32 @@ def _size_bytes(size: int | str) -> int:
         raise InvalidArgument(str(e), field="size_bytes") from None
 
 
+def _uint(field: str, value: object, bits: int) -> int:
+    """An unsigned integer request field (``rank``, ``grant_id``, ...) checked before it reaches
+    protobuf, which would raise a bare ``ValueError``/``TypeError`` (or, for ``None``, silently
+    send 0); anything else is ``InvalidArgument`` naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{field} must be an int, not {value!r}", field=field)
+    if not 0 <= value < 1 << bits:
+        raise InvalidArgument(f"{field} must be between 0 and {(1 << bits) - 1}, got {value}", field=field)
+    return value
+
+
+def _text(field: str, value: object) -> str:
+    """A string request field (``job_id``, ``label``); anything else is ``InvalidArgument``."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{field} must be a str, not {value!r}", field=field)
+    return value
+
+
 class Client:
     """A connection to graphpoold.
 
     Args:
         socket: path of the daemon's gRPC socket; default :func:`default_socket_path`
             (``$GRAPHPOOL_SOCKET`` or the system location).
-        timeout: seconds to wait for each unary call (and for the first event of ``attach``).
+        timeout: seconds to wait for each unary call (and for the first event of ``attach``);
+            a positive number (``ValueError`` otherwise).
 
     The channel is created on first use. After ``os.fork()`` the child creates its own channel
     the first time it uses the client; the parent's channel is left alone. Sessions are bound
@@ -447,6 +466,9 @@ class Client:
 
     def __init__(self, socket: str | os.PathLike[str] | None = None, *, timeout: float = 10.0) -> None:
         self.socket_path = os.path.abspath(os.fspath(socket)) if socket is not None else default_socket_path()
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            # None would fail later, in every call, as a TypeError about NoneType + float.
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.timeout = timeout
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
@@ -565,6 +587,10 @@ class Client:
             InvalidArgument: a field is malformed (``.field`` says which).
             DaemonUnavailable: the daemon cannot be reached.
         """
+        _text("job_id", job_id)
+        _uint("rank", rank, 32)
+        _uint("local_rank", local_rank, 32)
+        _text("client", client_name)
         if isinstance(device, bool) or not isinstance(device, (int, str)):
             raise InvalidArgument(f"device must be an index or a UUID, not {device!r}", field="device")
         budget_bytes = 0
@@ -603,6 +629,9 @@ class Client:
             ev = first.get(timeout=self.timeout)
         except queue.Empty:
             call.cancel()
+            # An answer arriving after this finds no session: let the thread end instead of
+            # waiting for one forever.
+            ready.set()
             raise DaemonUnavailable(self.socket_path, f"no answer to Attach within {self.timeout:g} s") from None
         if isinstance(ev, BaseException):
             raise ev
@@ -1244,10 +1273,13 @@ class Session:
                             break
                         time.sleep(0.01)
                 moved = gen != self._generation or self._reconnecting_since is not None
-                if not moved or time.monotonic() >= deadline:
-                    if moved or isinstance(e, DaemonUnavailable):
-                        raise self._unavailable() from e
+                if not moved:
+                    # The session is not re-attaching: it ended meanwhile (say so), or the
+                    # daemon is there and this is its answer (or the fd socket's own failure).
+                    self._check()
                     raise
+                if time.monotonic() >= deadline:
+                    raise self._unavailable() from e
 
     # -- segments --------------------------------------------------------------------------
 
@@ -1268,6 +1300,7 @@ class Session:
             self._flush_pending()
 
         size_bytes = _size_bytes(size)
+        _text("label", label)
 
         def grant_with_fd(sid: int) -> tuple[GrantInfo, int, pb.FdResponse]:
             grant, fd, resp = self._fds.allocate(sid, size_bytes, label)
@@ -1314,23 +1347,34 @@ class Session:
 
     def release(self, grant_id: int) -> int:
         """Releases a grant of this session by id and returns the bytes released. A live
-        :class:`Segment` of that grant is unmapped first.
+        :class:`Segment` of that grant is unmapped first (when that fails, the grant is
+        released all the same and the unmapping's error raised).
 
         Raises:
             NotFound: no such grant (e.g. released already).
             PermissionDenied: the grant belongs to another session.
+            InvalidArgument: ``grant_id`` is not a grant id (an int of 64 bits).
         """
         self._check()
+        _uint("grant_id", grant_id, 64)
         seg = self._segments.pop(grant_id, None)
+        unmap_error: Exception | None = None
         if seg is not None:
-            seg._forget()
-        return self._release_grant(grant_id)
+            try:
+                seg._forget()
+            except Exception as e:  # a failed unmap (CudaError) must not keep the grant
+                unmap_error = e
+        released = self._release_grant(grant_id)
+        if unmap_error is not None:
+            raise unmap_error
+        return released
 
     def fetch_fd(self, grant_id: int) -> int:
         """Fetches (another) fd of one of this session's grants; the caller owns it. A grant
         adopted after a daemon restart has no fd in the new daemon (``NotFound``/
         ``FailedPrecondition``): keep the fd or mapping you fetched before."""
         self._check()
+        _uint("grant_id", grant_id, 64)
         fd: int = self._with_session(lambda sid: self._fds.fetch(sid, grant_id)[0])
         return fd
 
@@ -1367,16 +1411,24 @@ class Session:
         """Ends the session: the daemon releases every grant; local segments are unmapped and
         their fds closed. Idempotent (a second call returns zeros). In a child process after
         ``fork`` this only forgets the session locally: it belongs to the parent. While the
-        session re-attaches after a daemon restart, this stops it (nothing is declared)."""
+        session re-attaches after a daemon restart, this stops it (nothing is declared). When
+        unmapping a segment fails (a ``CudaError``), the session still ends; the first such
+        error is raised afterwards."""
         with self._lock:
             if self._closed:
                 return DetachResult(0, 0)
             self._closed = True
         self._stop.set()
+        unmap_error: Exception | None = None
         for seg in list(self._segments.values()):
-            seg._forget()
+            try:
+                seg._forget()
+            except Exception as e:  # the session must end all the same
+                unmap_error = unmap_error or e
         self._segments.clear()
         if self._pid != os.getpid():
+            if unmap_error is not None:
+                raise unmap_error
             return DetachResult(0, 0)
         result = DetachResult(0, 0)
         if self._end_reason is None and self._reconnecting_since is None:
@@ -1400,6 +1452,8 @@ class Session:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
         _SESSIONS.discard(self)
+        if unmap_error is not None:
+            raise unmap_error
         return result
 
     detach = close

@@ -49,6 +49,7 @@ class Step:
 
     @property
     def is_forward(self) -> bool:
+        """True for a forward step, False for a backward."""
         return self.kind == "F"
 
 
@@ -245,6 +246,8 @@ class Schedule:
         return out
 
     def describe(self) -> str:
+        """A one-line description for logs and errors, e.g. ``"1F1B stage 0 of 8, M=128,
+        slots=[8]"``."""
         name = {
             "1f1b": f"1F1B stage {self.pp_rank} of {self.pp_size}",
             "interleaved": (

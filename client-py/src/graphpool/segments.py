@@ -20,6 +20,7 @@ import os
 import socket
 import struct
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from ._native import native_path
@@ -161,6 +162,13 @@ def _close_all(fds: list[int]) -> None:
         os.close(fd)
 
 
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def _recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
     """Reads one length-prefixed frame, collecting every fd that arrives with its pieces."""
     fds: list[int] = []
@@ -236,6 +244,11 @@ class Segment:
         self._device: DeviceMapping | None = None
         self._released = False
         self._lock = threading.Lock()
+        # A segment dropped without release() must not leak its fd (and, for a memfd, the
+        # memory it keeps alive after the daemon let go of it): close it when collected. Not
+        # at exit, where the sessions' exit handler still closes the segments it tracks.
+        self._fd_finalizer = weakref.finalize(self, _close_quietly, fd)
+        self._fd_finalizer.atexit = False
 
     def __repr__(self) -> str:
         state = "released" if self._released else "live"
@@ -246,8 +259,9 @@ class Segment:
 
     @property
     def fd(self) -> int:
-        """The segment's file descriptor (owned by the segment: closed by :meth:`release`;
-        ``os.dup`` it to keep it longer). ``-1`` once released or imported to CUDA."""
+        """The segment's file descriptor (owned by the segment: closed by :meth:`release`, or
+        when the segment is garbage collected; ``os.dup`` it to keep it longer). ``-1`` once
+        released or imported to CUDA."""
         return self._fd
 
     @property
@@ -300,8 +314,7 @@ class Segment:
                 self._device = DeviceMapping.import_fd(
                     self._fd, self.size, device_uuid=self.device_uuid, device=device
                 )
-                os.close(self._fd)
-                self._fd = -1
+                self._close_fd()
             return self._device
 
     def release(self) -> None:
@@ -310,16 +323,23 @@ class Segment:
         Idempotent. In a process other than the one that allocated it (after ``fork``), only
         the local mapping and fd are dropped: the grant belongs to the parent's session.
         If a ``memoryview`` of :meth:`map` is still alive, the mapping stays until it is
-        dropped (the memory stays valid until then).
+        dropped (the memory stays valid until then). When unmapping fails (a ``CudaError``),
+        the fd is closed and the grant released all the same, then the error is raised.
         """
+        unmap_error: Exception | None = None
         with self._lock:
             if self._released:
                 return
             self._released = True
-            self._drop_local()
             cb = self._release_cb if self._pid == os.getpid() else None
+            try:
+                self._drop_local()
+            except Exception as e:  # the grant must not outlive a failed unmap
+                unmap_error = e
         if cb is not None:
             cb(self.grant_id)
+        if unmap_error is not None:
+            raise unmap_error
 
     def _forget(self) -> None:
         """Marks the segment released without telling the daemon (its session ended)."""
@@ -329,20 +349,24 @@ class Segment:
                 self._drop_local()
 
     def _drop_local(self) -> None:
-        if self._mmap is not None:
-            try:
-                self._mmap.close()
-            except BufferError:
-                pass  # views still exported: the mapping lives until they are dropped
-            self._mmap = None
-        if self._device is not None:
-            self._device.close()
-            self._device = None
+        """Unmaps and closes the fd; the fd is closed even when unmapping raises."""
+        try:
+            if self._mmap is not None:
+                try:
+                    self._mmap.close()
+                except BufferError:
+                    pass  # views still exported: the mapping lives until they are dropped
+                self._mmap = None
+            if self._device is not None:
+                device, self._device = self._device, None
+                device.close()
+        finally:
+            self._close_fd()
+
+    def _close_fd(self) -> None:
         if self._fd >= 0:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
+            self._fd_finalizer.detach()  # the number may be reused once closed
+            _close_quietly(self._fd)
             self._fd = -1
 
     def _check_live(self) -> None:
@@ -534,6 +558,9 @@ class DeviceMapping:
         self._handle = handle
         self._ctx_retained = ctx_retained
         self._closed = False
+        # CUDA mappings and contexts are not inherited through fork: only this process may
+        # unmap it (the driver must not be called in a forked child).
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         return f"DeviceMapping(ptr=0x{self.ptr:x}, size={format_size(self.size)}, device={self.device})"
@@ -617,10 +644,14 @@ class DeviceMapping:
 
     def close(self) -> None:
         """Unmaps and releases the imported memory. Idempotent. Every step runs even if an
-        earlier one fails; the first failure is raised afterwards."""
+        earlier one fails; the first failure is raised afterwards. In a process forked from
+        the one that imported it, this only marks it closed: the child has no such mapping and
+        must not call the CUDA driver on the parent's behalf."""
         if self._closed:
             return
         self._closed = True
+        if self._pid != os.getpid():
+            return
         drv = _Driver.get()
         first: CudaError | None = None
         steps: list[tuple[str, Callable[[], int]]] = [

@@ -114,12 +114,12 @@ def translate_errors() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def graph(g: torch.cuda.CUDAGraph, pool: MemPool, **kwargs: Any) -> Iterator[torch.cuda.graph]:
+def graph(g: torch.cuda.CUDAGraph, pool: MemPool, **kwargs: Any) -> Iterator[None]:
     """``torch.cuda.graph(g, pool=pool.id, **kwargs)`` with refusals raised as
-    ``graphpool.CapacityExceeded``."""
+    ``graphpool.CapacityExceeded``. Like ``torch.cuda.graph``, it gives nothing to ``as``."""
     with translate_errors():
-        with torch.cuda.graph(g, pool=pool.id, **kwargs) as ctx:
-            yield ctx
+        with torch.cuda.graph(g, pool=pool.id, **kwargs):
+            yield
 
 
 class MemPool:

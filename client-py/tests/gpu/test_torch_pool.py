@@ -309,3 +309,13 @@ def test_two_processes_shared_budget(gpu_daemon: GpuDaemon, tmp_path: Path) -> N
             trainer.kill()
         with gpu_daemon.client() as c:
             c.set_limits(jobs={job: 0})
+
+
+def test_graph_context_is_typed_as_what_it_yields() -> None:
+    """``torch.cuda.graph`` gives nothing to ``as``; neither do ``graph``/``MemPool.capture``,
+    and their annotation says so (it claimed a ``torch.cuda.graph``)."""
+    import typing
+    from collections.abc import Iterator
+
+    hints = typing.get_type_hints(gpt.graph.__wrapped__)  # type: ignore[attr-defined]
+    assert hints["return"] == Iterator[None]
