@@ -807,6 +807,9 @@ impl Ledger {
     /// Sets the session's reservation (e.g. from a reserved plan), admitting the increase.
     pub fn reserve(&self, session: u64, peer: &Peer, bytes: u64) -> Result<u64, LedgerError> {
         let mut st = self.lock();
+        if st.shutting_down {
+            return Err(LedgerError::ShuttingDown);
+        }
         let s = Self::session_of(&mut st, session, peer)?;
         let dev = &self.backend.devices()[s.view.device as usize];
         let want = round_up(bytes, dev.granularity_bytes).unwrap_or(u64::MAX);
@@ -917,7 +920,7 @@ impl Ledger {
         Ok(l.clone())
     }
 
-    /// Refuses new sessions and allocations from now on.
+    /// Refuses new sessions, allocations and reservations from now on.
     pub fn begin_shutdown(&self) {
         self.lock().shutting_down = true;
     }
@@ -1084,6 +1087,16 @@ mod tests {
             l.attach(peer(2), spec("k", 0, 0), &[declare(100, 32 * MIB), declare(101, 16 * MIB)]).unwrap();
         assert_eq!(adopted.len(), 2);
         assert_eq!(l.devices()[0].granted_bytes, 64 * MIB);
+    }
+
+    #[test]
+    fn nothing_new_is_reserved_while_shutting_down() {
+        let l = ledger(64 * MIB, LimitsConfig::default());
+        let (a, _) = l.attach(peer(1), spec("j", 0, 0), &[]).unwrap();
+        assert_eq!(l.reserve(a.id, &peer(1), 4 * MIB).unwrap(), 4 * MIB);
+        l.begin_shutdown();
+        assert!(matches!(l.reserve(a.id, &peer(1), 8 * MIB), Err(LedgerError::ShuttingDown)));
+        assert_eq!(l.devices()[0].charged_bytes, 4 * MIB, "the reservation made before stays");
     }
 
     #[test]
