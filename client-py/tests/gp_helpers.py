@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,41 @@ class Daemon:
                 self.proc.wait()
         self._log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_in_fork(fn: Callable[[], object], *, timeout: float = 10.0) -> str:
+    """Runs ``fn`` in a child forked from this process and returns what it reported: ``"ok"``
+    when it returned, else the exception's ``repr``. A child still running after ``timeout``
+    seconds (hung on a lock, say) is killed and the test fails."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report, and leave without running any of the parent's cleanup
+        msg = "ok"
+        try:
+            os.close(r)
+            fn()
+        except BaseException as e:  # noqa: BLE001 - everything goes to the parent
+            msg = repr(e) or type(e).__name__
+        finally:
+            try:
+                os.write(w, msg.encode()[:4096])
+            finally:
+                os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + timeout
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail(f"the forked child did not finish within {timeout} s (hung)")
+            time.sleep(0.01)
+        out = b""
+        while chunk := os.read(r, 4096):
+            out += chunk
+    finally:
+        os.close(r)
+    return out.decode(errors="replace")
 
 
 def run_python(code: str, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:

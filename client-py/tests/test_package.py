@@ -33,9 +33,41 @@ def test_native_path_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     lib = tmp_path / "libgraphpool_shim.so"
     lib.write_bytes(b"")
     monkeypatch.setenv("GRAPHPOOL_SHIM", str(lib))
-    assert graphpool._native_path() == str(lib)
-    monkeypatch.setenv("GRAPHPOOL_SHIM", str(tmp_path / "missing.so"))
-    assert graphpool._native_path() is None
+    assert graphpool._native_path() == str(lib.resolve())
+    # The path is returned resolved, as the docstring says.
+    link = tmp_path / "sub" / "link.so"
+    link.parent.mkdir()
+    link.symlink_to(lib)
+    monkeypatch.setenv("GRAPHPOOL_SHIM", str(tmp_path / "sub" / ".." / "sub" / "link.so"))
+    assert graphpool._native_path() == str(lib.resolve())
+    doc = graphpool._native_path.__doc__ or ""
+    assert "resolved" in doc and "as given" not in doc
+
+
+@pytest.mark.parametrize("name", ["missing.so", "a-directory"])
+def test_native_path_env_not_a_file_raises(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set but wrong GRAPHPOOL_SHIM is an error naming the variable and the path, not a
+    silent "no shim installed"."""
+    from graphpool import _shim
+
+    (tmp_path / "a-directory").mkdir()
+    bad = str(tmp_path / name)
+    monkeypatch.setenv("GRAPHPOOL_SHIM", bad)
+    with pytest.raises(FileNotFoundError) as e:
+        graphpool._native_path()
+    assert "GRAPHPOOL_SHIM" in str(e.value) and bad in str(e.value)
+    monkeypatch.setattr(_shim, "_lib", None)
+    with pytest.raises(FileNotFoundError, match="GRAPHPOOL_SHIM") as e:
+        _shim.load()
+    assert bad in str(e.value)
+
+
+def test_attach_documents_every_parameter() -> None:
+    import inspect
+
+    doc = inspect.getdoc(graphpool.Client.attach) or ""
+    params = [p for p in inspect.signature(graphpool.Client.attach).parameters if p != "self"]
+    assert [p for p in params if f"{p}:" not in doc] == []
 
 
 def test_default_socket_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,12 +8,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 import graphpool
-from gp_helpers import CLIENT, Daemon
+from gp_helpers import CLIENT, Daemon, run_in_fork
 
 MiB = 1 << 20
 
@@ -219,3 +223,128 @@ def test_forked_child_does_not_unmap_device_memory(monkeypatch: pytest.MonkeyPat
     seg._device = None
     seg.release()
     assert released == [9]
+
+
+@contextmanager
+def _held_by_another_thread(lock: Any) -> Iterator[None]:
+    """Holds ``lock`` in another thread for the duration of the block (as a thread of the
+    parent may be holding it when some other thread forks)."""
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            taken.set()
+            done.wait(30)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert taken.wait(10)
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(10)
+
+
+def test_segment_release_in_child_while_a_parent_thread_holds_its_lock(
+    client: graphpool.Client, job_id: str
+) -> None:
+    with client.attach(job_id, rank=0) as s:
+        seg = s.allocate("2MiB")
+        seg.map()[:6] = b"parent"
+        with _held_by_another_thread(seg._lock):
+            out = run_in_fork(seg.release, timeout=5)
+        assert out == "ok"
+        # The parent's segment and grant are untouched.
+        assert not seg.released and seg.map()[:6] == b"parent"
+        assert [g.grant_id for g in s.grants()] == [seg.grant_id]
+        seg.release()
+        assert s.grants() == []
+
+
+def test_fd_channel_in_child_while_a_parent_thread_holds_its_lock(
+    client: graphpool.Client, job_id: str
+) -> None:
+    from graphpool.segments import FdChannel
+
+    with client.attach(job_id, rank=0) as s, s.allocate("2MiB") as seg:
+        ch = FdChannel(s.fd_socket, timeout=5.0)
+        fd, _ = ch.fetch(s.session_id, seg.grant_id)  # connected in the parent
+        os.close(fd)
+
+        def in_child() -> None:
+            # A connection of its own, which the daemon refuses: the grant is the parent's.
+            with pytest.raises(graphpool.PermissionDenied):
+                ch.fetch(s.session_id, seg.grant_id)
+            ch.close()
+
+        with _held_by_another_thread(ch._lock):
+            out = run_in_fork(in_child, timeout=5)
+        assert out == "ok"
+        fd, _ = ch.fetch(s.session_id, seg.grant_id)  # the parent's channel still works
+        os.close(fd)
+        ch.close()
+
+
+def test_shim_loader_in_child_while_a_parent_thread_holds_its_lock(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graphpool import _shim
+
+    monkeypatch.setattr(_shim, "_lib", None)
+    monkeypatch.setenv("GRAPHPOOL_SHIM", str(tmp_path / "missing.so"))
+
+    def in_child() -> None:
+        with pytest.raises(FileNotFoundError, match="GRAPHPOOL_SHIM"):
+            _shim.load()
+
+    with _held_by_another_thread(_shim._lock):
+        out = run_in_fork(in_child, timeout=5)
+    assert out == "ok"
+
+
+class _ParentOnly:
+    """Stands in for a CUDA graph or a graphpool pool: using it in a forked child fails, as
+    CUDA calls do there."""
+
+    def __init__(self, log: list[tuple[str, int]]) -> None:
+        self.pid = os.getpid()
+        self.log = log
+
+    def _call(self, what: str) -> None:
+        if os.getpid() != self.pid:
+            raise RuntimeError(f"{what} called in a forked child")
+        self.log.append((what, os.getpid()))
+
+    def reset(self) -> None:
+        self._call("reset")
+
+    def release(self) -> None:
+        self._call("release")
+
+
+def test_graphed_schedule_close_in_child_only_drops_references() -> None:
+    """``GraphedSchedule.close()`` in a forked child leaves the parent's graphs and pools
+    alone (no graph reset, no pool release); the parent closes them as usual."""
+    from graphpool.capture import CaptureStats, GraphedSchedule, _Layer
+    from graphpool.schedule import Schedule
+
+    schedule = Schedule.one_f_one_b(pp_size=2, pp_rank=0, num_microbatches=4)
+    nslots = schedule.slots_per_chunk[0]
+    log: list[tuple[str, int]] = []
+    lay = _Layer(0, 0, object(), nslots, True, True)
+    lay.fwd = [_ParentOnly(log) for _ in range(nslots)]
+    lay.bwd = [_ParentOnly(log) for _ in range(nslots)]
+    pool = _ParentOnly(log)
+    gs = GraphedSchedule(schedule, [[lay]], [("fwd/c0/s0", pool), ("bwd", pool)], CaptureStats())
+
+    def in_child() -> None:
+        gs.close()
+        assert gs._pools == [] and gs._flat == [] and len(gs) == 0
+        gs.close()  # idempotent
+        assert log == []
+
+    assert run_in_fork(in_child) == "ok"
+    assert log == []
+    gs.close()
+    assert sorted(what for what, _ in log) == ["release"] + ["reset"] * (2 * nslots)

@@ -220,3 +220,22 @@ def test_agrees_with_rust_planner(s: Schedule, tmp_path: Any) -> None:
         assert int(plan["slots"]) == s.num_slots
     if "microbatch_slot" in plan and s.virtual_chunks == 1:
         assert [int(x) for x in plan["microbatch_slot"]] == s.microbatch_slots()
+
+
+def test_indices_do_not_wrap_around() -> None:
+    """Negative or too large chunk and microbatch indices raise, naming the argument, instead
+    of answering for another chunk or microbatch."""
+    s = Schedule.interleaved(pp_size=2, pp_rank=0, num_microbatches=4, virtual_chunks=2)
+    assert s.slot_of(1, 3) == s.microbatch_slots(1)[3]
+    for call, name in (
+        (lambda: s.slot_of(0, -1), "microbatch"),
+        (lambda: s.slot_of(0, 4), "microbatch"),
+        (lambda: s.slot_of(-1, 0), "chunk"),
+        (lambda: s.slot_of(2, 0), "chunk"),
+        (lambda: s.microbatch_slots(-1), "chunk"),
+        (lambda: s.max_in_flight(-1), "chunk"),
+    ):
+        with pytest.raises(IndexError, match=name):
+            call()
+    with pytest.raises(TypeError, match="microbatch"):
+        s.slot_of(0, 1.0)  # type: ignore[arg-type]

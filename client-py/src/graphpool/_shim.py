@@ -49,6 +49,16 @@ _lib: ctypes.CDLL | None = None
 _path: str | None = None
 
 
+def _fresh_lock_in_child() -> None:
+    # Another thread of the parent may have held the lock at fork time.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 class ShimError(GraphpoolError):
     """A shim failure that is not a capacity refusal, an unreachable daemon or a daemon
     refusal with an exception of its own (``InvalidArgument``, ``NotFound``,
@@ -62,15 +72,14 @@ class ShimError(GraphpoolError):
 
 
 def shim_path() -> str:
-    """The path of ``libgraphpool_shim.so``; raises ``FileNotFoundError`` saying how to get one."""
+    """The path of ``libgraphpool_shim.so``; raises ``FileNotFoundError`` saying how to get one
+    (or, when ``$GRAPHPOOL_SHIM`` is set but names no file, naming the variable and its path)."""
     p = native_path()
     if p is None:
-        env = os.environ.get(SHIM_ENV)
-        where = f"{SHIM_ENV}={env} does not name a file" if env else f"{SHIM_ENV} is not set"
         raise FileNotFoundError(
             "graphpool: the native allocator shim libgraphpool_shim.so is not installed "
-            f"({where}, and the package was installed without it). Install graphpool from a "
-            "checkout with cargo on PATH (`pip install ./client-py`), install a wheel built "
+            f"({SHIM_ENV} is not set, and the package was installed without it). Install graphpool "
+            "from a checkout with cargo on PATH (`pip install ./client-py`), install a wheel built "
             f"elsewhere, or set {SHIM_ENV}=/path/to/libgraphpool_shim.so "
             "(`cargo build --release -p graphpool-shim` builds target/release/libgraphpool_shim.so)."
         )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
@@ -57,6 +58,11 @@ __all__ = [
 log = logging.getLogger("graphpool.capture")
 
 _GiB = float(1 << 30)
+
+# What GraphedSchedule.close() let go of in a process forked from the one that captured it:
+# kept referenced so that graphs, static buffers and pools are never destroyed there
+# (destroying them would call CUDA in the child; their memory belongs to the parent).
+_ABANDONED: list[object] = []
 
 
 # ------------------------------------------------------------------------------- results
@@ -495,6 +501,7 @@ class GraphedSchedule:
     """
 
     def __init__(self, schedule: Schedule, layers: list[list[_Layer]], pools: list[Any], stats: CaptureStats):
+        self._pid = os.getpid()
         self.schedule = schedule
         self.stats = stats
         self._layers = layers
@@ -627,11 +634,22 @@ class GraphedSchedule:
         depends on the order in which the garbage collector finds graphs and pools. Tensors
         returned by the callables that the caller still holds keep their blocks (and, for
         daemon-backed pools, the daemon session) until they are dropped.
+
+        In a process forked from the one that captured it, this only drops the schedule's
+        references: the graphs and pools belong to the parent, so nothing calls CUDA or the
+        daemon, and they are kept referenced (never destroyed there).
         """
         import gc
 
         flat = getattr(self, "_flat", ())
         if not flat and not getattr(self, "_pools", ()):
+            return
+        if getattr(self, "_pid", os.getpid()) != os.getpid():
+            _ABANDONED.append((self._layers, flat, getattr(self, "_calls", []), self._pools))
+            self._flat = []
+            self._layers = []
+            self._calls = []
+            self._pools = []
             return
         try:
             import torch

@@ -578,6 +578,9 @@ class Client:
             reserve_budget: admit the whole budget now, so later allocations up to it cannot be
                 refused for lack of capacity.
             resume: grants this process still maps from an earlier daemon instance.
+            client_name: identifies the client program in the daemon's logs and in session
+                listings (``SessionInfo.client``); printable ASCII, at most 128 bytes (default
+                ``"graphpool-py/<version>"``).
             reconnect: how the session re-attaches on its own after the daemon went away
                 (default: keep trying for 10 minutes, backoff capped at 2 s); ``None``: the
                 session ends with the stream. See README "Daemon restarts".

@@ -53,6 +53,15 @@ class Step:
         return self.kind == "F"
 
 
+def _index(name: str, value: int, length: int) -> int:
+    """``value`` as an index into ``length`` items; negative indices do not wrap around."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if not 0 <= value < length:
+        raise IndexError(f"{name} must be between 0 and {length - 1}, got {value}")
+    return value
+
+
 def _positive(name: str, value: int, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ScheduleError(f"{name} must be an integer, got {value!r}")
@@ -211,7 +220,7 @@ class Schedule:
     def max_in_flight(self, chunk: int | None = None) -> int:
         """Most microbatches in flight at once, of one chunk (0-based) or of all together."""
         if chunk is not None:
-            return self._slots[chunk]
+            return self._slots[_index("chunk", chunk, len(self._slots))]
         live = best = 0
         for s in self._steps:
             live += 1 if s.kind == "F" else -1
@@ -227,12 +236,18 @@ class Schedule:
         return out
 
     def slot_of(self, chunk: int, microbatch: int) -> int:
-        """Slot of ``microbatch`` (0-based) of ``chunk`` (0-based)."""
-        return self._mb_slot[chunk][microbatch]
+        """Slot of ``microbatch`` (0-based) of ``chunk`` (0-based).
+
+        Raises:
+            IndexError: ``chunk`` or ``microbatch`` is out of range (negative included).
+            TypeError: either is not an integer.
+        """
+        slots = self._mb_slot[_index("chunk", chunk, len(self._mb_slot))]
+        return slots[_index("microbatch", microbatch, len(slots))]
 
     def microbatch_slots(self, chunk: int = 0) -> list[int]:
         """Slot of each microbatch of ``chunk``, indexed by microbatch."""
-        return list(self._mb_slot[chunk])
+        return list(self._mb_slot[_index("chunk", chunk, len(self._mb_slot))])
 
     def first_use_steps(self) -> list[Step]:
         """The steps that first use each (kind, chunk, slot): what capture has to record."""

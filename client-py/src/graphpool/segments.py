@@ -47,6 +47,20 @@ HANDLE_CUDA = "cuda-vmm-posix-fd"
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 16 << 20
 
+# Fd channels and segments whose `_lock` a forked child must replace: a lock that another
+# thread of the parent held at fork time stays held forever in the child, which would hang
+# there in `Segment.release()` or any use of the channel.
+_FORK_LOCKED: weakref.WeakSet[FdChannel | Segment] = weakref.WeakSet()
+
+
+def _fresh_locks_in_child() -> None:
+    for obj in list(_FORK_LOCKED):
+        obj._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+
 
 class FdChannel:
     """A connection to the daemon's fd socket (``Attached.fd_socket``).
@@ -65,6 +79,7 @@ class FdChannel:
         self._sock: socket.socket | None = None
         self._pid = 0
         self._lock = threading.Lock()
+        _FORK_LOCKED.add(self)
 
     def _connect(self) -> socket.socket:
         if self._sock is not None and self._pid == os.getpid():
@@ -244,6 +259,7 @@ class Segment:
         self._device: DeviceMapping | None = None
         self._released = False
         self._lock = threading.Lock()
+        _FORK_LOCKED.add(self)
         # A segment dropped without release() must not leak its fd (and, for a memfd, the
         # memory it keeps alive after the daemon let go of it): close it when collected. Not
         # at exit, where the sessions' exit handler still closes the segments it tracks.

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from . import _shim
+from .client import Client, Session
 from .errors import GraphpoolError
 from .units import parse_size
 
@@ -52,6 +53,20 @@ _sessions: dict[int, int] = {}
 _sessions_pid = 0
 # device -> (job_id, rank) of the session the shim holds for it.
 _owners: dict[int, tuple[str, int]] = {}
+# torch pools released in a process forked from the one that created them: kept referenced so
+# that they are never destroyed there (destroying one would call CUDA in the child).
+_ABANDONED: list[object] = []
+
+
+def _fresh_lock_in_child() -> None:
+    # Another thread of the parent may have held the lock at fork time (e.g. in a pool's
+    # daemon attach).
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def _pluggable_allocator() -> Any:
@@ -135,7 +150,10 @@ class MemPool:
         reserve_budget: admit the whole budget now, so that capture cannot be refused later
             up to it; raises ``CapacityExceeded`` at once if it does not fit.
         socket: the daemon's socket (default ``$GRAPHPOOL_SOCKET`` or the system socket).
-        client: a ``graphpool.Client`` whose socket to use.
+        client: a ``graphpool.Client`` whose socket to use, or a ``graphpool.Session``: the
+            socket of its client (the pool's segments still come through the shim's own
+            session of the device, with this pool's ``job_id`` and ``rank``). Ignored when
+            ``socket`` is given.
         daemon_device: the device as the daemon names it (default: this device's UUID).
         label: a name for this pool (shown in ``repr``).
     """
@@ -150,7 +168,7 @@ class MemPool:
         local_rank: int | None = None,
         reserve_budget: bool = False,
         socket: str | os.PathLike[str] | None = None,
-        client: Any = None,
+        client: Client | Session | None = None,
         daemon_device: str | None = None,
         label: str = "",
     ) -> None:
@@ -167,9 +185,14 @@ class MemPool:
         self.job_id = job_id or _default_job_id()
         self.rank = rank if rank is not None else (_env_int("RANK") or 0)
         self.local_rank = local_rank if local_rank is not None else (_env_int("LOCAL_RANK") or index)
+        if isinstance(client, Session):
+            client = client.client
         if socket is None and client is not None:
             socket = getattr(client, "socket_path", None)
+            if socket is None:  # not the default socket in silence
+                raise TypeError(f"client must be a graphpool.Client or graphpool.Session, not {client!r}")
         self.socket = os.fspath(socket) if socket is not None else None
+        self._pid = os.getpid()
         self._released = False
         # The primary context must exist before the shim maps memory for torch.
         torch.cuda.init()
@@ -287,13 +310,20 @@ class MemPool:
     def release(self) -> None:
         """Drops the torch pool and returns its free segments to the daemon. Graphs captured
         into it must be gone first (their memory stays in use until they are). Ends the
-        device's daemon session when no other graphpool pool of the device is left."""
+        device's daemon session when no other graphpool pool of the device is left.
+
+        Idempotent. In a process forked from the one that created the pool, this only drops
+        the pool locally: the memory and the daemon session belong to the parent, so nothing
+        calls CUDA or the shim, and the torch pool is kept referenced (never destroyed there)."""
         if self._released:
             return
         self._released = True
         self._finalizer.detach()
         pool = self._pool
         del self._pool
+        if self._pid != os.getpid():
+            _ABANDONED.append(pool)
+            return
         del pool
         gc.collect()
         torch.cuda.synchronize(self.device)

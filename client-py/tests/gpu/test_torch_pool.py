@@ -311,6 +311,54 @@ def test_two_processes_shared_budget(gpu_daemon: GpuDaemon, tmp_path: Path) -> N
             c.set_limits(jobs={job: 0})
 
 
+FORKED_RELEASE = """
+import os, sys, traceback, torch, graphpool
+import graphpool.torch as gpt
+sock, job = sys.argv[1:3]
+client = graphpool.Client(sock)
+with client.attach(job, rank=7) as session:
+    # A Session as client: the pool uses its client's socket.
+    pool = gpt.MemPool(0, budget=None, job_id=job, rank=0, client=session)
+    assert pool.socket == client.socket_path, pool.socket
+    x = torch.ones(1 << 20, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with pool.capture(g):
+        y = x * 2
+    g.replay()
+    torch.cuda.synchronize()
+    granted = pool.granted_bytes()
+    assert granted > 0
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            pool.release()  # the parent's pool: only dropped here, no CUDA call
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    # The parent's memory, graph and daemon session are untouched.
+    assert pool.granted_bytes() == granted
+    g.replay()
+    torch.cuda.synchronize()
+    assert y.sum().item() == 2 * (1 << 20)
+    del g, y
+    pool.release()
+print("ok", flush=True)
+"""
+
+
+def test_release_in_forked_child_leaves_the_parents_pool(gpu_daemon: GpuDaemon) -> None:
+    # A fresh process: the shim keeps one session per device per process.
+    p = _py(FORKED_RELEASE, gpu_daemon.socket, _job())
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert out.strip().splitlines()[-1] == "ok", (out, err)
+
+
 def test_graph_context_is_typed_as_what_it_yields() -> None:
     """``torch.cuda.graph`` gives nothing to ``as``; neither do ``graph``/``MemPool.capture``,
     and their annotation says so (it claimed a ``torch.cuda.graph``)."""
