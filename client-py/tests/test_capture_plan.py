@@ -153,3 +153,25 @@ def test_plan_through_a_client_names_the_session(daemon: object, client: graphpo
         assert again.plan.footprint_bytes == resp.plan.footprint_bytes and again.reserved_bytes == 0
     with pytest.raises(TypeError, match="session_id"):
         request_plan(schedule, _profiles(3), budget=None, client=client)
+
+
+def test_graphed_schedule_indices_do_not_wrap_around() -> None:
+    """``gs[layer, microbatch]``, ``layer()`` and ``chunk()`` refuse negative and too-large
+    indices, naming the argument, instead of picking another layer or microbatch."""
+    from graphpool.capture import CaptureStats, GraphedSchedule, _Layer
+    from graphpool.schedule import Schedule
+
+    schedule = Schedule.one_f_one_b(pp_size=2, pp_rank=0, num_microbatches=4)
+    nslots = schedule.slots_per_chunk[0]
+    lay = _Layer(0, 0, object(), nslots, True, True)
+    gs = GraphedSchedule(schedule, [[lay]], [], CaptureStats())
+    assert callable(gs[0, 3]) and len(gs.layer(0)) == 4 and len(gs.chunk(0, 3)) == 1
+    for bad in [lambda: gs[0, -1], lambda: gs[-1, 0], lambda: gs[0, 4], lambda: gs[1, 0]]:
+        with pytest.raises(IndexError, match="layer|microbatch"):
+            bad()
+    with pytest.raises(IndexError, match="layer"):
+        gs.layer(-1)
+    with pytest.raises(IndexError, match="chunk"):
+        gs.chunk(-1, 0)
+    with pytest.raises(IndexError, match="microbatch"):
+        gs.chunk(0, -1)

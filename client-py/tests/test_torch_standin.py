@@ -182,3 +182,29 @@ def test_mempool_client_may_be_a_session(daemon: Daemon) -> None:
         daemon.socket,
     )
     assert out == "ok"
+
+
+def test_mempool_collected_in_forked_child_is_not_destroyed_there() -> None:
+    """A pool the child drops without ``release()`` is collected there: neither its torch pool
+    nor the daemon session may be touched (both belong to the parent)."""
+    out = _run(
+        """
+        pool = gpt.MemPool(0, budget=None, job_id="j", rank=0)
+
+        def child():
+            global pool
+            pool = None
+            gc.collect()
+            mine = [c for c in calls if c[1] == os.getpid()]
+            assert mine == [], mine  # the torch pool not destroyed, no shim call
+
+        print("child:", in_child(child))
+        assert sessions
+        pool = None
+        gc.collect()
+        whats = [c[0] for c in calls]
+        assert "pool destroyed" in whats and "shim release_device" in whats, whats
+        print("parent: ok")
+        """
+    )
+    assert out.splitlines() == ["child: ok", "parent: ok"]

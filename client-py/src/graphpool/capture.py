@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
-from .schedule import Schedule
+from .schedule import Schedule, _index
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -519,19 +519,22 @@ class GraphedSchedule:
 
     def __getitem__(self, key: tuple[int, int]) -> Callable[..., Any]:
         layer, microbatch = key
-        return self._calls[layer][microbatch]
+        layer = _index("layer", layer, len(self._calls))
+        return self._calls[layer][_index("microbatch", microbatch, self.schedule.num_microbatches)]
 
     def __len__(self) -> int:
         return len(self._flat) * self.schedule.num_microbatches
 
     def layer(self, layer: int) -> list[Callable[..., Any]]:
         """The callables of ``layer`` (index into the flat list of layers), one per
-        microbatch."""
-        return list(self._calls[layer])
+        microbatch. Raises ``IndexError`` for an index out of range (negative included)."""
+        return list(self._calls[_index("layer", layer, len(self._calls))])
 
     def chunk(self, chunk: int, microbatch: int) -> list[Callable[..., Any]]:
         """The callables of every layer of ``chunk`` (0-based) for ``microbatch``, in forward
-        order."""
+        order. Raises ``IndexError`` for an index out of range (negative included)."""
+        chunk = _index("chunk", chunk, len(self._layers))
+        microbatch = _index("microbatch", microbatch, self.schedule.num_microbatches)
         start = sum(len(c) for c in self._layers[:chunk])
         return [self._calls[start + i][microbatch] for i in range(len(self._layers[chunk]))]
 

@@ -227,7 +227,9 @@ class MemPool:
         except BaseException:
             self._drop_session_ref()
             raise
-        self._finalizer = weakref.finalize(self, MemPool._finalize, index)
+        # The finalizer holds the torch pool too: collected in a forked child, the pool must
+        # not be destroyed there (that calls CUDA), so the finalizer keeps it referenced.
+        self._finalizer = weakref.finalize(self, MemPool._collected, index, [self._pool], self._pid)
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -332,6 +334,15 @@ class MemPool:
 
     def _drop_session_ref(self) -> None:
         MemPool._finalize(self.device)
+
+    @staticmethod
+    def _collected(device: int, pool: list[Any], pid: int) -> None:
+        # A pool collected without release(): in the process that made it, its daemon session
+        # reference goes; in a forked child, nothing is touched and the torch pool is parked.
+        if pid != os.getpid():
+            _ABANDONED.extend(pool)
+            return
+        MemPool._finalize(device)
 
     @staticmethod
     def _finalize(device: int) -> None:
