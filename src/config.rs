@@ -251,6 +251,9 @@ impl Default for CudaConfig {
     }
 }
 
+/// Largest capacity of a host-backend device (1024 TiB).
+pub const MAX_HOST_CAPACITY: u64 = 1 << 50;
+
 // ---- the TOML file -------------------------------------------------------------------------
 
 #[derive(Debug, Default, Deserialize)]
@@ -476,6 +479,11 @@ impl Config {
         if host.capacity_bytes < host.granularity_bytes {
             return Err(invalid("host.capacity", "at least one granule"));
         }
+        // A memfd's size is an off_t, and the ledger sums capacities over devices: keep both
+        // far from overflowing.
+        if host.capacity_bytes > MAX_HOST_CAPACITY {
+            return Err(invalid("host.capacity", "at most 1024TiB per device"));
+        }
 
         let cd = CudaConfig::default();
         let cuda = CudaConfig {
@@ -651,6 +659,14 @@ mod tests {
                 "{bad:?}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn host_capacity_is_range_checked() {
+        let c = Config::from_toml("socket = \"/tmp/a\"\n[host]\ncapacity = \"1024TiB\"").unwrap();
+        assert_eq!(c.host.capacity_bytes, MAX_HOST_CAPACITY);
+        let e = Config::from_toml("socket = \"/tmp/a\"\n[host]\ncapacity = 9223372036854775808").unwrap_err();
+        assert!(e.to_string().contains("host.capacity"), "{e}");
     }
 
     #[test]
