@@ -29,6 +29,17 @@ fn field(status: &tonic::Status) -> String {
     }
 }
 
+/// A log written to a file (or the journal) carries no terminal colour codes.
+#[tokio::test]
+async fn a_log_that_is_not_a_terminal_has_no_colour_codes() {
+    let d = start("");
+    let mut c = d.clients().await;
+    attach(&mut c, "train", 0, "").await.unwrap();
+    let log = d.log();
+    assert!(log.contains("graphpoold ready"), "{log}");
+    assert!(!log.contains('\u{1b}'), "escape codes in the log:\n{log:?}");
+}
+
 #[tokio::test]
 async fn allocate_map_release_round_trip() {
     let d = start("");
