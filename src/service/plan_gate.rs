@@ -1,7 +1,7 @@
 //! How many `PlanCapture` calls plan at once. A plan is CPU work on every core of the node
 //! for up to its time box (at most `planning::MAX_TIME_BUDGET`), so the daemon bounds it:
 //! one plan in flight per session (a second is refused at once), and at most
-//! [`PLANS_AT_ONCE`] on the node (more wait their turn in arrival order; a caller that gives
+//! [`plans_at_once`] on the node (more wait their turn in arrival order; a caller that gives
 //! up stops waiting).
 
 use std::collections::HashSet;
@@ -10,10 +10,13 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
-/// Plans that run at once on the node. Each uses every core for its time box; two keep the
-/// ranks of a node that plan together from each waiting on every other's whole budget while
-/// bounding what planning takes from the node.
-pub const PLANS_AT_ONCE: usize = 2;
+/// Plans that run at once on the node: one per two cores, at least two. Each uses the cores
+/// it finds for its time box; the ranks of a node (eight on a node of eight GPUs and sixteen
+/// cores or more) plan together at the start of a job without waiting on one another's whole
+/// budget, while a flood of plans cannot take more than that from the node.
+pub fn plans_at_once() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get() / 2).max(2)
+}
 
 /// The gate every `PlanCapture` passes (see the module documentation).
 #[derive(Debug)]
@@ -24,7 +27,7 @@ pub struct PlanGate {
 
 impl Default for PlanGate {
     fn default() -> Self {
-        PlanGate::new(PLANS_AT_ONCE)
+        PlanGate::new(plans_at_once())
     }
 }
 

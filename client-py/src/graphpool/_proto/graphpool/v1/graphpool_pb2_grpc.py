@@ -118,7 +118,7 @@ class GraphpoolServicer(object):
         """Plans the static buffers of a schedule of CUDA graphs, checked against the session's
         quota and the device's free capacity, and records the plan in the ledger. One plan per
         session at a time (a second is refused with RESOURCE_EXHAUSTED while the first runs);
-        the node plans two at once, others wait their turn.
+        the node plans one per two cores at once (at least two), others wait their turn.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
