@@ -14,9 +14,9 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import threading
 from typing import Any
 
+from ._fork import ForkSafeLock
 from ._native import SHIM_ENV, native_path
 from ._proto.graphpool.v1 import graphpool_pb2 as pb
 from .errors import (
@@ -44,19 +44,9 @@ __all__ = [
     "stats",
 ]
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _lib: ctypes.CDLL | None = None
 _path: str | None = None
-
-
-def _fresh_lock_in_child() -> None:
-    # Another thread of the parent may have held the lock at fork time.
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 class ShimError(GraphpoolError):

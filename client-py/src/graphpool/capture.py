@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
+from ._fork import park
 from .schedule import Schedule, _index
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,10 +60,6 @@ log = logging.getLogger("graphpool.capture")
 
 _GiB = float(1 << 30)
 
-# What GraphedSchedule.close() let go of in a process forked from the one that captured it:
-# kept referenced so that graphs, static buffers and pools are never destroyed there
-# (destroying them would call CUDA in the child; their memory belongs to the parent).
-_ABANDONED: list[object] = []
 
 
 # ------------------------------------------------------------------------------- results
@@ -648,7 +645,8 @@ class GraphedSchedule:
         if not flat and not getattr(self, "_pools", ()):
             return
         if getattr(self, "_pid", os.getpid()) != os.getpid():
-            _ABANDONED.append((self._layers, flat, getattr(self, "_calls", []), self._pools))
+            # Destroying graphs, static buffers or pools would call CUDA in the child.
+            park((self._layers, flat, getattr(self, "_calls", []), self._pools))
             self._flat = []
             self._layers = []
             self._calls = []

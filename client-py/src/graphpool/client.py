@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from ._fork import park
 from ._proto.graphpool.v1 import graphpool_pb2 as pb
 from ._proto.graphpool.v1 import graphpool_pb2_grpc as pb_grpc
 from .errors import (
@@ -401,9 +402,6 @@ class DetachResult:
 # Fork handling: a child never touches a channel it inherited.
 
 _CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
-# Channels inherited through fork. Kept referenced forever so that the child never runs their
-# destructors (closing a channel created by the parent is not safe in the child).
-_ABANDONED: list[object] = []
 
 
 def _after_fork_in_child() -> None:
@@ -490,7 +488,7 @@ class Client:
     def _abandon_channel(self) -> None:
         """Forgets a channel created by another process without closing it."""
         if self._channel is not None and self._pid != os.getpid():
-            _ABANDONED.append(self._channel)
+            park(self._channel)
             self._channel = None
             self._stub = self._admin = None
         # The lock may have been held by another thread at fork time.
@@ -541,7 +539,7 @@ class Client:
                 if self._pid == os.getpid():
                     self._channel.close()
                 else:
-                    _ABANDONED.append(self._channel)
+                    park(self._channel)
             self._channel = None
             self._stub = self._admin = None
 
@@ -1214,7 +1212,7 @@ class Session:
     def _abandon_in_child(self) -> None:
         # The thread and the stream stayed in the parent; forget them here without closing.
         if self._pid != os.getpid():
-            _ABANDONED.append(self._call_obj)
+            park(self._call_obj)
             self._lock = threading.Lock()
             self._state = threading.Lock()
 

@@ -19,10 +19,10 @@ import mmap
 import os
 import socket
 import struct
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
+from ._fork import ForkSafeLock
 from ._native import native_path
 from ._proto.graphpool.v1 import graphpool_pb2 as pb
 from .errors import FailedPrecondition, GraphpoolError, DaemonUnavailable, error_from_code
@@ -47,20 +47,6 @@ HANDLE_CUDA = "cuda-vmm-posix-fd"
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 16 << 20
 
-# Fd channels and segments whose `_lock` a forked child must replace: a lock that another
-# thread of the parent held at fork time stays held forever in the child, which would hang
-# there in `Segment.release()` or any use of the channel.
-_FORK_LOCKED: weakref.WeakSet[FdChannel | Segment] = weakref.WeakSet()
-
-
-def _fresh_locks_in_child() -> None:
-    for obj in list(_FORK_LOCKED):
-        obj._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_locks_in_child)
-
 
 class FdChannel:
     """A connection to the daemon's fd socket (``Attached.fd_socket``).
@@ -78,8 +64,7 @@ class FdChannel:
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._pid = 0
-        self._lock = threading.Lock()
-        _FORK_LOCKED.add(self)
+        self._lock = ForkSafeLock()
 
     def _connect(self) -> socket.socket:
         if self._sock is not None and self._pid == os.getpid():
@@ -258,8 +243,7 @@ class Segment:
         self._mmap: mmap.mmap | None = None
         self._device: DeviceMapping | None = None
         self._released = False
-        self._lock = threading.Lock()
-        _FORK_LOCKED.add(self)
+        self._lock = ForkSafeLock()
         # A segment dropped without release() must not leak its fd (and, for a memfd, the
         # memory it keeps alive after the daemon let go of it): close it when collected. Not
         # at exit, where the sessions' exit handler still closes the segments it tracks.
@@ -460,7 +444,7 @@ class _Driver:
     """The few driver entry points a device segment needs, each result checked."""
 
     _instance: _Driver | None = None
-    _lock = threading.Lock()
+    _lock = ForkSafeLock()
 
     def __init__(self) -> None:
         try:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -39,13 +38,14 @@ from typing import Any
 import torch
 
 from . import _shim
+from ._fork import ForkSafeLock, park
 from .client import Client, Session
 from .errors import GraphpoolError
 from .units import parse_size
 
 __all__ = ["MemPool", "graph", "make_graphed_callables", "translate_errors"]
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _allocator: Any = None
 _allocator_pid = 0
 # device -> number of live MemPools using its session, per process.
@@ -53,20 +53,6 @@ _sessions: dict[int, int] = {}
 _sessions_pid = 0
 # device -> (job_id, rank) of the session the shim holds for it.
 _owners: dict[int, tuple[str, int]] = {}
-# torch pools released in a process forked from the one that created them: kept referenced so
-# that they are never destroyed there (destroying one would call CUDA in the child).
-_ABANDONED: list[object] = []
-
-
-def _fresh_lock_in_child() -> None:
-    # Another thread of the parent may have held the lock at fork time (e.g. in a pool's
-    # daemon attach).
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def _pluggable_allocator() -> Any:
@@ -324,7 +310,7 @@ class MemPool:
         pool = self._pool
         del self._pool
         if self._pid != os.getpid():
-            _ABANDONED.append(pool)
+            park(pool)  # destroying it would call CUDA in the child
             return
         del pool
         gc.collect()
@@ -340,7 +326,7 @@ class MemPool:
         # A pool collected without release(): in the process that made it, its daemon session
         # reference goes; in a forked child, nothing is touched and the torch pool is parked.
         if pid != os.getpid():
-            _ABANDONED.extend(pool)
+            park(pool)
             return
         MemPool._finalize(device)
 
