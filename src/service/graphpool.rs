@@ -7,7 +7,7 @@ use graphpool_proto::v1::graphpool_server::Graphpool;
 use tonic::{Request, Response, Status};
 
 use super::sessions::EventStream;
-use super::status::invalid;
+use super::status::{bounded, invalid};
 use super::{Shared, segments, validate};
 use crate::ledger::{AttachSpec, Declared, EndReason, GrantView, LedgerError, SessionView};
 
@@ -355,7 +355,7 @@ impl GraphpoolService {
             .map_err(|e| Status::internal(format!("planner failed: {e}")))?
             .map_err(|e| match e.field() {
                 Some(f) => invalid(&format!("input.{f}"), e.to_string()),
-                None => Status::invalid_argument(e.to_string()),
+                None => Status::invalid_argument(bounded(e.to_string())),
             })?;
         if r.summary_only {
             plan.buffers = Vec::new();

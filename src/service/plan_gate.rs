@@ -31,33 +31,18 @@ impl Default for PlanGate {
     }
 }
 
-/// A plan's place through the gate: while it lives, its session has a plan in flight and it
-/// holds one of the node's places.
+/// A plan's place through the gate: while it lives, its session has a plan in flight (waiting
+/// for a place, then holding one of the node's).
 #[derive(Debug)]
 pub struct PlanTicket<'a> {
     gate: &'a PlanGate,
     session_id: u64,
-    _running: OwnedSemaphorePermit,
+    _running: Option<OwnedSemaphorePermit>,
 }
 
 impl Drop for PlanTicket<'_> {
     fn drop(&mut self) {
         self.gate.sessions.lock().expect("plan gate lock").remove(&self.session_id);
-    }
-}
-
-/// Removes a session's mark if it is dropped while waiting for a place.
-struct Waiting<'a> {
-    gate: &'a PlanGate,
-    session_id: u64,
-    armed: bool,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.gate.sessions.lock().expect("plan gate lock").remove(&self.session_id);
-        }
     }
 }
 
@@ -76,12 +61,12 @@ impl PlanGate {
                  before asking for another plan"
             )));
         }
-        let mut waiting = Waiting { gate: self, session_id, armed: true };
-        let permit = self.running.clone().acquire_owned().await.map_err(|_| {
+        // Dropped while waiting (the caller gave up), the ticket clears the session's mark.
+        let mut ticket = PlanTicket { gate: self, session_id, _running: None };
+        ticket._running = Some(self.running.clone().acquire_owned().await.map_err(|_| {
             Status::unavailable("graphpoold is shutting down; attach again after it restarts")
-        })?;
-        waiting.armed = false;
-        Ok(PlanTicket { gate: self, session_id, _running: permit })
+        })?);
+        Ok(ticket)
     }
 
     /// Sessions with a plan in flight: running, or waiting for a place.
