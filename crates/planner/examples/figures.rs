@@ -120,16 +120,17 @@ fn main() {
     generated(&mut cases, "packed", &[100, 1_000, 10_000], &seeds, "", workload::packed);
     generated(&mut cases, "packed", &sizes, &seeds, " budget=1s", workload::packed);
     // Tilings of other shapes: short pieces (one step per piece: many cuts meet), cuts at
-    // any byte, the largest of three pieces cut each time (few slivers); and skyline fills,
-    // which need not split along any line.
+    // any byte, the largest of three pieces cut each time (few slivers), cuts at halves and
+    // quarters (sizes that repeat); and skyline fills, which need not split along any line.
     let shapes = [
         ("packed-h1", workload::Tiling { horizon_per_piece: 1, ..Default::default() }),
         ("packed-b1", workload::Tiling { granularity: 1, ..Default::default() }),
         ("packed-area", workload::Tiling { cut_largest_of: 3, ..Default::default() }),
+        ("packed-halves", workload::Tiling { halves: true, ..Default::default() }),
     ];
     for (name, shape) in shapes {
         let tiling = move |n, seed| workload::packed_tiling(n, seed, &shape);
-        generated(&mut cases, name, &sizes[1..], &seeds, " budget=1s", tiling);
+        generated(&mut cases, name, &sizes, &seeds, " budget=1s", tiling);
     }
     generated(&mut cases, "skyline", &sizes, &seeds, " budget=1s", workload::packed_skyline);
     println!(

@@ -140,12 +140,16 @@ pub struct Tiling {
     /// Pieces drawn for each cut, the one of most bytes × steps cut: 1 cuts a piece drawn
     /// uniformly (many slivers), 3 favours the large pieces (even sizes, few slivers).
     pub cut_largest_of: u32,
+    /// Cuts in memory at half the piece (7 cuts in 10) or a quarter of it (rounded down to
+    /// the granularity) instead of anywhere: sizes repeat, as power-of-two tensors do, and
+    /// many pieces of one size meet at one step.
+    pub halves: bool,
 }
 
 impl Default for Tiling {
     /// The shape of [`packed`]: 4 steps per piece, 512-byte cuts, uniform draws.
     fn default() -> Self {
-        Tiling { horizon_per_piece: 4, granularity: 512, cut_largest_of: 1 }
+        Tiling { horizon_per_piece: 4, granularity: 512, cut_largest_of: 1, halves: false }
     }
 }
 
@@ -184,7 +188,12 @@ pub fn packed_tiling(n: usize, seed: u64, shape: &Tiling) -> Vec<Buffer> {
             pieces[k] = (s, c, o, h);
             pieces.push((c, e, o, h));
         } else if !cut_time && h >= 2 * unit {
-            let c = rng.range(1, h / unit - 1) * unit;
+            let c = if shape.halves {
+                let part = if rng.below(10) < 7 { h / 2 } else { h / 4 };
+                (part / unit).max(1) * unit
+            } else {
+                rng.range(1, h / unit - 1) * unit
+            };
             pieces[k] = (s, e, o, c);
             pieces.push((s, e, o + c, h - c));
         }
@@ -257,6 +266,7 @@ mod tests {
             Tiling { horizon_per_piece: 1, ..Tiling::default() },
             Tiling { granularity: 1, ..Tiling::default() },
             Tiling { cut_largest_of: 3, ..Tiling::default() },
+            Tiling { halves: true, ..Tiling::default() },
         ];
         for shape in shapes {
             for seed in 1..=3 {
