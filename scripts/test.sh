@@ -16,6 +16,9 @@ step() { printf '\n==> %s\n' "$*"; }
 
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 export CARGO_INCREMENTAL=0
+# Where cargo puts what it builds (absolute: the steps below change directory).
+TARGET=${CARGO_TARGET_DIR:-target}
+case $TARGET in /*) ;; *) TARGET=$PWD/$TARGET ;; esac
 
 if want rust; then
   step "toolchain components"
@@ -36,13 +39,13 @@ fi
 if want python; then
   step "python client tests (real graphpoold, host backend)"
   cargo build --locked --bins
-  GRAPHPOOL_DAEMON_BIN="$PWD/target/debug/graphpoold" bash client-py/tools/test.sh
+  GRAPHPOOL_DAEMON_BIN="$TARGET/debug/graphpoold" bash client-py/tools/test.sh
 fi
 
 if want deploy; then
   step "deployment checks (manifests, rules, dashboard, Prometheus end to end)"
   cargo build --locked --bins
-  GRAPHPOOL_BIN_DIR="$PWD/target/debug" bash .ci/deploy-checks.sh
+  GRAPHPOOL_BIN_DIR="$TARGET/debug" bash .ci/deploy-checks.sh
 fi
 
 if want fuzz && [ -x fuzz/run.sh ]; then

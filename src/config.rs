@@ -542,15 +542,25 @@ fn opt_size(v: &Option<SizeValue>, key: &str) -> Result<Option<u64>, ConfigError
     v.as_ref().map(|v| v.bytes(key)).transpose()
 }
 
-/// The socket path clients use when `GRAPHPOOL_SOCKET` is not set: `/run/graphpool/...` when
-/// that directory exists or can be created, else under `$XDG_RUNTIME_DIR`.
+/// The daemon's socket path when none is configured: `/run/graphpool/...` when this process
+/// may write that directory (it exists and is writable, or could be created), else under
+/// `$XDG_RUNTIME_DIR` — so a daemon run by a user on a node with the system install does not
+/// try to bind in a directory it cannot write.
 pub fn default_socket_path() -> Result<PathBuf, ConfigError> {
-    let system = PathBuf::from(SYSTEM_SOCKET);
+    socket_path_from(Path::new(SYSTEM_SOCKET), std::env::var_os("XDG_RUNTIME_DIR"))
+}
+
+/// [`default_socket_path`] with the system path and `$XDG_RUNTIME_DIR` given.
+fn socket_path_from(
+    system: &Path,
+    xdg_runtime_dir: Option<std::ffi::OsString>,
+) -> Result<PathBuf, ConfigError> {
     let dir = system.parent().expect("has parent");
-    if dir.is_dir() && is_writable(dir) || std::fs::create_dir_all(dir).is_ok() {
-        return Ok(system);
+    let usable = if dir.is_dir() { is_writable(dir) } else { std::fs::create_dir_all(dir).is_ok() };
+    if usable {
+        return Ok(system.to_path_buf());
     }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
+    match xdg_runtime_dir {
         Some(x) if !x.is_empty() => Ok(PathBuf::from(x).join("graphpool").join("graphpool.sock")),
         _ => Err(ConfigError::NoSocketPath),
     }
@@ -633,6 +643,31 @@ mod tests {
         assert!(e.to_string().contains("bogus"), "{e}");
         let e = Config::from_toml("socket = \"/tmp/a\"\nmetrics_listen = \"nowhere\"").unwrap_err();
         assert!(e.to_string().contains("metrics_listen"), "{e}");
+    }
+
+    #[test]
+    fn the_system_socket_is_chosen_only_where_its_directory_is_writable() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let xdg = Some(std::ffi::OsString::from("/run/user/1000"));
+        // A directory that can be created, or exists and is writable: the system path.
+        let created = tmp.path().join("new").join("graphpool.sock");
+        assert_eq!(socket_path_from(&created, xdg.clone()).unwrap(), created);
+        assert!(tmp.path().join("new").is_dir());
+        assert_eq!(socket_path_from(&created, None).unwrap(), created);
+        // One that exists but this process may not write: `$XDG_RUNTIME_DIR`, or an error
+        // without it (root may write anywhere, so this half needs another uid).
+        let locked = tmp.path().join("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+        if current_uid() != 0 {
+            let system = locked.join("graphpool.sock");
+            assert_eq!(
+                socket_path_from(&system, xdg).unwrap(),
+                PathBuf::from("/run/user/1000/graphpool/graphpool.sock")
+            );
+            assert!(matches!(socket_path_from(&system, None), Err(ConfigError::NoSocketPath)));
+        }
     }
 
     #[test]

@@ -524,7 +524,11 @@ async fn each_grant_and_refusal_leaves_one_structured_log_line() {
     }
     assert_eq!(refused[0]["requested"], 2 * MIB);
     assert_eq!((&refused[1]["requested"], &refused[1]["free"]), (&(8 * MIB).into(), &(6 * MIB).into()));
+    for line in &refused[..2] {
+        assert!(line["limit_bytes"].is_u64() && line["device"].is_u64(), "limit_bytes, device: {line}");
+    }
     assert_eq!(refused[2]["uid"], unsafe { libc::geteuid() });
+    assert!(refused[2]["limit_sessions"].is_u64(), "limit_sessions: {}", refused[2]);
     let fd_refused = with_message(&lines, "fd request refused: the peer does not own the grant");
     assert_eq!(fd_refused.len(), 1, "{fd_refused:#?}");
     assert_eq!(fd_refused[0]["grant"], granted[1].grant_id);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Seed reproduction: CUDA graphs of a pipeline stage at 8..128 microbatches, four ways.
 
-The stage of ../shared/ARCHITECTURE.md (9 transformer layers, hidden 1024, FFN 4096, 16 heads,
+A pipeline stage (bench/gpu/seed/model.py: 9 transformer layers, hidden 1024, FFN 4096, 16 heads,
 sequence 4096, micro-batch 1, bf16, SDPA attention), under 1F1B stage 0 of 8, 1F1B stage 7 of 8
 and interleaved 1F1B stage 0 of 8 with 2 virtual chunks (chunks of 5 and 4 layers), for
 M in {8, 32, 128}. Variants, each in a process of its own (forked from a parent that imported
@@ -15,8 +15,8 @@ torch but never initialised CUDA):
 * ``graphpool``  - ``graphpool.capture.make_graphed_callables``: one graph per (layer, slot),
                    memory split by lifetime;
 * ``unsafe-onepool`` (opt-in) - graphpool's slot reuse with every graph in ONE pool: the
-                   configuration ARCHITECTURE.md reports as silently wrong; shows the check
-                   catches it.
+                   configuration that is silently wrong (a replay overwrites what another
+                   microbatch's forward kept for its backward); shows the check catches it.
 
 Per variant: device footprint (rise in used device memory per ``torch.cuda.mem_get_info``: pool
 reserve + graph objects), allocator peaks (reserved / allocated), graphs, capture time, median

@@ -79,8 +79,18 @@ def test_default_socket_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_default_socket_xdg(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GRAPHPOOL_SOCKET", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
-    monkeypatch.setattr("graphpool.client.os.path.isdir", lambda p: False)
+    monkeypatch.setattr("graphpool.client.os.path.exists", lambda p: False)
     assert graphpool.default_socket_path() == "/run/user/1000/graphpool/graphpool.sock"
+
+
+def test_default_socket_system_when_its_socket_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running system daemon's socket wins over XDG_RUNTIME_DIR, as in the CLI."""
+    monkeypatch.delenv("GRAPHPOOL_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    monkeypatch.setattr(
+        "graphpool.client.os.path.exists", lambda p: p == "/run/graphpool/graphpool.sock"
+    )
+    assert graphpool.default_socket_path() == "/run/graphpool/graphpool.sock"
 
 
 def test_public_api_is_documented() -> None:

@@ -30,6 +30,12 @@ DEPS=(
 )
 
 if [ ! -x "$VENV/bin/python" ]; then
+  # Debian and Ubuntu ship venv's pip bootstrap separately: install it where we may.
+  if ! "$PY" -c 'import ensurepip' 2>/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing python3-venv"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
   echo "== creating $VENV"
   "$PY" -m venv "$VENV"
 fi

@@ -1,4 +1,4 @@
-"""The pipeline stage of ARCHITECTURE.md: pre-LayerNorm transformer layers, bf16."""
+"""The benchmark's pipeline stage: pre-LayerNorm transformer layers, bf16."""
 
 from __future__ import annotations
 

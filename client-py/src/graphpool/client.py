@@ -61,13 +61,14 @@ SOCKET_ENV = "GRAPHPOOL_SOCKET"
 SYSTEM_SOCKET = "/run/graphpool/graphpool.sock"
 
 def default_socket_path() -> str:
-    """The daemon's socket path: ``$GRAPHPOOL_SOCKET``; else ``/run/graphpool/graphpool.sock``
-    when ``/run/graphpool`` exists; else ``$XDG_RUNTIME_DIR/graphpool/graphpool.sock`` when
-    ``XDG_RUNTIME_DIR`` is set; else ``/run/graphpool/graphpool.sock``."""
+    """The daemon's socket path, as the ``graphpool`` CLI finds it: ``$GRAPHPOOL_SOCKET``; else
+    ``/run/graphpool/graphpool.sock`` when that socket exists (a system daemon is running);
+    else ``$XDG_RUNTIME_DIR/graphpool/graphpool.sock`` when ``XDG_RUNTIME_DIR`` is set; else
+    ``/run/graphpool/graphpool.sock``."""
     env = os.environ.get(SOCKET_ENV)
     if env:
         return os.path.abspath(env)
-    if os.path.isdir(os.path.dirname(SYSTEM_SOCKET)):
+    if os.path.exists(SYSTEM_SOCKET):
         return SYSTEM_SOCKET
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
