@@ -605,11 +605,27 @@ async fn one_plan_at_a_time_per_session() {
     });
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let t = std::time::Instant::now();
-    let e = c.graphpool.plan_capture(request).await.unwrap_err();
+    let e = c.graphpool.plan_capture(request.clone()).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("already has a PlanCapture in flight"), "{e:?}");
     assert!(t.elapsed() < std::time::Duration::from_millis(500), "refused at once, not after the first plan");
     let plan = first.await.unwrap().unwrap().into_inner().plan.unwrap();
+    assert_eq!(plan.buffers.len(), 3000);
+    // A caller that gives up does not free its place while its planner runs: cancelling and
+    // asking again adds no planner.
+    let mut gone_client = c.graphpool.clone();
+    let gone = tokio::spawn({
+        let request = request.clone();
+        async move { gone_client.plan_capture(request).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    gone.abort();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let e = c.graphpool.plan_capture(request.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "the cancelled plan still runs: {e:?}");
+    // Once its time box is over, the session plans again.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let plan = c.graphpool.plan_capture(request).await.unwrap().into_inner().plan.unwrap();
     assert_eq!(plan.buffers.len(), 3000);
 }
 

@@ -346,17 +346,22 @@ impl GraphpoolService {
         validate::id("session_id", r.session_id)?;
         let session = self.shared.ledger.session(r.session_id, &peer)?;
         let input = r.input.ok_or_else(|| invalid("input", "must be set"))?;
-        // One plan per session at a time, and a bounded number on the node.
-        let _ticket = self.plan_gate.enter(r.session_id).await?;
+        // One plan per session at a time, and a bounded number on the node: the planner's
+        // thread holds the ticket to its end, so a caller that gives up frees the place only
+        // when the planner stops.
+        let ticket = self.plan_gate.enter(r.session_id).await?;
         let (budget, max) = (self.plans.time_budget, self.plans.max_buffers);
         // Planning is CPU work bounded by its time box: keep it off the async workers.
-        let mut plan = tokio::task::spawn_blocking(move || crate::planning::plan(&input, budget, max))
-            .await
-            .map_err(|e| Status::internal(format!("planner failed: {e}")))?
-            .map_err(|e| match e.field() {
-                Some(f) => invalid(&format!("input.{f}"), e.to_string()),
-                None => Status::invalid_argument(bounded(e.to_string())),
-            })?;
+        let mut plan = tokio::task::spawn_blocking(move || {
+            let _ticket = ticket;
+            crate::planning::plan(&input, budget, max)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("planner failed: {e}")))?
+        .map_err(|e| match e.field() {
+            Some(f) => invalid(&format!("input.{f}"), e.to_string()),
+            None => Status::invalid_argument(bounded(e.to_string())),
+        })?;
         if r.summary_only {
             plan.buffers = Vec::new();
         }

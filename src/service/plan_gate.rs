@@ -2,7 +2,8 @@
 //! for up to its time box (at most `planning::MAX_TIME_BUDGET`), so the daemon bounds it:
 //! one plan in flight per session (a second is refused at once), and at most
 //! [`plans_at_once`] on the node (more wait their turn in arrival order; a caller that gives
-//! up stops waiting).
+//! up stops waiting). A plan that started keeps its place until the planner stops, even when
+//! its caller gives up: cancelling and asking again does not add planners.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -22,7 +23,7 @@ pub fn plans_at_once() -> usize {
 #[derive(Debug)]
 pub struct PlanGate {
     running: Arc<Semaphore>,
-    sessions: Mutex<HashSet<u64>>,
+    sessions: Arc<Mutex<HashSet<u64>>>,
 }
 
 impl Default for PlanGate {
@@ -32,29 +33,30 @@ impl Default for PlanGate {
 }
 
 /// A plan's place through the gate: while it lives, its session has a plan in flight (waiting
-/// for a place, then holding one of the node's).
+/// for a place, then holding one of the node's). Owned, so the planner's thread can hold it
+/// to its end.
 #[derive(Debug)]
-pub struct PlanTicket<'a> {
-    gate: &'a PlanGate,
+pub struct PlanTicket {
+    sessions: Arc<Mutex<HashSet<u64>>>,
     session_id: u64,
     _running: Option<OwnedSemaphorePermit>,
 }
 
-impl Drop for PlanTicket<'_> {
+impl Drop for PlanTicket {
     fn drop(&mut self) {
-        self.gate.sessions.lock().expect("plan gate lock").remove(&self.session_id);
+        self.sessions.lock().expect("plan gate lock").remove(&self.session_id);
     }
 }
 
 impl PlanGate {
     /// A gate letting `at_once` plans run together (at least one).
     pub fn new(at_once: usize) -> Self {
-        PlanGate { running: Arc::new(Semaphore::new(at_once.max(1))), sessions: Mutex::new(HashSet::new()) }
+        PlanGate { running: Arc::new(Semaphore::new(at_once.max(1))), sessions: Arc::default() }
     }
 
     /// Waits for a place for a plan of `session_id`. Refused with RESOURCE_EXHAUSTED when that
     /// session already has a plan in flight.
-    pub async fn enter(&self, session_id: u64) -> Result<PlanTicket<'_>, Status> {
+    pub async fn enter(&self, session_id: u64) -> Result<PlanTicket, Status> {
         if !self.sessions.lock().expect("plan gate lock").insert(session_id) {
             return Err(Status::resource_exhausted(format!(
                 "session {session_id} already has a PlanCapture in flight; wait for its answer \
@@ -62,7 +64,7 @@ impl PlanGate {
             )));
         }
         // Dropped while waiting (the caller gave up), the ticket clears the session's mark.
-        let mut ticket = PlanTicket { gate: self, session_id, _running: None };
+        let mut ticket = PlanTicket { sessions: self.sessions.clone(), session_id, _running: None };
         ticket._running = Some(self.running.clone().acquire_owned().await.map_err(|_| {
             Status::unavailable("graphpoold is shutting down; attach again after it restarts")
         })?);
