@@ -508,10 +508,17 @@ impl Ledger {
                 })));
             }
         }
+        // A budget is whole granules: a grant is rounded up to them, so a budget that is not
+        // could never be used whole.
+        let budget_bytes = round_up(spec.budget_bytes, dev.granularity_bytes).unwrap_or(spec.budget_bytes);
         let reserved = if spec.reserve_budget {
-            let r = round_up(spec.budget_bytes, dev.granularity_bytes).unwrap_or(u64::MAX);
-            self.admit(&st, spec.device, &spec.job_id, spec.rank, None, r)?;
-            r
+            match self.admit(&st, spec.device, &spec.job_id, spec.rank, None, budget_bytes) {
+                Ok(()) => budget_bytes,
+                // Declared grants are adopted whatever the limits say (the memory is in use);
+                // the reservation is then left out, and `reserved_bytes` says so.
+                Err(_) if declared > 0 => 0,
+                Err(e) => return Err(e),
+            }
         } else {
             0
         };
@@ -530,7 +537,7 @@ impl Ledger {
                 granted_bytes: 0,
                 grants: 0,
                 reserved_bytes: reserved,
-                budget_bytes: spec.budget_bytes,
+                budget_bytes,
                 plan: None,
             },
             grant_ids: Vec::new(),
@@ -590,16 +597,7 @@ impl Ledger {
             }))
         };
         if let Some(s) = session {
-            let b = s.view.budget_bytes;
-            if b > 0 && s.view.granted_bytes.saturating_add(delta) > b {
-                let holders = top_holders(st.sessions.values().filter(|o| o.view.id == s.view.id));
-                return Err(refuse(
-                    LimitKind::SessionBudget,
-                    b.saturating_sub(s.view.granted_bytes),
-                    b,
-                    holders,
-                ));
-            }
+            self.within_session_budget(s, s.view.granted_bytes.saturating_add(delta), delta)?;
         }
         // The charge increase: a session with a reservation only grows its charge past it.
         let increase = match session {
@@ -804,7 +802,27 @@ impl Ledger {
         }
     }
 
-    /// Sets the session's reservation (e.g. from a reserved plan), admitting the increase.
+    /// Refuses a session's charge of `total` bytes past its own budget (none when 0);
+    /// `requested` is what the refusal says was asked for.
+    fn within_session_budget(&self, s: &SessionRec, total: u64, requested: u64) -> Result<(), LedgerError> {
+        let b = s.view.budget_bytes;
+        if b == 0 || total <= b {
+            return Ok(());
+        }
+        let dev = &self.backend.devices()[s.view.device as usize];
+        Err(LedgerError::Refused(Box::new(Refusal {
+            requested_bytes: requested,
+            free_bytes: b.saturating_sub(s.view.granted_bytes),
+            limit: LimitKind::SessionBudget,
+            limit_bytes: b,
+            device: s.view.device,
+            device_uuid: dev.uuid.clone(),
+            top_holders: top_holders(std::iter::once(s)),
+        })))
+    }
+
+    /// Sets the session's reservation (e.g. from a reserved plan), admitting the increase;
+    /// refused past the session's own budget.
     pub fn reserve(&self, session: u64, peer: &Peer, bytes: u64) -> Result<u64, LedgerError> {
         let mut st = self.lock();
         if st.shutting_down {
@@ -813,6 +831,7 @@ impl Ledger {
         let s = Self::session_of(&mut st, session, peer)?;
         let dev = &self.backend.devices()[s.view.device as usize];
         let want = round_up(bytes, dev.granularity_bytes).unwrap_or(u64::MAX);
+        self.within_session_budget(s, want, want)?;
         let (device, job, rank, charge) = (s.view.device, s.view.job_id.clone(), s.view.rank, s.charge());
         if want > charge {
             self.admit(&st, device, &job, rank, None, want - charge)?;
@@ -822,10 +841,12 @@ impl Ledger {
         Ok(want)
     }
 
-    /// Checks whether `bytes` could be charged to the session now, without changing anything.
+    /// Checks whether `bytes` could be charged to the session now (its own budget included),
+    /// without changing anything.
     pub fn check_fits(&self, session: u64, peer: &Peer, bytes: u64) -> Result<(), LedgerError> {
         let mut st = self.lock();
         let s = Self::session_of(&mut st, session, peer)?;
+        self.within_session_budget(s, bytes, bytes)?;
         let (device, job, rank, charge) = (s.view.device, s.view.job_id.clone(), s.view.rank, s.charge());
         if bytes > charge { self.admit(&st, device, &job, rank, None, bytes - charge) } else { Ok(()) }
     }
@@ -1068,6 +1089,52 @@ mod tests {
         assert_eq!(l.devices()[0].charged_bytes, 10 * MIB);
         let LedgerError::Refused(r) = l.allocate(a.id, &peer(1), 4 * MIB, "").unwrap_err() else { panic!() };
         assert_eq!(r.limit, LimitKind::SessionBudget);
+    }
+
+    #[test]
+    fn a_session_can_use_its_whole_budget_of_any_size() {
+        let l = ledger(64 * MIB, LimitsConfig::default());
+        // 3 MiB is not whole granules (2 MiB): the budget is rounded up, like the grants.
+        let (a, _) = l.attach(peer(1), AttachSpec { budget_bytes: 3 * MIB, ..spec("j", 0, 0) }, &[]).unwrap();
+        assert_eq!(a.budget_bytes, 4 * MIB);
+        l.allocate(a.id, &peer(1), 3 * MIB, "").unwrap();
+        let LedgerError::Refused(r) = l.allocate(a.id, &peer(1), 1, "").unwrap_err() else { panic!() };
+        assert_eq!(r.limit, LimitKind::SessionBudget);
+    }
+
+    #[test]
+    fn a_plan_past_the_session_budget_is_neither_reserved_nor_said_to_fit() {
+        let l = ledger(64 * MIB, LimitsConfig::default());
+        let (a, _) = l.attach(peer(1), AttachSpec { budget_bytes: 8 * MIB, ..spec("j", 0, 0) }, &[]).unwrap();
+        for e in [
+            l.reserve(a.id, &peer(1), 48 * MIB).unwrap_err(),
+            l.check_fits(a.id, &peer(1), 48 * MIB).unwrap_err(),
+        ] {
+            let LedgerError::Refused(r) = e else { panic!("{e}") };
+            assert_eq!(
+                (r.limit, r.requested_bytes, r.limit_bytes),
+                (LimitKind::SessionBudget, 48 * MIB, 8 * MIB)
+            );
+        }
+        assert_eq!(l.devices()[0].charged_bytes, 0, "nothing reserved");
+        assert_eq!(l.reserve(a.id, &peer(1), 8 * MIB).unwrap(), 8 * MIB);
+        l.check_fits(a.id, &peer(1), 8 * MIB).unwrap();
+    }
+
+    #[test]
+    fn declarations_are_adopted_even_when_the_reservation_does_not_fit() {
+        let l = ledger(16 * MIB, LimitsConfig::default());
+        let (other, _) = l.attach(peer(1), spec("c", 0, 0), &[]).unwrap();
+        l.allocate(other.id, &peer(1), 8 * MIB, "").unwrap();
+        // After a restart, a rank that reserved 12 MiB declares the 4 MiB it holds: only 8 MiB
+        // are free, so the reservation is left out, but the memory in use is adopted.
+        let declared = [Declared { grant_id: 77, size_bytes: 4 * MIB, label: String::new() }];
+        let s = AttachSpec { budget_bytes: 12 * MIB, reserve_budget: true, ..spec("a", 0, 0) };
+        let (a, adopted) = l.attach(peer(2), s.clone(), &declared).unwrap();
+        assert_eq!((adopted.len(), a.reserved_bytes), (1, 0));
+        assert_eq!(l.devices()[0].granted_bytes, 12 * MIB);
+        // Without declarations, a reservation that does not fit is still refused.
+        assert!(matches!(l.attach(peer(3), s, &[]), Err(LedgerError::Refused(_))));
     }
 
     #[test]
