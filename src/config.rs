@@ -425,7 +425,16 @@ impl Config {
                     // A key no job id can match would be a quota that never applies.
                     crate::service::validate::job_id(k)
                         .map_err(|e| invalid(&format!("limits.jobs.{k:?}"), e.message()))?;
-                    Ok((k.clone(), v.bytes(&format!("limits.jobs.{k}"))?))
+                    let key = format!("limits.jobs.{k}");
+                    match v.bytes(&key)? {
+                        // 0 means "no quota of its own" to SetLimits; written here it would lift
+                        // the default quota off the job.
+                        0 => Err(invalid(
+                            &key,
+                            "more than 0; leave the job out to use limits.default_job_quota",
+                        )),
+                        bytes => Ok((k.clone(), bytes)),
+                    }
                 })
                 .collect::<Result<_, ConfigError>>()?,
             devices: file
@@ -459,6 +468,9 @@ impl Config {
         if guards.max_message_bytes < 4096 {
             return Err(invalid("guards.max_message_bytes", "must be at least 4KiB"));
         }
+        if guards.max_plan_buffers == 0 {
+            return Err(invalid("guards.max_plan_buffers", "must be at least 1"));
+        }
 
         let hd = HostConfig::default();
         let host = HostConfig {
@@ -478,6 +490,16 @@ impl Config {
         }
         if host.capacity_bytes < host.granularity_bytes {
             return Err(invalid("host.capacity", "at least one granule"));
+        }
+        // Grants are whole granules: a capacity that is not could never be granted whole.
+        if !host.capacity_bytes.is_multiple_of(host.granularity_bytes) {
+            return Err(invalid(
+                "host.capacity",
+                format!(
+                    "a multiple of host.granularity ({})",
+                    crate::units::format_size(host.granularity_bytes)
+                ),
+            ));
         }
         // A memfd's size is an off_t, and the ledger sums capacities over devices: keep both
         // far from overflowing.
@@ -643,6 +665,23 @@ mod tests {
         assert!(e.to_string().contains("bogus"), "{e}");
         let e = Config::from_toml("socket = \"/tmp/a\"\nmetrics_listen = \"nowhere\"").unwrap_err();
         assert!(e.to_string().contains("metrics_listen"), "{e}");
+    }
+
+    #[test]
+    fn values_that_would_make_no_sense_are_refused_naming_the_key() {
+        let cases = [
+            // 0 would lift the default quota off the job (SetLimits reads 0 as "no own quota").
+            ("[limits]\ndefault_job_quota = \"8MiB\"\njobs = { train = 0 }", "limits.jobs.train"),
+            ("[guards]\nmax_plan_buffers = 0", "guards.max_plan_buffers"),
+            // Grants are whole granules: 3 MiB of 2 MiB granules can never be granted whole.
+            ("[host]\ncapacity = \"3MiB\"\ngranularity = \"2MiB\"", "host.capacity"),
+        ];
+        for (toml, key) in cases {
+            let e = Config::from_toml(&format!("socket = \"/tmp/a\"\n{toml}")).unwrap_err();
+            assert!(e.to_string().contains(key), "{toml}: {e}");
+        }
+        let c = Config::from_toml("socket = \"/tmp/a\"\n[limits]\njobs = { train = \"1GiB\" }").unwrap();
+        assert_eq!(c.limits.jobs["train"], 1 << 30);
     }
 
     #[test]

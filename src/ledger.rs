@@ -175,6 +175,20 @@ pub enum LedgerError {
     /// The daemon is shutting down.
     #[error("the daemon is shutting down; retry against the restarted daemon")]
     ShuttingDown,
+    /// A configured device budget is more than the device can hold.
+    #[error(
+        "limits.devices.{key}: {} is more than the device's capacity of {}; set at most that, or \
+         leave the device out to let graphpool use all of it",
+        crate::units::SizeDisplay(*budget), crate::units::SizeDisplay(*capacity)
+    )]
+    BudgetAboveCapacity {
+        /// The device as the configuration names it.
+        key: String,
+        /// The budget configured.
+        budget: u64,
+        /// The device's capacity.
+        capacity: u64,
+    },
 }
 
 /// What a client asks for when it attaches.
@@ -397,6 +411,11 @@ impl Ledger {
         let mut device_budgets = BTreeMap::new();
         for (key, bytes) in &limits.devices {
             let idx = resolve_device(backend.devices(), key)?;
+            // As SetLimits does: a budget the device cannot hold is a mistake, not a wish.
+            let capacity = backend.capacity_bytes(idx).unwrap_or(0);
+            if *bytes > capacity {
+                return Err(LedgerError::BudgetAboveCapacity { key: key.clone(), budget: *bytes, capacity });
+            }
             device_budgets.insert(idx, *bytes);
         }
         // Ids start from a per-instance random base so that ids of a restarted daemon never
@@ -959,17 +978,46 @@ fn refusal_message(r: &Refusal) -> String {
     let limit = r.limit.as_str();
     match r.limit {
         LimitKind::SessionGrants => format!(
-            "{limit}: a session may hold at most {} grants (guards.max_grants_per_session) on device {}; \
-             release segments it no longer needs, or ask for fewer, larger ones",
-            r.limit_bytes, r.device
+            "{limit}: a session may hold at most {} grants (guards.max_grants_per_session) on device {}; {}",
+            r.limit_bytes,
+            r.device,
+            refusal_advice(r.limit)
         ),
         _ => format!(
-            "{limit}: asked for {} on device {}, but {limit} allows only {} more (limit {})",
+            "{limit}: asked for {} on device {}, but {limit} allows only {} more (limit {}); {}",
             SizeDisplay(r.requested_bytes),
             r.device,
             SizeDisplay(r.free_bytes),
-            SizeDisplay(r.limit_bytes)
+            SizeDisplay(r.limit_bytes),
+            refusal_advice(r.limit)
         ),
+    }
+}
+
+/// What to do about a refusal by `limit` (the end of its message).
+fn refusal_advice(limit: LimitKind) -> &'static str {
+    match limit {
+        LimitKind::DeviceBudget => {
+            "the top holders are listed in the error's details and by `graphpool status`; wait for \
+             them to release, or raise the budget: `graphpool limits set --device D=SIZE`"
+        }
+        LimitKind::JobQuota => {
+            "release segments the job no longer needs (`graphpool grants --job JOB` lists them), \
+             or raise its quota: `graphpool limits set --job JOB=SIZE`"
+        }
+        LimitKind::RankQuota => {
+            "release segments this rank no longer needs, or raise its quota: \
+             `graphpool limits set --rank JOB:RANK=SIZE`"
+        }
+        LimitKind::SessionBudget => {
+            "release segments of this session, or attach with a larger budget (0 = none)"
+        }
+        LimitKind::SessionGrants => "release segments it no longer needs, or ask for fewer, larger ones",
+        LimitKind::DeviceMemory => {
+            "memory in use that no grant accounts for (another process, or grants declared after \
+             a restart) fills the device; free it, lower the device budget, or declare only \
+             grants the process still maps"
+        }
     }
 }
 
@@ -1089,6 +1137,32 @@ mod tests {
         assert_eq!(l.devices()[0].charged_bytes, 10 * MIB);
         let LedgerError::Refused(r) = l.allocate(a.id, &peer(1), 4 * MIB, "").unwrap_err() else { panic!() };
         assert_eq!(r.limit, LimitKind::SessionBudget);
+    }
+
+    #[test]
+    fn a_device_budget_above_the_capacity_is_refused_at_start() {
+        let limits = LimitsConfig { devices: [("0".to_string(), 65 * MIB)].into(), ..Default::default() };
+        let b = HostBackend::new(&HostConfig {
+            devices: 1,
+            capacity_bytes: 64 * MIB,
+            granularity_bytes: 2 * MIB,
+        })
+        .unwrap();
+        let Err(e) = Ledger::new(Arc::new(b), &limits, GuardsConfig::default()) else { panic!("accepted") };
+        let msg = e.to_string();
+        assert!(msg.contains("limits.devices.0") && msg.contains("64 MiB"), "{msg}");
+    }
+
+    #[test]
+    fn refusals_say_what_to_do() {
+        let limits = LimitsConfig { jobs: [("j".to_string(), 4 * MIB)].into(), ..Default::default() };
+        let l = ledger(64 * MIB, limits);
+        let (a, _) = l.attach(peer(1), spec("j", 0, 0), &[]).unwrap();
+        let msg = l.allocate(a.id, &peer(1), 8 * MIB, "").unwrap_err().to_string();
+        assert!(msg.contains("graphpool limits set --job"), "{msg}");
+        for limit in LimitKind::ALL {
+            assert!(!refusal_advice(limit).is_empty());
+        }
     }
 
     #[test]

@@ -485,9 +485,12 @@ async fn cli_reports_status_grants_and_health() {
     assert!(text.contains("clijob") && text.contains("6 MiB"), "{text}");
     assert!(cli(&["health"]).status.success());
     let out = cli(&["limits", "set", "--job", "clijob=8MiB"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("until graphpoold restarts"), "says how long the limits last: {said}");
     let e = allocate(&mut c, &s, 4 * MIB).await.unwrap_err();
     assert_eq!(capacity(&e).limit, "job-quota");
+    assert!(e.message().contains("graphpool limits set --job"), "says what to do: {}", e.message());
     drop(d);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphpool"))
         .args(["--socket", "/nonexistent/graphpool.sock", "health", "--timeout", "1"])

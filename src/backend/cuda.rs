@@ -73,6 +73,13 @@ impl CudaBackend {
             let cap = found.total_bytes.saturating_sub(config.reserve_bytes);
             // Keep the capacity a multiple of the granularity so that it can be granted whole.
             let cap = cap - cap % granularity_bytes;
+            if cap == 0 {
+                return Err(BackendError::ReserveTooLarge {
+                    device: index,
+                    total: found.total_bytes,
+                    reserve: config.reserve_bytes,
+                });
+            }
             tracing::info!(
                 index,
                 ordinal = found.ordinal,

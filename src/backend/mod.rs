@@ -116,6 +116,19 @@ pub enum BackendError {
     /// The driver loaded but reports no device.
     #[error("the CUDA driver reports no GPU; run with --backend host on machines without one")]
     NoDevice,
+    /// `cuda.reserve` leaves no memory of a device to graphpool.
+    #[error(
+        "cuda.reserve ({}) leaves nothing of device {device}'s {} to graphpool; set a smaller cuda.reserve",
+        crate::units::SizeDisplay(*reserve), crate::units::SizeDisplay(*total)
+    )]
+    ReserveTooLarge {
+        /// Device index.
+        device: u32,
+        /// The device's memory.
+        total: u64,
+        /// The reserve configured.
+        reserve: u64,
+    },
     /// A driver call failed.
     #[error("CUDA driver call {call} failed on device {device}: {message}")]
     Driver {

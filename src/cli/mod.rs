@@ -68,7 +68,8 @@ pub enum Command {
 /// `graphpool limits set`.
 #[derive(Debug, Subcommand)]
 pub enum LimitsAction {
-    /// Set quotas and budgets; sizes like 8GiB; 0 removes a job or rank quota.
+    /// Set quotas and budgets until the daemon restarts (its config file's [limits] keep them
+    /// across restarts); sizes like 8GiB; 0 removes a job or rank quota.
     Set {
         /// Quota of every rank without its own.
         #[arg(long, value_parser = parse_size)]
@@ -238,6 +239,7 @@ async fn run(socket: &std::path::Path, command: Command) -> Result<ExitCode, Cli
         }
         Command::Limits { json, action } => {
             let mut c = connect(socket).await?;
+            let set = action.is_some();
             let limits = match action {
                 None => c.admin.get_limits(pb::GetLimitsRequest {}).await?.into_inner(),
                 Some(LimitsAction::Set { default_rank_quota, default_job_quota, jobs, ranks, devices }) => {
@@ -274,6 +276,11 @@ async fn run(socket: &std::path::Path, command: Command) -> Result<ExitCode, Cli
                 println!("{}", serde_json::to_string_pretty(&limits_json(&limits)).expect("json"));
             } else {
                 print_limits(&limits);
+                if set {
+                    eprintln!(
+                        "in effect until graphpoold restarts; its config file's [limits] keep limits across restarts"
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

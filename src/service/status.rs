@@ -90,6 +90,8 @@ impl From<LedgerError> for Status {
             LedgerError::TooManySessions { .. } => Status::resource_exhausted(msg),
             LedgerError::NoFd(_) => field_status(Code::FailedPrecondition, "grant_id", msg),
             LedgerError::ShuttingDown => Status::unavailable(msg),
+            // Only at start-up (configuration); never in answer to a request.
+            LedgerError::BudgetAboveCapacity { .. } => Status::invalid_argument(msg),
             LedgerError::Backend(BackendError::UnknownDevice(_)) => {
                 field_status(Code::NotFound, "device", msg)
             }
