@@ -13,9 +13,16 @@
 //! An allocation answers with the grant and its fd in one message. It exists because on a
 //! small machine a gRPC call (HTTP/2 framing, a task hop on each side) costs several times
 //! what the daemon does for the request.
+//!
+//! Connections are guarded: a peer not on the allow-list is dropped at accept, one uid holds
+//! at most [`connections_per_uid`] at once, and a frame whose first byte has arrived must be
+//! whole within [`FRAME_TIMEOUT`] (a connection may wait idle between frames as long as it
+//! likes: a rank keeps one open for its session's life).
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::shutdown::Shutdown;
@@ -33,8 +40,41 @@ use crate::service::segments::{self, Transport};
 /// Largest request frame accepted on the fd socket.
 pub const MAX_FRAME: usize = 1024;
 
+/// Time a frame has to arrive whole once its first byte has: a peer that stalls mid-frame
+/// loses its connection.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections one uid may hold on the fd socket at once: four per session it may have
+/// (`guards.max_sessions_per_uid`); a session needs one.
+pub fn connections_per_uid(shared: &Shared) -> usize {
+    (shared.ledger.guards().max_sessions_per_uid as usize).saturating_mul(4)
+}
+
+/// Open connections per uid.
+type OpenByUid = Arc<Mutex<HashMap<u32, usize>>>;
+
+/// A connection counted in [`OpenByUid`] until dropped.
+struct Counted {
+    open: OpenByUid,
+    uid: u32,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().expect("fd connection counts");
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
+}
+
 /// Serves the fd socket until `shutdown` fires.
 pub async fn serve(listener: UnixListener, shared: Shared, shutdown: Shutdown) {
+    let open: OpenByUid = Arc::default();
+    let cap = connections_per_uid(&shared);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -48,10 +88,38 @@ pub async fn serve(listener: UnixListener, shared: Shared, shutdown: Shutdown) {
                 continue;
             }
         };
+        // Who it is, before anything is read: a peer not on the allow-list (logged by
+        // `authorize`) or past its uid's connections is dropped at once.
+        let peer = match crate::peer::peer_of(&stream) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(error = %e, "fd connection dropped: peer unknown");
+                continue;
+            }
+        };
+        if shared.authorize(peer).is_err() {
+            continue;
+        }
+        let counted = {
+            let mut by_uid = open.lock().expect("fd connection counts");
+            let n = by_uid.entry(peer.uid).or_default();
+            if *n >= cap {
+                tracing::warn!(
+                    pid = peer.pid,
+                    uid = peer.uid,
+                    limit = cap,
+                    "fd connection refused: the uid holds as many as it may (4 × guards.max_sessions_per_uid)"
+                );
+                continue;
+            }
+            *n += 1;
+            Counted { open: open.clone(), uid: peer.uid }
+        };
         let (shared, shutdown) = (shared.clone(), shutdown.clone());
         tokio::spawn(async move {
+            let _counted = counted;
             tokio::select! {
-                r = serve_connection(stream, &shared) => {
+                r = serve_connection(stream, peer, &shared) => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "fd connection ended");
                     }
@@ -72,17 +140,20 @@ struct Reply {
     granted: Option<(u64, u64)>,
 }
 
-async fn serve_connection(mut stream: UnixStream, shared: &Shared) -> io::Result<()> {
-    let peer = crate::peer::peer_of(&stream)?;
+async fn serve_connection(mut stream: UnixStream, peer: Peer, shared: &Shared) -> io::Result<()> {
     let mut buf = Vec::with_capacity(128);
     let mut out = Vec::with_capacity(256);
     loop {
+        // Idle until a frame starts; then it has FRAME_TIMEOUT to arrive whole.
         let mut len = [0u8; 4];
-        match stream.read_exact(&mut len).await {
+        match stream.read_exact(&mut len[..1]).await {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
+        let deadline = tokio::time::Instant::now() + FRAME_TIMEOUT;
+        let stalled = |_| io::Error::new(io::ErrorKind::TimedOut, "a frame did not arrive whole in time");
+        tokio::time::timeout_at(deadline, stream.read_exact(&mut len[1..])).await.map_err(stalled)??;
         let n = u32::from_le_bytes(len) as usize;
         if n > MAX_FRAME {
             let resp = failure(&Status::invalid_argument(format!(
@@ -92,7 +163,7 @@ async fn serve_connection(mut stream: UnixStream, shared: &Shared) -> io::Result
             return Ok(());
         }
         buf.resize(n, 0);
-        stream.read_exact(&mut buf).await?;
+        tokio::time::timeout_at(deadline, stream.read_exact(&mut buf)).await.map_err(stalled)??;
         let reply = handle(shared, peer, &buf);
         let fd = reply.segment.as_ref().map(|s| s.fd());
         let sent = send(&stream, &reply.resp, fd, &mut out).await;

@@ -453,6 +453,11 @@ impl Ledger {
         &self.backend
     }
 
+    /// The guards the ledger enforces.
+    pub fn guards(&self) -> &GuardsConfig {
+        &self.guards
+    }
+
     /// Seconds since the ledger was created.
     pub fn uptime_seconds(&self) -> f64 {
         self.started.elapsed().as_secs_f64()

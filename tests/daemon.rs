@@ -241,6 +241,15 @@ fn child_outside_allow_list() {
         assert!(e.message().contains("allow-list"), "{e:?}");
         let e = c.admin.set_limits(pb::SetLimitsRequest::default()).await.unwrap_err();
         assert_eq!(e.code(), Code::PermissionDenied);
+        // The fd socket drops such a peer at accept: it cannot even hold a connection.
+        let fd_socket = std::path::Path::new(&socket).with_file_name("graphpool-fd.sock");
+        let mut s = std::os::unix::net::UnixStream::connect(fd_socket).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let n = std::io::Read::read(&mut s, &mut [0u8; 16]);
+        assert!(
+            matches!(n, Ok(0)) || n.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "{n:?}"
+        );
         println!("NOBODY-REFUSED");
     });
 }

@@ -382,3 +382,43 @@ async fn fast_path_leaks_no_fds_on_either_side() {
     let back = wait_until(Duration::from_secs(3), || async { d.open_fds() <= baseline }).await;
     assert!(back.is_some(), "daemon fds {} > baseline {baseline}", d.open_fds());
 }
+
+/// Whether the daemon closed `s` (end of stream, or reset) within `within`.
+fn closed_within(s: &mut std::os::unix::net::UnixStream, within: Duration) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(within)).unwrap();
+    match s.read(&mut [0u8; 64]) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    }
+}
+
+#[tokio::test]
+async fn the_fd_socket_bounds_connections_per_uid_and_drops_stalled_frames() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    // One session per uid: four fd connections at once.
+    let d = start("[guards]\nmax_sessions_per_uid = 1");
+    let mut c = d.clients().await;
+    // The start-up probe's connection is gone before the count matters.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut held: Vec<UnixStream> = (0..4).map(|_| UnixStream::connect(&d.fd_socket).unwrap()).collect();
+    let mut fifth = UnixStream::connect(&d.fd_socket).unwrap();
+    assert!(closed_within(&mut fifth, Duration::from_secs(5)), "a fifth connection of one uid is dropped");
+    assert!(!closed_within(&mut held[3], Duration::from_millis(200)), "the first four stay open");
+    assert!(d.log().contains("fd connection refused"), "{}", d.log());
+    // The daemon still answers, and a closed connection frees a place.
+    c.graphpool.get_status(pb::GetStatusRequest {}).await.unwrap();
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let s = attach(&mut c, "fd-cap", 0, "").await.unwrap();
+    let mut conn = d.fd_conn();
+    let (g, _fd) = conn.allocate(alloc_req(s.id, MIB, "")).unwrap();
+    conn.release(s.id, g.grant_id).unwrap();
+    // A frame started and left unfinished loses its connection; an idle one keeps it.
+    let t = std::time::Instant::now();
+    held[0].write_all(&[16, 0]).unwrap();
+    assert!(closed_within(&mut held[0], Duration::from_secs(10)), "a stalled frame is dropped");
+    assert!(t.elapsed() >= Duration::from_secs(4), "not before its time: {:?}", t.elapsed());
+    assert!(!closed_within(&mut held[1], Duration::from_millis(100)), "an idle connection stays");
+}
