@@ -72,6 +72,12 @@ def test_bad_overhead_is_refused_with_the_key_named() -> None:
     with pytest.raises(ValueError, match="per_pool_bytes"):
         overhead_bytes({"per_pool_bytes": -1}, 1, 1)
     assert set(OVERHEAD) == set(OVERHEAD_KEYS)
+    # plan_description checks it as the daemon plan does, instead of writing it to the file
+    schedule = Schedule.one_f_one_b(pp_size=4, pp_rank=0, num_microbatches=16)
+    with pytest.raises(ValueError, match="unknown keys"):
+        plan_description(schedule, _profiles(2), {"fixed": 1})
+    with pytest.raises(ValueError, match="fixed_bytes"):
+        plan_description(schedule, _profiles(2), {"fixed_bytes": 1.5})  # type: ignore[dict-item]
 
 
 def test_description_carries_the_overhead() -> None:
@@ -175,3 +181,57 @@ def test_graphed_schedule_indices_do_not_wrap_around() -> None:
         gs.chunk(-1, 0)
     with pytest.raises(IndexError, match="microbatch"):
         gs.chunk(0, -1)
+
+
+class _Pool:
+    def __init__(self, released: list[str], name: str, error: Exception | None = None) -> None:
+        self.released, self.name, self.error = released, name, error
+
+    def release(self) -> None:
+        self.released.append(self.name)
+        if self.error is not None:
+            raise self.error
+
+
+def test_graphed_schedule_close_releases_every_pool_when_one_fails() -> None:
+    """A pool whose release fails (the daemon gone, say) does not keep the others: every pool
+    is released, then the first error is raised."""
+    from graphpool.capture import CaptureStats, GraphedSchedule, _Layer
+
+    schedule = Schedule.one_f_one_b(pp_size=2, pp_rank=0, num_microbatches=4)
+    released: list[str] = []
+    pools = [
+        ("fwd/c0/s0", _Pool(released, "s0", graphpool.DaemonUnavailable("/g.sock", "gone"))),
+        ("fwd/c0/s1", _Pool(released, "s1", RuntimeError("second"))),
+        ("bwd", _Pool(released, "bwd")),
+    ]
+    lay = _Layer(0, 0, object(), schedule.slots_per_chunk[0], True, True)
+    gs = GraphedSchedule(schedule, [[lay]], pools, CaptureStats())
+    with pytest.raises(graphpool.DaemonUnavailable, match="gone"):
+        gs.close()
+    assert released == ["s0", "s1", "bwd"]
+    gs.close()  # idempotent: nothing is released twice
+    assert released == ["s0", "s1", "bwd"]
+
+
+def test_graphed_call_inputs_are_checked_against_the_capture() -> None:
+    """The message names the input, the captured and the given shape and dtype (the GPU test
+    tests/gpu/test_capture_calls.py checks the same on real graphs)."""
+    from types import SimpleNamespace
+
+    from graphpool.capture import _check_inputs, _Layer
+
+    def t(shape: tuple[int, ...], dtype: str = "torch.float32") -> Any:
+        return SimpleNamespace(shape=shape, dtype=dtype)
+
+    lay = _Layer(0, 0, object(), 1, True, True)
+    lay.static_in[0] = (t((2, 8)), t((2,), "torch.int64"))
+    _check_inputs(lay, 0, (t((2, 8)), t((2,), "torch.int64")))
+    with pytest.raises(TypeError, match="2 input.*got 1"):
+        _check_inputs(lay, 0, (t((2, 8)),))
+    with pytest.raises(TypeError, match="input 1 .* must be a tensor, not int"):
+        _check_inputs(lay, 0, (t((2, 8)), 3))
+    with pytest.raises(ValueError, match=r"input 0 .*expected shape \(2, 8\).*got shape \(4, 8\)"):
+        _check_inputs(lay, 0, (t((4, 8)), t((2,), "torch.int64")))
+    with pytest.raises(ValueError, match="input 1 .*dtype torch.int64.*dtype torch.int32"):
+        _check_inputs(lay, 0, (t((2, 8)), t((2,), "torch.int32")))

@@ -225,6 +225,53 @@ def test_forked_child_does_not_unmap_device_memory(monkeypatch: pytest.MonkeyPat
     assert released == [9]
 
 
+def test_map_device_in_a_forked_child_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child can use neither the parent's device mapping (its pointer means nothing there)
+    nor the CUDA driver on an inherited segment: ``map_device()`` is FailedPrecondition saying
+    why, whether the parent had mapped the segment or not, and the driver is never called."""
+    from graphpool import segments
+    from graphpool.client import GrantInfo
+
+    def no_driver() -> object:
+        raise AssertionError("the CUDA driver was called in a forked child")
+
+    grant = GrantInfo(
+        grant_id=9, session_id=1, size=2 * MiB, requested=2 * MiB, device_uuid="GPU-test",
+        device_index=0, label="", job_id="j", rank=0, pid=os.getpid(), created_unix_seconds=0.0,
+        adopted=False, handle_kind=segments.HANDLE_CUDA,
+    )
+    r, w = os.pipe()
+    mapped = segments.Segment(grant, os.dup(r), segments.HANDLE_CUDA, None)
+    mapped._device = segments.DeviceMapping(ptr=1 << 40, size=2 * MiB, device=0, handle=1, ctx_retained=False)
+    unmapped = segments.Segment(grant, os.dup(r), segments.HANDLE_CUDA, None)
+    monkeypatch.setattr(segments._Driver, "get", no_driver)
+
+    def in_child() -> None:
+        for seg in (mapped, unmapped):
+            with pytest.raises(graphpool.FailedPrecondition, match="not inherited through fork"):
+                seg.map_device()
+
+    try:
+        assert run_in_fork(in_child) == "ok"
+        assert mapped.map_device() is mapped._device  # the parent's own mapping, as before
+    finally:
+        mapped._device = None
+        for fd in (r, w):
+            os.close(fd)
+
+
+def test_received_fds_are_close_on_exec(client: graphpool.Client, job_id: str) -> None:
+    """Fds that come from the daemon (a segment's, a fetched one) do not leak into programs
+    this process executes."""
+    with client.attach(job_id, rank=0) as s, s.allocate("2MiB") as seg:
+        assert not os.get_inheritable(seg.fd)
+        fd = s.fetch_fd(seg.grant_id)
+        try:
+            assert not os.get_inheritable(fd)
+        finally:
+            os.close(fd)
+
+
 @contextmanager
 def _held_by_another_thread(lock: Any) -> Iterator[None]:
     """Holds ``lock`` in another thread for the duration of the block (as a thread of the

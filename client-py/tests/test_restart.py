@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import graphpool
-from gp_helpers import RestartableDaemon, run_python
+from gp_helpers import Daemon, RestartableDaemon, run_python
 from graphpool.client import Reattached, ReconnectPolicy
 
 MiB = 1 << 20
@@ -233,3 +233,61 @@ print("ok", flush=True)
         assert run_python("print(1)").returncode == 0
     finally:
         d.stop()
+
+
+def test_a_reattach_attempt_that_raises_anything_is_a_failed_attempt(
+    daemon: Daemon, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt that fails with something else than a GraphpoolError (a closed channel's
+    ``ValueError: Channel closed!``) is one more failed attempt: the session keeps trying until
+    its deadline and then ends, instead of its thread dying with the session re-attaching."""
+    client = daemon.client()
+    try:
+        s = client.attach(
+            job_id, rank=0, reconnect=ReconnectPolicy(initial_backoff=0.02, max_backoff=0.05, deadline=0.5)
+        )
+        attempts: list[object] = []
+
+        def closed_channel(req: object) -> None:
+            attempts.append(req)
+            raise ValueError("Channel closed!")
+
+        monkeypatch.setattr(s, "_attach_once", closed_channel)
+        ended = threading.Event()
+        s.add_listener(lambda k, v: ended.set() if k == "ended" else None)
+        s._call_obj.cancel()  # the stream ends (CANCELLED) as when the daemon goes away
+        assert ended.wait(5.0)
+        s._thread.join(2.0)
+        assert len(attempts) >= 2 and not s.reconnecting and not s._thread.is_alive()
+        with pytest.raises(graphpool.FailedPrecondition, match="Channel closed"):
+            s.allocate("2MiB")
+        s.close()
+    finally:
+        client.close()
+
+
+def test_a_failing_session_thread_ends_the_session(
+    daemon: Daemon, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in the session's thread ends the session (``"ended"``, calls
+    raise FailedPrecondition) and its stream, so the daemon releases its grants too."""
+    client = daemon.client()
+    try:
+        s = client.attach(job_id, rank=0)
+        s.allocate("2MiB")
+
+        def broken(ev: object) -> None:
+            raise RuntimeError("a bug in the event handler")
+
+        monkeypatch.setattr(s, "_on_event", broken)
+        ended = threading.Event()
+        s.add_listener(lambda k, v: ended.set() if k == "ended" else None)
+        client.set_limits(jobs={job_id: 0})  # broadcasts limits_changed to every session
+        assert ended.wait(5.0)
+        assert not s.alive and not s.reconnecting
+        with pytest.raises(graphpool.FailedPrecondition, match="thread failed.*a bug in the event handler"):
+            s.allocate("2MiB")
+        _wait(lambda: client.usage().job(job_id) is None, 5.0, "the daemon to end the session")
+        assert s.close() == graphpool.DetachResult(0, 0)
+    finally:
+        client.close()

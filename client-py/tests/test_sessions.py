@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -412,3 +413,86 @@ def test_fd_socket_failure_is_not_reported_as_a_restart(
         assert s.alive and not s.reconnecting
         monkeypatch.undo()
         s.allocate("2MiB").release()
+
+
+@pytest.mark.parametrize("bad", [False, True, 0, {"deadline": 5.0}])
+def test_attach_refuses_a_reconnect_that_is_not_a_policy(
+    client: graphpool.Client, job_id: str, bad: object
+) -> None:
+    """``reconnect=`` is a ReconnectPolicy or None; anything else (a bool meant as "on/off",
+    a dict of its fields) is InvalidArgument naming it, before anything is attached."""
+    with pytest.raises(graphpool.InvalidArgument, match="ReconnectPolicy") as ei:
+        client.attach(job_id, rank=0, reconnect=bad)  # type: ignore[arg-type]
+    assert ei.value.field == "reconnect"
+    assert not any(s.job_id == job_id for s in client.status().sessions)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"initial_backoff": -0.1}, "initial_backoff"),
+        ({"initial_backoff": 0}, "initial_backoff"),  # would retry in a tight loop
+        ({"max_backoff": 0.0}, "max_backoff"),
+        ({"max_backoff": float("inf")}, "max_backoff"),
+        ({"multiplier": float("nan")}, "multiplier"),
+        ({"multiplier": 0.5}, "multiplier"),
+        ({"deadline": -1.0}, "deadline"),
+        ({"deadline": float("inf")}, "deadline"),
+        ({"deadline": "600"}, "deadline"),
+        ({"deadline": True}, "deadline"),
+    ],
+)
+def test_reconnect_policy_checks_its_numbers(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(graphpool.InvalidArgument, match=f"ReconnectPolicy.{field}") as ei:
+        graphpool.ReconnectPolicy(**kwargs)  # type: ignore[arg-type]
+    assert ei.value.field == field
+    assert graphpool.ReconnectPolicy(deadline=0, multiplier=1) is not None  # the edges are fine
+
+
+def test_client_close_ends_its_sessions(daemon: Daemon, job_id: str) -> None:
+    """A session's stream runs on its client's channel: closing the client ends (detaches)
+    its sessions, instead of leaving them re-attaching forever with a dead thread."""
+    import time
+
+    for rank in range(3):  # the stream's end races with the channel's close: more than once
+        c = daemon.client()
+        s = c.attach(job_id, rank=rank)
+        seg = s.allocate("2MiB")
+        c.close()
+        assert not s.alive and not s.reconnecting and not s._thread.is_alive()
+        assert seg.released
+        with pytest.raises(graphpool.FailedPrecondition, match="closed"):
+            s.allocate("2MiB")
+        assert s.close() == graphpool.DetachResult(0, 0)
+        # The client reconnects when used again; the daemon no longer has the session.
+        deadline = time.monotonic() + 5.0
+        while c.usage().job(job_id) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert c.usage().job(job_id) is None
+        assert not any(x.job_id == job_id for x in c.status().sessions)
+        c.close()
+
+
+def test_health_is_false_when_the_daemon_does_not_answer(daemon_bin: Path) -> None:
+    """A daemon that accepts connections but does not answer (stopped, as a hung one is) is
+    unreachable: DaemonUnavailable naming the socket and the timeout, and health() False."""
+    import signal
+    import time
+
+    d = Daemon(daemon_bin)
+    c = graphpool.Client(d.socket, timeout=0.5)
+    try:
+        assert c.health() is True
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        try:
+            assert c.health() is False
+            with pytest.raises(graphpool.DaemonUnavailable, match=r"no answer to GetStatus within 0\.5 s") as ei:
+                c.status()
+            assert ei.value.socket_path == d.socket
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        assert c.health() is True
+    finally:
+        c.close()
+        d.stop()

@@ -208,3 +208,111 @@ def test_mempool_collected_in_forked_child_is_not_destroyed_there() -> None:
         """
     )
     assert out.splitlines() == ["child: ok", "parent: ok"]
+
+
+def test_translate_errors_translates_only_the_refusal() -> None:
+    """A capacity refusal recorded in the block becomes CapacityExceeded for the errors it
+    causes (OutOfMemoryError, or a RuntimeError from capture_end), not for an unrelated
+    exception after torch recovered from it (it frees its cache and retries), and never for
+    a KeyboardInterrupt."""
+    out = _run(
+        """
+        state = {"err": None}
+        _shim.clear_error = lambda: state.update(err=None)
+        _shim.last_error = lambda: state["err"]
+        refused = {"kind": "capacity", "message": "refused", "limit": "rank-quota"}
+
+        def outcome(exc):
+            try:
+                with gpt.translate_errors():
+                    state["err"] = dict(refused)
+                    raise exc
+            except BaseException as e:
+                return type(e).__name__
+
+        print(outcome(KeyboardInterrupt()))
+        print(outcome(ValueError("an unrelated bug")))
+        print(outcome(torch.OutOfMemoryError("CUDA out of memory")))
+        print(outcome(RuntimeError("CUDA error: operation failed due to a previous error during capture")))
+        """
+    )
+    assert out.splitlines() == ["KeyboardInterrupt", "ValueError", "CapacityExceeded", "CapacityExceeded"]
+
+
+def test_auto_pools_fall_back_only_when_no_daemon_or_shim() -> None:
+    """``pools="auto"`` uses torch pools when no daemon answers or the shim is missing, and
+    raises any other refusal of the probe (a daemon that refuses this process must not be
+    bypassed); ``pools="graphpool"`` raises the absence too."""
+    out = _run(
+        """
+        from graphpool import capture, errors
+
+        def probe(exc, required=False):
+            def refuse(**kw):
+                raise exc
+            _shim.configure = refuse
+            try:
+                f = capture._daemon_pool_factory(0, None, None, required=required)
+                return "torch pools" if f is None else "factory"
+            except Exception as e:
+                return type(e).__name__
+
+        print(probe(errors.DaemonUnavailable("/run/g.sock", "no such socket")))
+        print(probe(FileNotFoundError("libgraphpool_shim.so is not installed")))
+        print(probe(errors.PermissionDenied("uid 1000 is not on the allow-list")))
+        print(probe(errors.InvalidArgument("bad job id", field="job_id")))
+        print(probe(errors.CapacityExceeded("the reserved budget does not fit")))
+        print(probe(errors.DaemonUnavailable("/run/g.sock", "no such socket"), required=True))
+        """
+    )
+    assert out.splitlines() == [
+        "torch pools", "torch pools", "PermissionDenied", "InvalidArgument", "CapacityExceeded",
+        "DaemonUnavailable",
+    ]
+
+
+def test_make_graphed_callables_checks_pools_first() -> None:
+    out = _run(
+        """
+        from graphpool import capture, errors
+        from graphpool.schedule import Schedule
+        try:
+            capture.make_graphed_callables([], [], schedule=Schedule.one_f_one_b(2, 0, 4), pools="graphpol")
+        except errors.InvalidArgument as e:
+            print(e.field, "auto" in str(e) and "graphpol'" in str(e))
+        """
+    )
+    assert out == "pools True"
+
+
+def test_pools_of_a_device_share_one_budget() -> None:
+    """All pools of a device share the shim's one daemon session: a later pool that asks
+    another budget or reserve_budget is refused, naming the pool that opened the session,
+    instead of silently not getting them; one asking the same shares it, and stats() reports
+    the session's budget."""
+    out = _run(
+        """
+        _shim.stats = lambda device: (0, 0)
+        first = gpt.MemPool(0, budget="8GiB", job_id="j", rank=0, label="first")
+        for kwargs, field in (({"budget": "16GiB"}, "budget"), ({"budget": None}, "budget"),
+                              ({"budget": "8GiB", "reserve_budget": True}, "reserve_budget")):
+            try:
+                gpt.MemPool(0, job_id="j", rank=0, label="later", **kwargs)
+            except graphpool.InvalidArgument as e:
+                assert e.field == field, (e.field, field)
+                assert "'first'" in str(e) and "8 GiB" in str(e) and "same" in str(e), str(e)
+            else:
+                raise AssertionError(f"a pool asking {kwargs} was given the session of 8 GiB")
+        same = gpt.MemPool(0, budget=8 << 30, job_id="j", rank=0)
+        assert len(configured) == 1
+        assert same.stats()["budget_bytes"] == first.stats()["budget_bytes"] == 8 << 30
+        same.release()
+        first.release()
+        # The session ended with its last pool: the next pool opens one with its own budget.
+        other = gpt.MemPool(0, budget="16GiB", job_id="j", rank=0)
+        assert configured[-1]["budget_bytes"] == 16 << 30 and other.stats()["budget_bytes"] == 16 << 30
+        other.release()
+        print("ok")
+        """
+    )
+    assert out == "ok"

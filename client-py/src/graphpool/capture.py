@@ -220,14 +220,27 @@ def _chunk_samples(sample_args: Sequence[Any], chunks: list[list[Any]]) -> list[
 
 # ------------------------------------------------------------------------------- pools
 
+#: The values of ``make_graphed_callables(pools=...)``.
+POOL_KINDS = ("auto", "graphpool", "torch")
 
-def _daemon_pool_factory(device: int, budget: int | None, client: Any) -> Callable[[str], Any] | None:
-    """A factory of daemon-backed pools, or None when graphpool's MemPool or daemon is absent."""
+
+def _daemon_pool_factory(
+    device: int, budget: int | None, client: Any, *, required: bool = False
+) -> Callable[[str], Any] | None:
+    """A factory of daemon-backed pools, or None when graphpool's MemPool, its native shim or a
+    daemon is absent (``ImportError``, ``FileNotFoundError`` for the shim,
+    ``DaemonUnavailable``). Any other failure of the probe (the daemon refusing this process,
+    a malformed argument, a reserved budget that does not fit, ...) is raised: falling back to
+    torch pools would bypass the daemon's refusal. With ``required`` (``pools="graphpool"``),
+    absence is raised too."""
     try:
         from graphpool import torch as gp_torch  # the daemon-backed MemPool
+        from graphpool.errors import DaemonUnavailable
 
         cls = getattr(gp_torch, "MemPool")
-    except Exception as e:  # noqa: BLE001 - any import problem means: not available
+    except ImportError as e:
+        if required:
+            raise
         log.info("graphpool.torch.MemPool not available (%s); using torch.cuda.MemPool", e)
         return None
 
@@ -244,8 +257,10 @@ def _daemon_pool_factory(device: int, budget: int | None, client: Any) -> Callab
 
     try:  # one probe: is a daemon reachable?
         probe = make("graphpool-capture-probe")
-    except Exception as e:  # noqa: BLE001
-        log.info("graphpoold not reachable (%s); using torch.cuda.MemPool", e)
+    except (DaemonUnavailable, FileNotFoundError, ImportError) as e:
+        if required:
+            raise
+        log.info("graphpoold or its shim not available (%s); using torch.cuda.MemPool", e)
         return None
     first = [probe]
 
@@ -395,10 +410,14 @@ def plan_description(
     (:meth:`GraphedSchedule.capture_overhead` of a capture of the same model, under any
     schedule) adds what capture costs beyond the planned buffers; without it the prediction
     is the static buffers alone.
+
+    Raises:
+        ValueError: ``overhead`` has a key that is not one of :data:`OVERHEAD_KEYS`, or a value
+            that is not a non-negative int.
     """
     desc = _description(schedule, profiles)
     if overhead is not None:
-        desc["overhead"] = dict(overhead)
+        desc["overhead"] = _checked_overhead(overhead)
     return desc
 
 
@@ -495,6 +514,12 @@ class GraphedSchedule:
 
     Each callable takes the layer's inputs positionally and returns its outputs, which are the
     static buffers of the microbatch's slot: valid until the microbatch's backward is done.
+    A chunk's first layer checks its inputs against the captured sample (their number:
+    ``TypeError``; each one's shape and dtype: ``ValueError``) before it takes the slot.
+
+    With gradients disabled (``torch.no_grad()``, ``torch.inference_mode()``: evaluation), a
+    callable runs its layer eagerly instead, outside the pools, and takes no slot: no backward
+    would ever run to free it.
     """
 
     def __init__(self, schedule: Schedule, layers: list[list[_Layer]], pools: list[Any], stats: CaptureStats):
@@ -638,6 +663,9 @@ class GraphedSchedule:
         In a process forked from the one that captured it, this only drops the schedule's
         references: the graphs and pools belong to the parent, so nothing calls CUDA or the
         daemon, and they are kept referenced (never destroyed there).
+
+        Every pool is released even when releasing one fails; the first such error is raised
+        afterwards.
         """
         import gc
 
@@ -672,15 +700,21 @@ class GraphedSchedule:
         gc.collect()  # autograd nodes of replays still referenced by cycles
         pools, self._pools = self._pools, []
         seen: set[int] = set()
+        first: Exception | None = None
         for _, pool in pools:
             if id(pool) in seen:
                 continue
             seen.add(id(pool))
             release = getattr(pool, "release", None)  # graphpool.torch.MemPool
             if release is not None:
-                release()
+                try:
+                    release()
+                except Exception as e:  # the other pools must be given back all the same
+                    first = first or e
         del pools
         gc.collect()
+        if first is not None:
+            raise first
 
     def __del__(self) -> None:
         try:
@@ -726,9 +760,16 @@ class _GraphedCall:
         self.slot = owner.schedule.slot_of(lay.chunk, mb)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
         if kwargs:
             raise TypeError("graphed layers take their inputs positionally")
         lay, s = self.lay, self.slot
+        if not torch.is_grad_enabled():
+            # No backward will run to free the slot (under torch.no_grad(), inference_mode,
+            # e.g. evaluation): run the layer eagerly, as torch.cuda.make_graphed_callables
+            # does when the training mode differs from the capture's; no slot is claimed.
+            return lay.module(*args)
         owners = self.owner._owner[lay.chunk]
         holder = owners[s]
         if lay.first:
@@ -738,6 +779,7 @@ class _GraphedCall:
                     f"microbatch {holder} whose backward has not run: call the layers in the "
                     f"order of the schedule ({self.owner.schedule.describe()})"
                 )
+            _check_inputs(lay, s, args)
             for a, r in zip(args, lay.in_requires_grad):
                 if a.requires_grad and not r:
                     raise RuntimeError(
@@ -752,6 +794,29 @@ class _GraphedCall:
             )
         out = _replay_fn().apply(self, lay.anchor, *args)
         return out[0] if lay.single_output else out
+
+
+def _check_inputs(lay: _Layer, slot: int, args: tuple[Any, ...]) -> None:
+    """Checks a chunk's inputs against the static inputs its graphs were captured with (the
+    sample's): the graphs replay at those shapes and dtypes, and a copy into the static buffer
+    would broadcast or convert silently instead of failing."""
+    static = lay.static_in[slot]
+    where = f"chunk {lay.chunk} (layer {lay.index})"
+    if len(args) != len(static):
+        raise TypeError(
+            f"{where} was captured with {len(static)} input(s) (the sample_args of the chunk), "
+            f"got {len(args)}"
+        )
+    for i, (a, st) in enumerate(zip(args, static)):
+        shape, dtype = getattr(a, "shape", None), getattr(a, "dtype", None)
+        if shape is None or dtype is None:
+            raise TypeError(f"input {i} of {where} must be a tensor, not {type(a).__name__}")
+        if shape != st.shape or dtype != st.dtype:
+            raise ValueError(
+                f"input {i} of {where}: expected shape {tuple(st.shape)} and dtype {st.dtype} "
+                f"(as captured from sample_args), got shape {tuple(shape)} and dtype {dtype}; the "
+                f"graphs replay at the captured shapes: capture again for other shapes"
+            )
 
 
 _FN: Any = None
@@ -843,9 +908,11 @@ def make_graphed_callables(
         pool: not supported (pools are made per lifetime class); must be ``None``.
         schedule: the pipeline schedule this rank runs.
         budget: most bytes the capture may take (``"40GiB"`` or bytes); checked before capture.
-        pools: ``"graphpool"`` (daemon-backed ``graphpool.torch.MemPool``, error if none),
-            ``"torch"`` (plain ``torch.cuda.MemPool``), or ``"auto"`` (graphpool when a daemon
-            is reachable, else torch).
+        pools: ``"graphpool"`` (daemon-backed ``graphpool.torch.MemPool``; raises what keeps
+            them from being made), ``"torch"`` (plain ``torch.cuda.MemPool``), or ``"auto"``
+            (graphpool when the native shim is installed and a daemon is reachable, else torch;
+            a daemon's refusal, such as ``PermissionDenied`` or ``CapacityExceeded``, is
+            raised, not bypassed).
         client: a ``graphpool.Client`` (or ``graphpool.Session``) for the plan and the pools
             (default: none / the pool's): the pools use its socket, and the plan is made and
             reserved for the daemon session of the pools, which is the one charged for the
@@ -879,6 +946,8 @@ def make_graphed_callables(
         graphpool.CapacityExceeded: the capture would not fit (budget, daemon plan, free memory),
             or the daemon refused one of the pools' segments during capture. On any failure
             the graphs captured so far are destroyed and the pools given back.
+        graphpool.InvalidArgument: ``pools`` is not one of its values.
+        graphpool.DaemonUnavailable: ``pools="graphpool"`` and no daemon answers.
 
     Parameter gradients are accumulated inside the backward graphs into ``param.grad`` (allocated
     here when ``None``). ``optimizer.zero_grad(set_to_none=True)`` is fine: the next backward
@@ -886,8 +955,13 @@ def make_graphed_callables(
     """
     import torch
 
+    from .errors import InvalidArgument
     from .units import parse_size
 
+    if pools not in POOL_KINDS:
+        raise InvalidArgument(
+            f"pools must be one of {', '.join(repr(k) for k in POOL_KINDS)}, not {pools!r}", field="pools"
+        )
     if pool is not None:
         raise ValueError("pool=: schedule-aware capture makes its own pools, one per lifetime class")
     budget_bytes = parse_size(budget) if budget is not None else None
@@ -960,9 +1034,7 @@ def make_graphed_callables(
     # 4. pools: one per (chunk, slot) for forwards, one for every backward
     factory = None
     if pools in ("auto", "graphpool"):
-        factory = _daemon_pool_factory(device, budget_bytes, client)
-        if factory is None and pools == "graphpool":
-            raise RuntimeError("pools='graphpool' but no daemon-backed MemPool is available")
+        factory = _daemon_pool_factory(device, budget_bytes, client, required=pools == "graphpool")
     if factory is None:
         stats.pool_kind = "torch"
 

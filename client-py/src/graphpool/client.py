@@ -9,6 +9,7 @@ grant to it and releases them all when it closes or the process exits.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import queue
 import socket
@@ -345,17 +346,38 @@ class ReconnectPolicy:
     restarts").
 
     Attributes:
-        initial_backoff: seconds before the second attempt (the first is immediate).
-        max_backoff: cap of the exponential backoff between attempts, seconds.
-        multiplier: growth of the backoff per failed attempt.
+        initial_backoff: seconds before the second attempt (the first is immediate); > 0.
+        max_backoff: cap of the exponential backoff between attempts, seconds; > 0.
+        multiplier: growth of the backoff per failed attempt; >= 1.
         deadline: seconds after the stream ended at which the session gives up and ends
-            (``"ended"`` event); calls then raise ``FailedPrecondition``.
+            (``"ended"`` event); calls then raise ``FailedPrecondition``; >= 0.
+
+    Raises:
+        InvalidArgument: a value is not a finite number in its range (``.field`` names it).
     """
 
     initial_backoff: float = 0.05
     max_backoff: float = 2.0
     multiplier: float = 2.0
     deadline: float = 600.0
+
+    def __post_init__(self) -> None:
+        # A zero or negative backoff would retry in a tight loop; NaN or infinity would make
+        # the waits or the deadline meaningless.
+        for name, lowest, strict in (
+            ("initial_backoff", 0.0, True),
+            ("max_backoff", 0.0, True),
+            ("multiplier", 1.0, False),
+            ("deadline", 0.0, False),
+        ):
+            v = getattr(self, name)
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+            if not ok or v < lowest or (strict and v == lowest):
+                bound = f"greater than {lowest:g}" if strict else f"at least {lowest:g}"
+                unit = "" if name == "multiplier" else " of seconds"
+                raise InvalidArgument(
+                    f"ReconnectPolicy.{name} must be a finite number{unit} {bound}, not {v!r}", field=name
+                )
 
     def delays(self) -> Iterator[float]:
         """The waits between attempts: 0, then ``initial_backoff`` growing by ``multiplier``
@@ -474,6 +496,8 @@ class Client:
         self._stub: Any = None
         self._admin: Any = None
         self._pid = 0
+        # The sessions this client attached (ended by close() in the process that made them).
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         _CLIENTS.add(self)
 
     def __repr__(self) -> str:
@@ -527,14 +551,40 @@ class Client:
     def _call(self, name: str, request: Any, *, admin: bool = False, extra_time: float = 0.0) -> Any:
         stub, admin_stub = self._stubs()
         fn = getattr(admin_stub if admin else stub, name)
+        timeout = self.timeout + extra_time
         try:
-            return fn(request, timeout=self.timeout + extra_time)
+            return fn(request, timeout=timeout)
         except grpc.RpcError as e:
+            if isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                # A daemon that accepts connections but does not answer (hung, stopped,
+                # overloaded) is as unreachable as one that is not running.
+                raise DaemonUnavailable(
+                    self.socket_path,
+                    f"no answer to {name} within {timeout:g} s",
+                    code=grpc.StatusCode.DEADLINE_EXCEEDED,
+                ) from None
             raise error_from_rpc(e, self.socket_path) from None
 
     def close(self) -> None:
-        """Closes the channel (in the process that created it). Sessions of this client are
-        not detached by this: close them first. The client reconnects if used again."""
+        """Ends the sessions this client attached in this process (each as
+        :meth:`Session.close`: the daemon releases their grants, their segments are unmapped),
+        then closes the channel (in the process that created it). A session's event stream
+        runs on the client's channel, so a session cannot outlive it: close the client only
+        when its sessions are done. Sessions inherited through ``fork`` are left to their
+        process. The client reconnects if used again (for new sessions).
+
+        Raises:
+            CudaError: unmapping a session's segment failed; every session is ended and the
+                channel closed all the same, then the first such error is raised.
+        """
+        first: Exception | None = None
+        for s in list(self._sessions):
+            if s._pid != os.getpid():
+                continue
+            try:
+                s.close()
+            except Exception as e:  # the other sessions and the channel must end all the same
+                first = first or e
         with self._lock:
             if self._channel is not None:
                 if self._pid == os.getpid():
@@ -543,6 +593,8 @@ class Client:
                     park(self._channel)
             self._channel = None
             self._stub = self._admin = None
+        if first is not None:
+            raise first
 
     def __enter__(self) -> Client:
         return self
@@ -580,9 +632,10 @@ class Client:
             client_name: identifies the client program in the daemon's logs and in session
                 listings (``SessionInfo.client``); printable ASCII, at most 128 bytes (default
                 ``"graphpool-py/<version>"``).
-            reconnect: how the session re-attaches on its own after the daemon went away
-                (default: keep trying for 10 minutes, backoff capped at 2 s); ``None``: the
-                session ends with the stream. See README "Daemon restarts".
+            reconnect: a :class:`ReconnectPolicy`: how the session re-attaches on its own
+                after the daemon went away (default: keep trying for 10 minutes, backoff capped
+                at 2 s); ``None``: the session ends with the stream. See README "Daemon
+                restarts".
 
         Raises:
             CapacityExceeded: ``reserve_budget`` and the budget does not fit.
@@ -593,6 +646,12 @@ class Client:
         _uint("rank", rank, 32)
         _uint("local_rank", local_rank, 32)
         _text("client", client_name)
+        if reconnect is not None and not isinstance(reconnect, ReconnectPolicy):
+            raise InvalidArgument(
+                f"reconnect must be a graphpool.client.ReconnectPolicy (or None to end the session "
+                f"with its stream), not {reconnect!r}",
+                field="reconnect",
+            )
         if isinstance(device, bool) or not isinstance(device, (int, str)):
             raise InvalidArgument(f"device must be an index or a UUID, not {device!r}", field="device")
         budget_bytes = 0
@@ -656,6 +715,7 @@ class Client:
             reconnect=reconnect,
         )
         holder.append(session)
+        self._sessions.add(session)
         ready.set()
         return session
 
@@ -712,7 +772,8 @@ class Client:
         return [GrantInfo._from(g) for g in resp.grants]
 
     def health(self) -> bool:
-        """True when the daemon answers ``GetStatus``; False when it cannot be reached."""
+        """True when the daemon answers ``GetStatus``; False when it cannot be reached or does
+        not answer within the client's timeout."""
         try:
             self.status()
         except DaemonUnavailable:
@@ -845,8 +906,9 @@ class Session:
     """A session with graphpoold, bound to this process. Obtained from :meth:`Client.attach`.
 
     The daemon keeps the session for as long as its event stream is open (a background thread
-    reads it). :meth:`close` (or leaving the ``with`` block) ends it and releases every grant;
-    so does the exit of the process, within a second.
+    reads it, on the client's channel). :meth:`close` (or leaving the ``with`` block) ends it
+    and releases every grant; so do :meth:`Client.close` of its client and the exit of the
+    process, within a second.
 
     **Daemon restarts.** When the stream ends because the daemon went away (killed, crashed,
     or shut down after ``draining``), the session's thread re-attaches on its own with the
@@ -1014,7 +1076,30 @@ class Session:
 
     def _serve(self, it: Iterator[pb.SessionEvent]) -> None:
         """Reads the stream; when it ends because the daemon went away, re-attaches and reads
-        the new stream, until the session is closed, ends, or re-attaching gives up."""
+        the new stream, until the session is closed, ends, or re-attaching gives up. A failure
+        of the thread itself ends the session (``"ended"``) rather than leaving it
+        re-attaching with no thread to do it."""
+        try:
+            self._serve_streams(it)
+        except Exception as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        """Ends the session after its thread failed: the daemon's side goes too (the streams
+        are cancelled, so it releases the grants), and calls raise ``FailedPrecondition``."""
+        with self._state:
+            calls = (self._call_obj, self._attempt)
+            self._attempt = None
+        for c in calls:
+            try:
+                if c is not None:
+                    c.cancel()
+            except Exception:
+                pass
+        self._on_stream_end("closed" if self._closed else f"the session's thread failed: {e!r}")
+        self._abandon_local_grants()
+
+    def _serve_streams(self, it: Iterator[pb.SessionEvent]) -> None:
         while True:
             reason, code = self._read_until_end(it)
             if self._closed or self._pid != os.getpid():
@@ -1037,8 +1122,8 @@ class Session:
         except grpc.RpcError as e:
             code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
             return str(error_from_rpc(e, socket_path)), code
-        except Exception as e:  # pragma: no cover - defensive
-            return f"session thread failed: {e!r}", grpc.StatusCode.UNKNOWN
+        # Anything else is a failure of this thread, not the daemon going away: _serve ends
+        # the session (re-attaching would leave this stream, and its session, open).
         return "the daemon ended the session stream", None
 
     def _reattach(self, reason: str) -> Iterator[pb.SessionEvent] | None:
@@ -1084,6 +1169,10 @@ class Session:
                     self._on_stream_end(f"re-attaching after a daemon restart was refused: {e}")
                     self._abandon_local_grants()
                     return None
+                continue
+            except Exception as e:  # e.g. ValueError("Channel closed!"): a failed attempt too
+                self._last_attempt_error = repr(e)
+                unreachable = False
                 continue
             self._install(call, attached, declared, previous, t0, attempts)
             return it
@@ -1133,6 +1222,9 @@ class Session:
             raise error_from_rpc(e, socket_path) from None
         except StopIteration:
             raise DaemonUnavailable(socket_path, "the daemon closed the session stream before attaching") from None
+        except BaseException:
+            call.cancel()
+            raise
         finally:
             timer.cancel()
         if ev.WhichOneof("event") != "attached":

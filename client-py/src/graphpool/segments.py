@@ -176,10 +176,13 @@ def _recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
     want = _LEN.size
     have_len = False
     cmsg_space = socket.CMSG_SPACE(4 * 4)  # room for a few ints; we expect one
+    # Received fds are close-on-exec from the start, as every fd Python opens: a grant's fd
+    # must not leak into a program this process (or another thread of it) executes.
+    cloexec = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
     try:
         while True:
             while len(buf) < want:
-                data, ancdata, flags, _ = sock.recvmsg(want - len(buf), cmsg_space)
+                data, ancdata, flags, _ = sock.recvmsg(want - len(buf), cmsg_space, cloexec)
                 for level, ctype, cdata in ancdata:
                     if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
                         n = len(cdata) // 4
@@ -301,7 +304,10 @@ class Segment:
                 whose UUID is the grant's ``device_uuid`` (so ``CUDA_VISIBLE_DEVICES`` is honoured).
 
         Raises:
-            FailedPrecondition: the segment was released, or it is host memory (use :meth:`map`).
+            FailedPrecondition: the segment was released, it is host memory (use :meth:`map`),
+                or this is a process forked from the one that allocated it (CUDA mappings are
+                not inherited through fork, and the driver must not be called there on the
+                parent's behalf).
             CudaError: a CUDA driver call failed.
         """
         with self._lock:
@@ -309,6 +315,12 @@ class Segment:
             if self.handle_kind != HANDLE_CUDA:
                 raise FailedPrecondition(
                     f"grant {self.grant_id} is {self.handle_kind!r} memory, not CUDA memory: use Segment.map()"
+                )
+            if self._pid != os.getpid():
+                raise FailedPrecondition(
+                    f"grant {self.grant_id} was allocated by process {self._pid}, and CUDA mappings are "
+                    f"not inherited through fork: map_device() works only there. In this process "
+                    f"({os.getpid()}), attach a session of its own and allocate from it"
                 )
             if self._device is None:
                 self._device = DeviceMapping.import_fd(

@@ -16,8 +16,10 @@ daemon's ledger shows it under this job and rank; it goes back when torch frees 
 (``pool.release()``, or the pool's destruction) or when the process exits.
 
 All MemPools of one CUDA device in a process share one daemon session (torch's allocator hook
-does not say which pool asks): the first pool opens it with its ``budget`` and
-``reserve_budget``; later ones reuse it. The session ends when the last pool is released.
+does not say which pool asks): the first pool opens it with its ``job_id``, ``rank``,
+``budget`` and ``reserve_budget``; later ones reuse it and must ask the same values (a pool
+asking others raises instead of silently not getting them). The session ends when the last
+pool is released.
 
 A refused segment request makes torch raise ``torch.OutOfMemoryError``; :meth:`MemPool.capture`
 and :func:`translate_errors` turn that into ``graphpool.CapacityExceeded`` carrying the daemon's
@@ -33,6 +35,7 @@ import gc
 import os
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,8 +43,8 @@ import torch
 from . import _shim
 from ._fork import ForkSafeLock, park
 from .client import Client, Session
-from .errors import GraphpoolError
-from .units import parse_size
+from .errors import GraphpoolError, InvalidArgument
+from .units import format_size, parse_size
 
 __all__ = ["MemPool", "graph", "make_graphed_callables", "translate_errors"]
 
@@ -51,8 +54,21 @@ _allocator_pid = 0
 # device -> number of live MemPools using its session, per process.
 _sessions: dict[int, int] = {}
 _sessions_pid = 0
-# device -> (job_id, rank) of the session the shim holds for it.
-_owners: dict[int, tuple[str, int]] = {}
+
+
+@dataclass(frozen=True)
+class _DeviceSession:
+    """What the shim's daemon session of a device was opened with, and by which pool."""
+
+    job_id: str
+    rank: int
+    budget_bytes: int
+    reserve_budget: bool
+    opened_by: str  # the pool that opened it, as its repr names it
+
+
+# device -> the session the shim holds for it.
+_owners: dict[int, _DeviceSession] = {}
 
 
 def _pluggable_allocator() -> Any:
@@ -98,18 +114,25 @@ def translate_errors() -> Iterator[None]:
     """Raises ``graphpool.CapacityExceeded`` (or the shim's error) instead of the
     ``torch.OutOfMemoryError`` that a refused segment request causes, for code that allocates
     from a graphpool pool: ``torch.cuda.graph(..., pool=pool.id)``,
-    ``torch.cuda.make_graphed_callables(..., pool=pool.id)``, ``torch.cuda.use_mem_pool``."""
+    ``torch.cuda.make_graphed_callables(..., pool=pool.id)``, ``torch.cuda.use_mem_pool``.
+    Only exceptions are translated: ``KeyboardInterrupt``, ``SystemExit`` and other
+    ``BaseException``s pass through as they are."""
     _shim.clear_error()
     try:
         yield
     except GraphpoolError:
         raise
-    except BaseException as e:
+    except Exception as e:
         # The shim's error was cleared on entry: one recorded now comes from a segment request
         # of this block. torch reports it as OutOfMemoryError, or (when the refusal surfaces
-        # through capture_end) as another error with the out-of-memory error as its context.
+        # through capture_end) as a RuntimeError, possibly without the out-of-memory error in
+        # its chain. Any other exception is not the refusal's, even if torch recovered from
+        # one earlier in the block (it frees its cache and retries).
         d = _shim.last_error()
-        if d is None or not (_oom_in_chain(e) or d.get("kind") == "capacity"):
+        if d is None:
+            raise
+        capture_end = isinstance(e, RuntimeError) and d.get("kind") == "capacity"
+        if not (_oom_in_chain(e) or capture_end):
             raise
         raise _shim.error_from_shim(d) from e
 
@@ -130,6 +153,8 @@ class MemPool:
         device: CUDA device (index, ``torch.device`` or None for the current one).
         budget: most bytes the device's daemon session may hold (``"8GiB"``, an int, or
             None/0 for no session budget; the job/rank quotas and device budget still apply).
+            The device's session is shared by all its pools: a pool made while it is open must
+            ask the budget and ``reserve_budget`` it was opened with.
         job_id: the job (default: ``$GRAPHPOOL_JOB_ID``, ``$SLURM_JOB_ID``,
             ``$TORCHELASTIC_RUN_ID``, else ``pid-<pid>``).
         rank / local_rank: default ``$RANK`` / ``$LOCAL_RANK``, else 0 / the device index.
@@ -142,6 +167,14 @@ class MemPool:
             ``socket`` is given.
         daemon_device: the device as the daemon names it (default: this device's UUID).
         label: a name for this pool (shown in ``repr``).
+
+    Raises:
+        InvalidArgument: the device's daemon session is open (another pool of the device) with
+            another ``budget`` or ``reserve_budget`` (``.field`` says which; the message names
+            the pool that opened it).
+        GraphpoolError: that session belongs to another ``job_id`` or ``rank``.
+        CapacityExceeded: ``reserve_budget`` and the budget does not fit.
+        DaemonUnavailable: the daemon cannot be reached.
     """
 
     def __init__(
@@ -168,6 +201,7 @@ class MemPool:
         self.device = index
         self.label = label
         self.budget_bytes = parse_size(budget) if budget else 0
+        self.reserve_budget = bool(reserve_budget)
         self.job_id = job_id or _default_job_id()
         self.rank = rank if rank is not None else (_env_int("RANK") or 0)
         self.local_rank = local_rank if local_rank is not None else (_env_int("LOCAL_RANK") or index)
@@ -187,14 +221,11 @@ class MemPool:
                 _sessions, _sessions_pid, _owners = {}, os.getpid(), {}
             # A session left open by released pools whose segments torch still holds (graphs
             # alive) is reused as it is.
+            is_open = _shim.session_info(index) is not None
             owner = _owners.get(index)
-            if owner is not None and _shim.session_info(index) is not None and owner != (self.job_id, self.rank):
-                raise GraphpoolError(
-                    f"device {index} already has a graphpool session of job {owner[0]} rank {owner[1]} in "
-                    f"this process; all graphpool pools of a device in one process share it "
-                    f"(release the other pools first, or use the same job_id and rank)"
-                )
-            if _shim.session_info(index) is None:
+            if is_open and owner is not None:
+                self._check_shares(owner)
+            if not is_open:
                 _shim.configure(
                     socket=self.socket,
                     job_id=self.job_id,
@@ -203,9 +234,11 @@ class MemPool:
                     device=index,
                     daemon_device=daemon_device,
                     budget_bytes=self.budget_bytes,
-                    reserve_budget=reserve_budget,
+                    reserve_budget=self.reserve_budget,
                 )
-                _owners[index] = (self.job_id, self.rank)
+                _owners[index] = _DeviceSession(
+                    self.job_id, self.rank, self.budget_bytes, self.reserve_budget, repr(self)
+                )
             _sessions[index] = _sessions.get(index, 0) + 1
         try:
             with torch.cuda.device(index):
@@ -216,6 +249,37 @@ class MemPool:
         # The finalizer holds the torch pool too: collected in a forked child, the pool must
         # not be destroyed there (that calls CUDA), so the finalizer keeps it referenced.
         self._finalizer = weakref.finalize(self, MemPool._collected, index, [self._pool], self._pid)
+
+    def _check_shares(self, owner: _DeviceSession) -> None:
+        """Refuses a pool that asks the device's shared session for other values than it was
+        opened with (they could not apply: every pool of the device allocates through it)."""
+        index = self.device
+        share = (
+            "all graphpool pools of a device in one process share one daemon session (torch's "
+            "allocator does not say which pool asks)"
+        )
+        if (owner.job_id, owner.rank) != (self.job_id, self.rank):
+            raise GraphpoolError(
+                f"device {index} already has a graphpool session of job {owner.job_id} rank "
+                f"{owner.rank} in this process, opened by {owner.opened_by}; {share} (release the "
+                f"other pools first, or use the same job_id and rank)"
+            )
+        if (owner.budget_bytes, owner.reserve_budget) != (self.budget_bytes, self.reserve_budget):
+            field = "budget" if owner.budget_bytes != self.budget_bytes else "reserve_budget"
+
+            def said(budget: int, reserve: bool) -> str:
+                b = format_size(budget) if budget else "none"
+                return f"budget={b}, reserve_budget={reserve}"
+
+            raise InvalidArgument(
+                f"device {index}'s graphpool session was opened by {owner.opened_by} with "
+                f"{said(owner.budget_bytes, owner.reserve_budget)}; this pool asks "
+                f"{said(self.budget_bytes, self.reserve_budget)}, which cannot apply: {share}. "
+                f"Ask for the same values to share the session (for make_graphed_callables, its "
+                f"budget=), or release the other pools of the device (and the graphs captured "
+                f"into them) first",
+                field=field,
+            )
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -276,9 +340,11 @@ class MemPool:
         return s[0] if s else 0
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the pool and of the device's daemon session."""
+        """Counters of the pool and of the device's daemon session (``budget_bytes`` and
+        ``reserve_budget`` are the session's, shared by every pool of the device)."""
         granted, segments = _shim.stats(self.device) or (0, 0)
         info = _shim.session_info(self.device)
+        owner = _owners.get(self.device) if info is not None and _sessions_pid == os.getpid() else None
         return {
             "device": self.device,
             "label": self.label,
@@ -290,7 +356,8 @@ class MemPool:
             "session_id": info[0] if info else 0,
             "session_reserved_bytes": info[1] if info else 0,
             "device_uuid": info[2] if info else "",
-            "budget_bytes": self.budget_bytes,
+            "budget_bytes": owner.budget_bytes if owner else self.budget_bytes,
+            "reserve_budget": owner.reserve_budget if owner else self.reserve_budget,
         }
 
     # -- lifetime ------------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""The callables of a schedule-aware capture (graphpool.capture.make_graphed_callables) at run
+time: calls with gradients disabled, and inputs that do not match the capture. Plain torch
+pools (no daemon needed); two small Linear layers, 1F1B stage 0 of 2 (two slots)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from graphpool.capture import GraphedSchedule, make_graphed_callables  # noqa: E402
+from graphpool.schedule import Schedule  # noqa: E402
+
+M = 4
+
+
+@pytest.fixture
+def captured() -> Iterator[tuple[GraphedSchedule, list[Any], list[Any]]]:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(64, 64).cuda() for _ in range(2)]
+    X = [torch.randn(8, 64, device="cuda") for _ in range(M)]
+    sample = X[0].detach().clone().requires_grad_()
+    gs = make_graphed_callables(
+        layers, [(sample,)], schedule=Schedule.one_f_one_b(2, 0, M), pools="torch", num_warmup_iters=1
+    )
+    try:
+        yield gs, layers, X
+    finally:
+        gs.close()
+
+
+def test_no_grad_call_runs_eagerly_and_takes_no_slot(
+    captured: tuple[GraphedSchedule, list[Any], list[Any]],
+) -> None:
+    """Under no_grad (evaluation) no backward will free a slot: the layers run eagerly, give
+    eager's results, and every slot stays free, so training goes on afterwards."""
+    gs, layers, X = captured
+    with torch.no_grad():
+        for m in range(M):  # more microbatches than slots: each would claim one for good
+            y = gs[1, m](gs[0, m](X[m]))
+            assert torch.allclose(y, layers[1](layers[0](X[m])))
+    with torch.inference_mode():
+        gs[1, 0](gs[0, 0](X[0]))
+    assert gs.slots_in_use() == [[None, None]]
+    y = gs[1, 0](gs[0, 0](X[0]))
+    assert gs.slots_in_use() == [[0, None]]
+    torch.autograd.backward(y, torch.ones_like(y))
+    assert gs.slots_in_use() == [[None, None]]
+
+
+def test_inputs_that_do_not_match_the_capture_are_refused(
+    captured: tuple[GraphedSchedule, list[Any], list[Any]],
+) -> None:
+    """The graphs replay at the sample's shapes and dtypes: another number of inputs, shape or
+    dtype is refused naming the input, before the slot is taken."""
+    gs, _, X = captured
+    with pytest.raises(TypeError, match="1 input.*got 2"):
+        gs[0, 0](X[0], X[1])
+    with pytest.raises(ValueError, match=r"input 0 .*expected shape \(8, 64\).*got shape \(4, 64\)"):
+        gs[0, 0](X[0][:4])
+    with pytest.raises(ValueError, match="input 0 .*dtype torch.float32.*dtype torch.float16"):
+        gs[0, 0](X[0].half())
+    assert gs.slots_in_use() == [[None, None]]
+    y = gs[1, 0](gs[0, 0](X[0]))  # the matching input still replays
+    torch.autograd.backward(y, torch.ones_like(y))
+    assert gs.slots_in_use() == [[None, None]]
