@@ -68,7 +68,7 @@ pub enum Command {
 /// `graphpool limits set`.
 #[derive(Debug, Subcommand)]
 pub enum LimitsAction {
-    /// Set quotas and budgets until the daemon restarts (its config file's [limits] keep them
+    /// Set quotas and budgets until the daemon restarts (its config file's `[limits]` keep them
     /// across restarts); sizes like 8GiB; 0 removes a job or rank quota.
     Set {
         /// Quota of every rank without its own.
