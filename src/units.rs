@@ -36,15 +36,20 @@ pub fn parse_size(input: &str) -> Result<u64, ParseSizeError> {
     if num.is_empty() {
         return Err(err("no number"));
     }
-    if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(mult).ok_or_else(|| err("too large"));
+    if num.bytes().all(|c| c.is_ascii_digit()) {
+        // Digits only: exact, or too large (not a float's rounding of it).
+        return num.parse::<u64>().ok().and_then(|n| n.checked_mul(mult)).ok_or_else(|| err("too large"));
+    }
+    if mult == 1 {
+        return Err(err("a byte count is a whole number"));
     }
     let f: f64 = num.parse().map_err(|_| err("not a number"))?;
-    let v = f * mult as f64;
-    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
+    let v = (f * mult as f64).round();
+    // Below 2^64 (`u64::MAX as f64` rounds up to 2^64, so it cannot be the limit).
+    if !(0.0..18_446_744_073_709_551_616.0).contains(&v) {
         return Err(err("too large"));
     }
-    Ok(v.round() as u64)
+    Ok(v as u64)
 }
 
 /// Formats bytes with a binary unit and up to two decimals: `1.50 GiB`, `512 MiB`, `0 B`.
@@ -95,6 +100,17 @@ mod tests {
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("99999999999TiB").is_err());
         assert!(parse_size("-1").is_err());
+        // A byte count is whole: no silent rounding of 1.5 bytes to 2 or 0.4 to 0.
+        for fraction in ["1.5", "0.4", "2.5B"] {
+            let e = parse_size(fraction).unwrap_err().to_string();
+            assert!(e.contains("whole number"), "{fraction}: {e}");
+        }
+        // Just past 2^64 is too large, not 2^64 - 1.
+        for big in ["18446744073709551616", "18446744073709551617", "16EiB", "16777216TiB"] {
+            assert!(parse_size(big).is_err(), "{big}");
+        }
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
+        assert_eq!(parse_size("0.5KiB").unwrap(), 512);
     }
 
     #[test]

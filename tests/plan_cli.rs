@@ -133,3 +133,22 @@ fn malformed_files_fail_with_the_line_and_field() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
+
+#[test]
+fn options_that_do_not_apply_and_placements_past_the_address_space_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // --inclusive-end reads a buffer list's ends; a schedule has none to read.
+    let schedule = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/planner/examples/schedule-1f1b.toml");
+    let out = plan(&["--schedule", schedule.to_str().unwrap(), "--inclusive-end"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--inclusive-end"), "{out:?}");
+    // An offset that would wrap around 2^64 is not a placement.
+    let csv = write(
+        dir.path(),
+        "wrap.csv",
+        "buffer,start,end,size,offset\na,0,10,100,18446744073709551600\nb,0,10,100,50\n",
+    );
+    let out = plan(&["--buffers", csv.to_str().unwrap()]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("past 2^64"), "{text}");
+}

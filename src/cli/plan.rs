@@ -70,12 +70,14 @@ pub struct PlanArgs {
     #[arg(long)]
     pub json: bool,
     /// Time to spend planning, in milliseconds; plans at the lower bound stop sooner.
-    /// Without it: 1000, capped for buffer lists at 8 µs per buffer (at least 60 ms).
+    /// Without it: 1000, capped for buffer lists at 8 µs per buffer (at least 60 ms). Reading
+    /// the input comes on top, and lists of hundreds of thousands of buffers whose first plan
+    /// is far from the bound may take longer (`planning time` reports what it took).
     #[arg(long, value_name = "MS")]
     pub time_budget_ms: Option<u64>,
     /// With --buffers: `end` is the last step a buffer is live, not the first it is not
     /// (for traces that record the last use).
-    #[arg(long, requires = "buffers")]
+    #[arg(long)]
     pub inclusive_end: bool,
 }
 
@@ -85,6 +87,9 @@ pub enum PlanCliError {
     /// Neither or both inputs given.
     #[error("give exactly one of --buffers FILE.csv or --schedule FILE")]
     Usage,
+    /// `--inclusive-end` is about the ends of a buffer list; a schedule has none.
+    #[error("--inclusive-end reads the `end` column of --buffers; a --schedule has no such column")]
+    InclusiveEndWithSchedule,
     /// A file could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Read {
@@ -150,6 +155,7 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
             let given = list.offsets.map(|offsets| GivenPlacement::check(&list.buffers, &offsets));
             (plan, given)
         }
+        (None, Some(_)) if args.inclusive_end => return Err(PlanCliError::InclusiveEndWithSchedule),
         (None, Some(path)) => {
             let text = read(path)?;
             let desc = parse_schedule(path, &text)?;
@@ -521,7 +527,7 @@ pub fn report(plan: &Plan) -> String {
         );
     }
     row(&mut s, "buffers", plan.buffers.len().to_string());
-    let total: u64 = plan.buffers.iter().map(|b| b.size).sum();
+    let total = plan.buffers.iter().fold(0u64, |a, b| a.saturating_add(b.size));
     row(&mut s, "sum of buffers", SizeDisplay(total).to_string());
     row(&mut s, "saved by reuse", SizeDisplay(plan.saved_by_aliasing).to_string());
     if !plan.steps.is_empty() {

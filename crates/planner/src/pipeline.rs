@@ -357,9 +357,11 @@ pub fn check_placement(list: &[NamedBuffer], offsets: &[u64]) -> Result<u64, Pla
             dsa::VerifyError::Count { expected, got } => PlacementError::Count { expected, got },
             dsa::VerifyError::Overlap { a, b } => PlacementError::Overlap { a: name(a), b: name(b) },
             dsa::VerifyError::Alias { a, b } => PlacementError::Alias { a: name(a), b: name(b) },
+            dsa::VerifyError::PastAddressSpace(i) => PlacementError::PastAddressSpace(name(i)),
         }
     })?;
-    Ok(list.iter().zip(offsets).map(|(b, &o)| o.saturating_add(b.size)).max().unwrap_or(0))
+    // Buffers of no bytes take no memory, wherever their offset points.
+    Ok(list.iter().zip(offsets).filter(|(b, _)| b.size > 0).map(|(b, &o)| o + b.size).max().unwrap_or(0))
 }
 
 /// Why a placement given for a named list is not valid.
@@ -389,13 +391,16 @@ pub enum PlacementError {
         /// The other.
         b: String,
     },
+    /// A buffer's offset plus its size is past 2^64.
+    #[error("buffer {0:?} ends past 2^64 bytes (offset + size)")]
+    PastAddressSpace(String),
 }
 
 /// Places a plain buffer list.
 pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, PlanError> {
     let buffers = unnamed(list);
     let placement = dsa::place(&buffers, opts)?;
-    let total: u64 = list.iter().map(|b| b.size).sum();
+    let total = list.iter().fold(0u64, |a, b| a.saturating_add(b.size));
     Ok(Plan {
         slots: 0,
         microbatch_slot: Vec::new(),
@@ -612,8 +617,20 @@ pub fn schedule_buffers_within(
     }
     let chunk_slots = assign_chunk_slots(&steps, chunks as u32, m as u32);
     let slots = chunk_slots.iter().map(|c| c.0).max().unwrap_or(0);
-    let graphs = chunk_slots.iter().zip(&layers).map(|(c, l)| c.0 * l.len() as u32 * 2).sum();
-    let pools = chunk_slots.iter().map(|c| c.0).sum::<u32>() + 1;
+    // Counted wide: layers of no bytes make no buffers, so the buffer limit does not bound these.
+    let graphs: u64 = chunk_slots.iter().zip(&layers).map(|(c, l)| c.0 as u64 * l.len() as u64 * 2).sum();
+    let graphs = u32::try_from(graphs).map_err(|_| PlanError::Invalid {
+        field: "layers".into(),
+        message: format!(
+            "the capture would take {graphs} graphs (2 per layer and buffer slot), more than 2^32; \
+             use fewer layers or fewer microbatches in flight"
+        ),
+    })?;
+    let pools = chunk_slots.iter().map(|c| c.0 as u64).sum::<u64>() + 1;
+    let pools = u32::try_from(pools).map_err(|_| PlanError::Invalid {
+        field: "schedule".into(),
+        message: format!("the capture would take {pools} pools, more than 2^32"),
+    })?;
     let microbatch_slot: Vec<u32> = chunk_slots.iter().flat_map(|c| c.1.iter().copied()).collect();
     // Clock: base tick of every step; the forward / backward step of each (chunk, microbatch).
     let mut base = Vec::with_capacity(steps.len());
@@ -680,7 +697,7 @@ pub fn plan_schedule(input: &SchedulePlanInput, opts: &PlaceOptions) -> Result<P
 pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result<Plan, PlanError> {
     let opts = PlaceOptions { scaled_budget_per_item: None, ..opts.clone() };
     let placement = dsa::place(&sb.buffers, &opts)?;
-    let total: u64 = sb.buffers.iter().map(|b| b.size).sum();
+    let total = sb.buffers.iter().fold(0u64, |a, b| a.saturating_add(b.size));
     let buffers = sb
         .buffers
         .iter()
@@ -895,6 +912,31 @@ fn random_order(rng: &mut crate::rng::Rng, m: u32, v: u32, window: u32, eager: f
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn named(name: &str, start: u64, end: u64, size: u64, group: &str) -> NamedBuffer {
+        NamedBuffer { name: name.into(), start, end, size, alias_group: group.into() }
+    }
+
+    #[test]
+    fn a_given_placement_is_checked_as_memory_is_used() {
+        // A group is as high as its largest member live *now*: C may sit above the small B
+        // once the large A has ended.
+        let list = [named("A", 0, 10, 100, "g"), named("B", 5, 20, 10, "g"), named("C", 12, 20, 10, "")];
+        assert_eq!(check_placement(&list, &[0, 0, 10]), Ok(100));
+        assert_eq!(
+            check_placement(&list, &[0, 0, 5]),
+            Err(PlacementError::Overlap { a: "B".into(), b: "C".into() })
+        );
+        // Past the address space: refused, not wrapped around.
+        let list = [named("a", 0, 10, 100, ""), named("b", 0, 10, 100, "")];
+        assert_eq!(
+            check_placement(&list, &[u64::MAX - 15, 50]),
+            Err(PlacementError::PastAddressSpace("a".into()))
+        );
+        // A buffer of no bytes takes no memory, wherever it is said to be.
+        let list = [named("a", 0, 10, 100, ""), named("b", 0, 10, 0, "")];
+        assert_eq!(check_placement(&list, &[0, 1 << 40]), Ok(100));
+    }
 
     #[test]
     fn overhead_counts_graphs_and_pools_and_not_microbatches() {

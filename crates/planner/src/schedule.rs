@@ -270,17 +270,15 @@ pub fn assign_slots(steps: &[Step], num_microbatches: u32) -> (u32, Vec<u32>) {
 /// and the backward *of that chunk* at once. Returns, per chunk, (slots, slot of each
 /// microbatch).
 pub fn assign_chunk_slots(steps: &[Step], chunks: u32, num_microbatches: u32) -> Vec<(u32, Vec<u32>)> {
-    (0..chunks)
-        .map(|c| {
-            let mut spans = vec![(usize::MAX, 0usize); num_microbatches as usize];
-            for (k, s) in steps.iter().enumerate().filter(|(_, s)| s.chunk == c) {
-                let span = &mut spans[s.microbatch as usize];
-                span.0 = span.0.min(k);
-                span.1 = span.1.max(k);
-            }
-            color_spans(&spans)
-        })
-        .collect()
+    // One pass over the steps (a pass per chunk was quadratic in the chunks: 18 s for 160k).
+    let mut spans = vec![vec![(usize::MAX, 0usize); num_microbatches as usize]; chunks as usize];
+    for (k, s) in steps.iter().enumerate() {
+        if let Some(span) = spans.get_mut(s.chunk as usize).and_then(|c| c.get_mut(s.microbatch as usize)) {
+            span.0 = span.0.min(k);
+            span.1 = span.1.max(k);
+        }
+    }
+    spans.iter().map(|s| color_spans(s)).collect()
 }
 
 /// Interval colouring in order of start, lowest free colour first (optimal for intervals).

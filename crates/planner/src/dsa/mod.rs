@@ -403,6 +403,9 @@ pub enum VerifyError {
         /// The other.
         b: usize,
     },
+    /// A buffer's offset plus its size is past the last byte of a 64-bit address space.
+    #[error("buffer {0} ends past 2^64 bytes (offset + size)")]
+    PastAddressSpace(usize),
 }
 
 mod coarsen;
@@ -980,9 +983,12 @@ pub fn verify(buffers: &[Buffer], offsets: &[u64]) -> Result<(), VerifyError> {
         }
     }
     // Sweep over time with the live buffers keyed by offset. Members of one group may
-    // coincide; they are the same memory.
+    // coincide; they are the same memory, as high as its largest member *live now*.
     let mut events: Vec<(u64, bool, usize)> = Vec::new();
     for (i, b) in buffers.iter().enumerate() {
+        if b.size > 0 && offsets[i].checked_add(b.size).is_none() {
+            return Err(VerifyError::PastAddressSpace(i));
+        }
         if b.size > 0 && b.end > b.start {
             events.push((b.start, true, i));
             events.push((b.end, false, i));
@@ -990,41 +996,44 @@ pub fn verify(buffers: &[Buffer], offsets: &[u64]) -> Result<(), VerifyError> {
     }
     events.sort_unstable();
     let key = |i: usize| (offsets[i], buffers[i].group.map_or(u64::MAX - i as u64, |g| g as u64));
-    // (offset, owner) -> (top, count, buffer)
-    let mut live: BTreeMap<(u64, u64), (u64, u32, usize)> = BTreeMap::new();
+    let top_of = |i: usize| offsets[i] + buffers[i].size;
+    // (offset, owner) -> its live members (top, buffer), sorted: the highest is the last.
+    let mut live: BTreeMap<(u64, u64), Vec<(u64, usize)>> = BTreeMap::new();
+    let highest = |members: &Vec<(u64, usize)>| *members.last().expect("a live entry has members");
     for (_, is_start, i) in events {
         let k = key(i);
-        let top = offsets[i] + buffers[i].size;
+        let member = (top_of(i), i);
         if !is_start {
-            let entry = live.get_mut(&k).expect("ended buffer is live");
-            entry.1 -= 1;
-            if entry.1 == 0 {
+            let members = live.get_mut(&k).expect("ended buffer is live");
+            let at = members.binary_search(&member).expect("it is recorded");
+            members.remove(at);
+            if members.is_empty() {
                 live.remove(&k);
             }
             continue;
         }
-        if let Some(entry) = live.get_mut(&k) {
-            entry.0 = entry.0.max(top);
-            entry.1 += 1;
+        if let Some(members) = live.get_mut(&k) {
+            let at = members.partition_point(|m| *m < member);
+            members.insert(at, member);
             // Same group at the same offset: check the grown extent against the next one.
-            if let Some((_, &(_, _, j))) = live.range((k.0, k.1 + 1)..).next()
-                && offsets[j] < top
+            if let Some((_, next)) = live.range((k.0, k.1 + 1)..).next()
+                && offsets[highest(next).1] < member.0
             {
-                return Err(VerifyError::Overlap { a: i, b: j });
+                return Err(VerifyError::Overlap { a: i, b: highest(next).1 });
             }
             continue;
         }
-        if let Some((_, &(ptop, _, j))) = live.range(..k).next_back()
-            && ptop > offsets[i]
+        if let Some((_, below)) = live.range(..k).next_back()
+            && highest(below).0 > offsets[i]
         {
-            return Err(VerifyError::Overlap { a: j, b: i });
+            return Err(VerifyError::Overlap { a: highest(below).1, b: i });
         }
-        if let Some((&(no, _), &(_, _, j))) = live.range(k..).next()
-            && no < top
+        if let Some((&(no, _), above)) = live.range(k..).next()
+            && no < member.0
         {
-            return Err(VerifyError::Overlap { a: i, b: j });
+            return Err(VerifyError::Overlap { a: i, b: highest(above).1 });
         }
-        live.insert(k, (top, 1, i));
+        live.insert(k, vec![member]);
     }
     Ok(())
 }
