@@ -22,7 +22,10 @@ def test_parse_size(text: int | str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "GiB", "12 parsecs", "99999999999TiB", "-1", -1, "1.2.3G"])
+@pytest.mark.parametrize(
+    "bad",
+    ["", "GiB", "12 parsecs", "99999999999TiB", "-1", -1, "1.2.3G", "1.5", "0.4", "2.5B", "18446744073709551616"],
+)
 def test_parse_size_rejects(bad: int | str) -> None:
     with pytest.raises(ValueError, match="invalid size"):
         parse_size(bad)

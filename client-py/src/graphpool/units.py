@@ -2,7 +2,7 @@
 
 The same rules as the daemon's configuration (``src/units.rs``): binary units ``KiB``,
 ``MiB``, ``GiB``, ``TiB`` (also ``K``, ``M``, ``G``, ``T``), decimal units ``KB``, ``MB``,
-``GB``, ``TB``, case-insensitive, fractions allowed.
+``GB``, ``TB``, case-insensitive, fractions allowed with a unit (a plain byte count is whole).
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def parse_size(value: int | str) -> int:
     mult = _UNITS[unit]
     if num.isdigit():
         n = int(num) * mult
+    elif mult == 1:
+        raise ValueError(f"invalid size {value!r}: a byte count is a whole number {hint}")
     else:
         try:
             f = float(num)
