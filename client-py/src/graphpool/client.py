@@ -61,6 +61,30 @@ CLIENT_NAME = f"graphpool-py/{__version__}"
 SOCKET_ENV = "GRAPHPOOL_SOCKET"
 SYSTEM_SOCKET = "/run/graphpool/graphpool.sock"
 
+# Whether gRPC's fork support is on, as the environment said when graphpool (and so grpc)
+# was imported: GRPC_ENABLE_FORK_SUPPORT (off by default).
+_GRPC_FORK_SUPPORT = os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").strip().lower() in ("1", "true", "yes", "on")
+# The process that first opened a gRPC channel through graphpool (0: none yet).
+_grpc_pid = 0
+
+
+def _check_grpc_usable_after_fork() -> None:
+    """Refuses a new gRPC channel in a process forked from one that had opened one, when gRPC's
+    fork support is off: gRPC's inherited state makes 40-70% of such children abort."""
+    global _grpc_pid
+    pid = os.getpid()
+    if _grpc_pid and _grpc_pid != pid and not _GRPC_FORK_SUPPORT:
+        raise FailedPrecondition(
+            f"this process was forked from process {_grpc_pid}, which used gRPC, and gRPC's fork "
+            f"support is off, so a gRPC channel here may abort the process; start processes that "
+            f"talk to graphpoold with the 'spawn' method (multiprocessing.get_context('spawn')), "
+            f"or set GRPC_ENABLE_FORK_SUPPORT=1 before importing graphpool in the parent (each "
+            f"fork then waits about 1 s while a session is open)"
+        )
+    if not _grpc_pid:
+        _grpc_pid = pid
+
+
 def default_socket_path() -> str:
     """The daemon's socket path, as the ``graphpool`` CLI finds it: ``$GRAPHPOOL_SOCKET``; else
     ``/run/graphpool/graphpool.sock`` when that socket exists (a system daemon is running);
@@ -528,6 +552,7 @@ class Client:
             if self._channel is None:
                 if not os.path.exists(self.socket_path):
                     raise DaemonUnavailable(self.socket_path, "no such socket")
+                _check_grpc_usable_after_fork()
                 ch = grpc.insecure_channel(
                     self.target,
                     options=[
