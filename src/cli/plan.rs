@@ -45,6 +45,7 @@
 //! buffer's offset.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -87,6 +88,9 @@ pub enum PlanCliError {
     /// Neither or both inputs given.
     #[error("give exactly one of --buffers FILE.csv or --schedule FILE")]
     Usage,
+    /// The report could not be written (a closed pipe, a full disk).
+    #[error("cannot write the plan: {0}")]
+    Write(String),
     /// `--inclusive-end` is about the ends of a buffer list; a schedule has none.
     #[error("--inclusive-end reads the `end` column of --buffers; a --schedule has no such column")]
     InclusiveEndWithSchedule,
@@ -170,11 +174,14 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
         _ => return Err(PlanCliError::Usage),
     };
     if args.json {
-        let mut value = plan_json(&plan);
-        if let Some(g) = &given {
-            value["given_offsets"] = g.json(plan.lower_bound);
-        }
-        println!("{}", serde_json::to_string_pretty(&value).expect("a plan serializes"));
+        // Streamed: a plan of a million buffers is 150 MB of JSON, and a tree of it in memory
+        // took 2 GB.
+        let given = given.as_ref().map(|g| g.json(plan.lower_bound));
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        let write = |e: &dyn std::fmt::Display| PlanCliError::Write(e.to_string());
+        serde_json::to_writer_pretty(&mut out, &PlanJson { plan: &plan, given_offsets: given })
+            .map_err(|e| write(&e))?;
+        writeln!(out).and_then(|()| out.flush()).map_err(|e| write(&e))?;
     } else {
         print!("{}", report(&plan));
         if let Some(g) = &given {
@@ -550,30 +557,62 @@ pub fn report(plan: &Plan) -> String {
 }
 
 /// The plan as JSON, with the API's field names.
-pub fn plan_json(plan: &Plan) -> serde_json::Value {
-    json!({
-        "footprint_bytes": plan.footprint,
-        "lower_bound_bytes": plan.lower_bound,
-        "live_bound_bytes": plan.live_bound,
-        "ratio": plan.ratio(),
-        "strategy": plan.strategy,
-        "planning_seconds": plan.elapsed.as_secs_f64(),
-        "stages": plan.stages.iter().map(|st| json!({
-            "name": st.name, "seconds": st.elapsed.as_secs_f64(), "footprint_bytes": st.footprint,
-        })).collect::<Vec<_>>(),
-        "saved_by_aliasing_bytes": plan.saved_by_aliasing,
-        "predicted_capture_bytes": plan.predicted_capture_bytes,
-        "overhead_bytes": plan.overhead_bytes,
-        "slots": plan.slots,
-        "graphs": plan.graphs,
-        "pools": plan.pools,
-        "microbatch_slot": plan.microbatch_slot,
-        "steps": plan.steps,
-        "buffers": plan.buffers.iter().map(|b| json!({
-            "name": b.name, "start": b.start, "end": b.end, "size_bytes": b.size,
-            "offset": b.offset, "alias_group": b.alias_group,
-        })).collect::<Vec<_>>(),
-    })
+/// `graphpool plan --json`: the plan's figures, its stages and every buffer with its offset
+/// (and the check of a given placement), serialized as it is written.
+struct PlanJson<'a> {
+    /// The plan.
+    plan: &'a Plan,
+    /// The check of an `offset` column, when the list had one.
+    given_offsets: Option<serde_json::Value>,
+}
+
+impl serde::Serialize for PlanJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let plan = self.plan;
+        let stages: Vec<serde_json::Value> = plan
+            .stages
+            .iter()
+            .map(|st| {
+                json!({"name": st.name, "seconds": st.elapsed.as_secs_f64(), "footprint_bytes": st.footprint})
+            })
+            .collect();
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("footprint_bytes", &plan.footprint)?;
+        m.serialize_entry("lower_bound_bytes", &plan.lower_bound)?;
+        m.serialize_entry("live_bound_bytes", &plan.live_bound)?;
+        m.serialize_entry("ratio", &plan.ratio())?;
+        m.serialize_entry("strategy", &plan.strategy)?;
+        m.serialize_entry("planning_seconds", &plan.elapsed.as_secs_f64())?;
+        m.serialize_entry("stages", &stages)?;
+        m.serialize_entry("saved_by_aliasing_bytes", &plan.saved_by_aliasing)?;
+        m.serialize_entry("predicted_capture_bytes", &plan.predicted_capture_bytes)?;
+        m.serialize_entry("overhead_bytes", &plan.overhead_bytes)?;
+        m.serialize_entry("slots", &plan.slots)?;
+        m.serialize_entry("graphs", &plan.graphs)?;
+        m.serialize_entry("pools", &plan.pools)?;
+        m.serialize_entry("microbatch_slot", &plan.microbatch_slot)?;
+        m.serialize_entry("steps", &plan.steps)?;
+        m.serialize_entry("buffers", &BuffersJson(&plan.buffers))?;
+        if let Some(g) = &self.given_offsets {
+            m.serialize_entry("given_offsets", g)?;
+        }
+        m.end()
+    }
+}
+
+/// A plan's buffers as a JSON array, one object at a time.
+struct BuffersJson<'a>(&'a [pipeline::PlannedBuffer]);
+
+impl serde::Serialize for BuffersJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|b| {
+            json!({
+                "name": b.name, "start": b.start, "end": b.end, "size_bytes": b.size,
+                "offset": b.offset, "alias_group": b.alias_group,
+            })
+        }))
+    }
 }
 
 #[cfg(test)]
