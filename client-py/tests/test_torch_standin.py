@@ -55,12 +55,14 @@ import graphpool
 from graphpool import _shim
 
 sessions = {}  # device -> session info, as the shim keeps them
+ended = set()  # devices whose session ended (the daemon did not come back)
 configured = []  # keyword arguments of each configure
 
 def _configure(**kw):
     _cuda("shim configure")()
     configured.append(kw)
-    sessions[kw["device"]] = (1, 0, "GPU-standin")
+    sessions[kw["device"]] = (len(configured), 0, "GPU-standin")
+    ended.discard(kw["device"])
 
 def _release_device(device):
     _cuda("shim release_device")()
@@ -70,6 +72,9 @@ def _release_device(device):
 _shim.configure = _configure
 _shim.release_device = _release_device
 _shim.session_info = lambda device: sessions.get(device)
+_shim.keep_device = lambda device: device in sessions and device not in ended
+_shim.alloc_failures = lambda: 0
+_shim.last_alloc_error = lambda: None
 _shim.loaded_path = lambda: "libgraphpool_shim.so"
 
 import graphpool.torch as gpt
@@ -234,9 +239,48 @@ def test_translate_errors_translates_only_the_refusal() -> None:
         print(outcome(ValueError("an unrelated bug")))
         print(outcome(torch.OutOfMemoryError("CUDA out of memory")))
         print(outcome(RuntimeError("CUDA error: operation failed due to a previous error during capture")))
+
+        # Refused on another thread (autograd's device threads make the backward pass's
+        # requests): this thread's error is empty, the process counted the failure.
+        failures = [0]
+        _shim.alloc_failures = lambda: failures[0]
+        _shim.last_alloc_error = lambda: dict(refused)
+
+        def elsewhere(exc, failed):
+            try:
+                with gpt.translate_errors():
+                    failures[0] += failed
+                    raise exc
+            except BaseException as e:
+                return type(e).__name__
+
+        print(elsewhere(torch.OutOfMemoryError("CUDA out of memory"), 1))
+        print(elsewhere(torch.OutOfMemoryError("CUDA out of memory"), 0))
         """
     )
-    assert out.splitlines() == ["KeyboardInterrupt", "ValueError", "CapacityExceeded", "CapacityExceeded"]
+    assert out.splitlines() == [
+        "KeyboardInterrupt", "ValueError", "CapacityExceeded", "CapacityExceeded",
+        "CapacityExceeded", "OutOfMemoryError",
+    ]
+
+
+def test_an_ended_session_is_not_reused() -> None:
+    """A device session that ended (the daemon did not come back within the reconnect
+    deadline) is not reused by a new pool: it opens a new one, with its own budget."""
+    out = _run(
+        """
+        _shim.stats = lambda device: (0, 0)
+        first = gpt.MemPool(0, budget="8GiB", job_id="j", rank=0)
+        ended.add(0)
+        second = gpt.MemPool(0, budget="16GiB", job_id="j", rank=0)
+        assert len(configured) == 2 and configured[-1]["budget_bytes"] == 16 << 30, configured
+        assert second.stats()["budget_bytes"] == 16 << 30
+        first.release()
+        second.release()
+        print("ok")
+        """
+    )
+    assert out == "ok"
 
 
 def test_auto_pools_fall_back_only_when_no_daemon_or_shim() -> None:

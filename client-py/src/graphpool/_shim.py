@@ -5,6 +5,12 @@ The shim is what torch calls (``graphpool_alloc`` / ``graphpool_free``) through
 device of the process), reads its counters and turns its errors (JSON from
 ``graphpool_shim_last_error``) into the package's exceptions. No torch here.
 
+The shim's last error is per thread: :func:`last_error` reads the calling thread's (the
+thread's last failed call; a successful allocation or configure, or :func:`clear_error`,
+clears it). torch makes a segment request on the thread that asks for memory, except in the
+backward pass, which autograd runs on its device threads: :func:`alloc_failures` and
+:func:`last_alloc_error` see those.
+
 The library is found with :func:`graphpool._native.native_path` (``$GRAPHPOOL_SHIM``, then the
 copy shipped in the package).
 """
@@ -31,10 +37,13 @@ from .errors import (
 __all__ = [
     "ShimError",
     "alloc",
+    "alloc_failures",
     "clear_error",
     "configure",
     "error_from_shim",
     "free",
+    "keep_device",
+    "last_alloc_error",
     "last_error",
     "last_timing",
     "load",
@@ -111,8 +120,14 @@ def load() -> ctypes.CDLL:
         lib.graphpool_shim_last_error.restype = c_char_p
         lib.graphpool_shim_clear_error.argtypes = []
         lib.graphpool_shim_clear_error.restype = None
+        lib.graphpool_shim_alloc_failures.argtypes = []
+        lib.graphpool_shim_alloc_failures.restype = u64
+        lib.graphpool_shim_last_alloc_error.argtypes = []
+        lib.graphpool_shim_last_alloc_error.restype = c_char_p
         lib.graphpool_shim_release_device.argtypes = [c_int]
         lib.graphpool_shim_release_device.restype = c_int
+        lib.graphpool_shim_keep_device.argtypes = [c_int]
+        lib.graphpool_shim_keep_device.restype = c_int
         lib.graphpool_shim_shutdown.argtypes = []
         lib.graphpool_shim_shutdown.restype = c_int
         _lib, _path = lib, path
@@ -126,10 +141,7 @@ def loaded_path() -> str:
     return _path
 
 
-def last_error() -> dict[str, Any] | None:
-    """The shim's last error as a dict (``kind``, ``message``, and for capacity refusals
-    ``requested``, ``free``, ``limit``, ``limit_bytes``, ``device_uuid``, ``holders``)."""
-    raw = load().graphpool_shim_last_error()
+def _error_dict(raw: bytes | None) -> dict[str, Any] | None:
     if not raw:
         return None
     try:
@@ -139,9 +151,30 @@ def last_error() -> dict[str, Any] | None:
     return d if isinstance(d, dict) else {"kind": "unknown", "message": str(d)}
 
 
+def last_error() -> dict[str, Any] | None:
+    """This thread's last shim error as a dict (``kind``, ``message``, and for capacity
+    refusals ``requested``, ``free``, ``limit``, ``limit_bytes``, ``device_uuid``,
+    ``holders``), or None."""
+    raw: bytes | None = load().graphpool_shim_last_error()
+    return _error_dict(raw)
+
+
 def clear_error() -> None:
-    """Forgets the shim's last error (before an operation whose failure is then attributed)."""
+    """Forgets this thread's last shim error (before an operation whose failure is then
+    attributed)."""
     load().graphpool_shim_clear_error()
+
+
+def alloc_failures() -> int:
+    """How many segment requests of this process failed so far, on any thread."""
+    return int(load().graphpool_shim_alloc_failures())
+
+
+def last_alloc_error() -> dict[str, Any] | None:
+    """The error of this process's latest failed segment request, on any thread (a dict like
+    :func:`last_error`'s), or None."""
+    raw: bytes | None = load().graphpool_shim_last_alloc_error()
+    return _error_dict(raw)
 
 
 def error_from_shim(d: dict[str, Any] | None, *, socket: str = "") -> GraphpoolError:
@@ -246,8 +279,19 @@ def session_info(device: int) -> tuple[int, int, str] | None:
 
 
 def release_device(device: int) -> bool:
-    """Ends the device's session if no segment is mapped; False when some still are."""
+    """Ends the device's session; True when it ended (or there was none). False when segments
+    of it are still mapped (torch still holds them, e.g. for CUDA graphs that are alive): the
+    session then stays as it is, and ends when the last of them is freed or the process
+    exits, unless :func:`keep_device` keeps it."""
     return bool(load().graphpool_shim_release_device(device) == 0)
+
+
+def keep_device(device: int) -> bool:
+    """Keeps the device's session for a new user: cancels the end that :func:`release_device`
+    left for its last segment's free. False when the device has no session, or its session
+    ended (the daemon did not come back within the reconnect deadline): :func:`configure`
+    then opens a new one."""
+    return bool(load().graphpool_shim_keep_device(device) == 0)
 
 
 def alloc(size: int, device: int) -> int:

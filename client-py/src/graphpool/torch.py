@@ -19,7 +19,10 @@ All MemPools of one CUDA device in a process share one daemon session (torch's a
 does not say which pool asks): the first pool opens it with its ``job_id``, ``rank``,
 ``budget`` and ``reserve_budget``; later ones reuse it and must ask the same values (a pool
 asking others raises instead of silently not getting them). The session ends when the last
-pool is released.
+pool is released; while CUDA graphs captured into the pools still hold segments, it stays open
+and ends when torch frees the last of them (or the process exits), unless a new pool of the
+device takes it over first. A session that ended by itself (the daemon did not come back within
+the reconnect deadline) is not reused: the next pool opens a new one.
 
 A refused segment request makes torch raise ``torch.OutOfMemoryError``; :meth:`MemPool.capture`
 and :func:`translate_errors` turn that into ``graphpool.CapacityExceeded`` carrying the daemon's
@@ -118,17 +121,23 @@ def translate_errors() -> Iterator[None]:
     Only exceptions are translated: ``KeyboardInterrupt``, ``SystemExit`` and other
     ``BaseException``s pass through as they are."""
     _shim.clear_error()
+    failures = _shim.alloc_failures()
     try:
         yield
     except GraphpoolError:
         raise
     except Exception as e:
-        # The shim's error was cleared on entry: one recorded now comes from a segment request
-        # of this block. torch reports it as OutOfMemoryError, or (when the refusal surfaces
-        # through capture_end) as a RuntimeError, possibly without the out-of-memory error in
-        # its chain. Any other exception is not the refusal's, even if torch recovered from
-        # one earlier in the block (it frees its cache and retries).
+        # The shim's error is this thread's and was cleared on entry: one recorded now comes
+        # from a segment request of this block (a successful request clears it). torch reports
+        # it as OutOfMemoryError, or (when the refusal surfaces through capture_end) as a
+        # RuntimeError, possibly without the out-of-memory error in its chain. Any other
+        # exception is not the refusal's, even if torch recovered from one earlier in the
+        # block (it frees its cache and retries).
         d = _shim.last_error()
+        if d is None and _shim.alloc_failures() != failures:
+            # The request failed on another thread: autograd runs the backward pass on its
+            # device threads. The process's latest failed request is the best account of it.
+            d = _shim.last_alloc_error()
         if d is None:
             raise
         capture_end = isinstance(e, RuntimeError) and d.get("kind") == "capacity"
@@ -220,8 +229,10 @@ class MemPool:
             if _sessions_pid != os.getpid():
                 _sessions, _sessions_pid, _owners = {}, os.getpid(), {}
             # A session left open by released pools whose segments torch still holds (graphs
-            # alive) is reused as it is.
-            is_open = _shim.session_info(index) is not None
+            # alive) is reused as it is, and kept past its last segment's free. One that ended
+            # (the daemon did not come back within the reconnect deadline) is not open:
+            # configure replaces it (its segments stay mapped until torch frees them).
+            is_open = _shim.keep_device(index)
             owner = _owners.get(index)
             if is_open and owner is not None:
                 self._check_shares(owner)
@@ -365,7 +376,8 @@ class MemPool:
     def release(self) -> None:
         """Drops the torch pool and returns its free segments to the daemon. Graphs captured
         into it must be gone first (their memory stays in use until they are). Ends the
-        device's daemon session when no other graphpool pool of the device is left.
+        device's daemon session when no other graphpool pool of the device is left: at once,
+        or, while graphs still hold segments of it, when torch frees the last of them.
 
         Idempotent. In a process forked from the one that created the pool, this only drops
         the pool locally: the memory and the daemon session belong to the parent, so nothing
@@ -404,7 +416,8 @@ class MemPool:
                 return
             _sessions[device] -= 1
             if _sessions[device] == 0:
-                # Keeps the session while torch still holds segments (graphs alive).
+                # While torch still holds segments (graphs alive) the session stays, and ends
+                # with the last segment's free (or at exit) unless a new pool keeps it.
                 _shim.release_device(device)
 
     def __enter__(self) -> MemPool:

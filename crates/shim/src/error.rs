@@ -53,6 +53,8 @@ pub enum ShimError {
     },
     /// Fetching the fd on the fd socket failed.
     Fd(String),
+    /// The daemon answered something the shim cannot use (a grant smaller than the request).
+    Protocol(String),
     /// A CUDA driver call failed.
     Cuda {
         /// The driver function.
@@ -105,6 +107,7 @@ impl ShimError {
             ShimError::SessionEnded(_) => "session-ended",
             ShimError::Restarting { .. } => "unavailable",
             ShimError::Fd(_) => "fd",
+            ShimError::Protocol(_) => "protocol",
             ShimError::Cuda { .. } => "cuda",
             ShimError::Os { .. } => "os",
         }
@@ -179,6 +182,7 @@ impl fmt::Display for ShimError {
                 *for_ms as f64 / 1000.0
             ),
             ShimError::Fd(m) => write!(f, "graphpool shim: fetching the segment's fd failed: {m}"),
+            ShimError::Protocol(m) => write!(f, "graphpool shim: unusable answer from graphpoold: {m}"),
             ShimError::Cuda { call, message } => write!(f, "graphpool shim: {call} failed: {message}"),
             ShimError::Os { call, source } => write!(f, "graphpool shim: {call} failed: {source}"),
         }

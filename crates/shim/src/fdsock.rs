@@ -4,13 +4,16 @@
 //! The shim makes its segment requests here, on the fast path: `AllocateSegment` answers with
 //! the grant and its fd in one message, `ReleaseSegment` follows; the daemon runs the same
 //! code for them as for the gRPC calls. Blocking I/O on the caller's thread: each is one small
-//! round trip on a connection kept open for the session, so it needs no async runtime.
+//! round trip on a connection kept open for the session, so it needs no async runtime. Reads
+//! and writes time out (the session's attempt timeout), so a daemon that stopped answering
+//! fails the call instead of hanging torch's thread.
 
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::Duration;
 
 use graphpool_proto::v1::{
     AllocateSegmentRequest, ErrorDetail, FdRequest, FdResponse, Grant, ReleaseSegmentRequest, fd_request,
@@ -27,32 +30,66 @@ const MAX_FRAME: usize = 1 << 20;
 #[derive(Debug)]
 pub struct FdConn {
     stream: UnixStream,
+    timeout: Duration,
+}
+
+/// A response, the fd that came with it, and whether the kernel dropped fds sent with it
+/// (`MSG_CTRUNC`: this process is at its fd limit).
+struct Reply {
+    resp: FdResponse,
+    fd: Option<OwnedFd>,
+    truncated: bool,
+}
+
+impl Reply {
+    /// The fd, or why it is missing.
+    fn fd(self, call: &str) -> (FdResponse, Result<OwnedFd, ShimError>) {
+        let fd = match (self.fd, self.truncated) {
+            (Some(fd), _) => Ok(fd),
+            (None, true) => Err(ShimError::Fd(
+                "this process is out of file descriptors (RLIMIT_NOFILE): the kernel dropped the fd \
+                 the daemon sent; close files or raise the limit"
+                    .to_string(),
+            )),
+            (None, false) => Err(ShimError::Fd(format!("the answer to {call} carried no fd"))),
+        };
+        (self.resp, fd)
+    }
 }
 
 impl FdConn {
-    /// Connects to the daemon's fd socket.
-    pub fn connect(path: &Path) -> Result<Self, ShimError> {
+    /// Connects to the daemon's fd socket; each read and write of the connection fails after
+    /// `timeout` (zero: never).
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Self, ShimError> {
         let stream = UnixStream::connect(path)
             .map_err(|e| ShimError::Fd(format!("cannot connect to {}: {e}", path.display())))?;
-        Ok(FdConn { stream })
+        let t = (!timeout.is_zero()).then_some(timeout);
+        stream
+            .set_read_timeout(t)
+            .and_then(|()| stream.set_write_timeout(t))
+            .map_err(|e| ShimError::Fd(format!("setting the timeouts of {}: {e}", path.display())))?;
+        Ok(FdConn { stream, timeout })
     }
 
     /// Asks for the fd of `grant_id`; returns it with the response (size, handle kind).
     pub fn fetch(&mut self, session_id: u64, grant_id: u64) -> Result<(OwnedFd, FdResponse), ShimError> {
-        let (resp, fd) = self.call("FdRequest", &FdRequest { session_id, grant_id, call: None })?;
-        let fd = fd.ok_or_else(|| ShimError::Fd("the response carried no fd".to_string()))?;
-        Ok((fd, resp))
+        let (resp, fd) =
+            self.call("FdRequest", &FdRequest { session_id, grant_id, call: None })?.fd("FdRequest");
+        Ok((fd?, resp))
     }
 
-    /// `AllocateSegment` on the fast path: the grant and its fd in one round trip.
-    pub fn allocate(&mut self, req: AllocateSegmentRequest) -> Result<(Grant, OwnedFd), ShimError> {
+    /// `AllocateSegment` on the fast path: the grant and its fd in one round trip. The fd is
+    /// an error when the grant came without it (the caller owns the grant then and must release
+    /// it); the connection stays usable.
+    pub fn allocate(
+        &mut self,
+        req: AllocateSegmentRequest,
+    ) -> Result<(Grant, Result<OwnedFd, ShimError>), ShimError> {
         let req = FdRequest { call: Some(fd_request::Call::Allocate(req)), ..Default::default() };
-        let (resp, fd) = self.call("AllocateSegment", &req)?;
+        let (resp, fd) = self.call("AllocateSegment", &req)?.fd("AllocateSegment");
         let Some(fd_response::Result::Grant(grant)) = resp.result else {
             return Err(ShimError::Fd("the answer to AllocateSegment carried no grant".to_string()));
         };
-        let fd =
-            fd.ok_or_else(|| ShimError::Fd("the answer to AllocateSegment carried no fd".to_string()))?;
         Ok((grant, fd))
     }
 
@@ -60,7 +97,7 @@ impl FdConn {
     pub fn release(&mut self, session_id: u64, grant_id: u64) -> Result<(), ShimError> {
         let release = ReleaseSegmentRequest { session_id, grant_id };
         let req = FdRequest { call: Some(fd_request::Call::Release(release)), ..Default::default() };
-        match self.call("ReleaseSegment", &req)?.0.result {
+        match self.call("ReleaseSegment", &req)?.resp.result {
             Some(fd_response::Result::Released(_)) => Ok(()),
             _ => Err(ShimError::Fd("the answer to ReleaseSegment carried no result".to_string())),
         }
@@ -68,19 +105,18 @@ impl FdConn {
 
     /// One request and its response. A refusal becomes [`ShimError::Daemon`] with the code,
     /// message and structured detail the gRPC call would have given; a broken connection is
-    /// [`ShimError::Fd`].
-    fn call(
-        &mut self,
-        call: &'static str,
-        req: &FdRequest,
-    ) -> Result<(FdResponse, Option<OwnedFd>), ShimError> {
+    /// [`ShimError::Fd`], and so is a daemon that does not answer within the timeout. The
+    /// whole frame is read even when fds were dropped (`truncated`), so that a grant sent
+    /// with them is still known, and can be released.
+    fn call(&mut self, call: &'static str, req: &FdRequest) -> Result<Reply, ShimError> {
         let mut frame = Vec::with_capacity(4 + req.encoded_len());
         frame.extend_from_slice(&(req.encoded_len() as u32).to_le_bytes());
         req.encode(&mut frame).expect("a Vec grows as needed");
-        self.stream.write_all(&frame).map_err(|e| ShimError::Fd(format!("send: {e}")))?;
+        self.stream.write_all(&frame).map_err(|e| self.io_error("send", e))?;
 
         let mut buf: Vec<u8> = Vec::with_capacity(256);
         let mut fd: Option<OwnedFd> = None;
+        let mut truncated = false;
         let mut want: Option<usize> = None;
         loop {
             if let Some(n) = want
@@ -96,7 +132,9 @@ impl FdConn {
                 want = Some(n);
                 continue;
             }
-            let (got, received) = recv_with_fd(self.stream.as_raw_fd(), &mut buf)?;
+            let (got, received, cut) =
+                recv_with_fd(self.stream.as_raw_fd(), &mut buf).map_err(|e| self.io_error("recvmsg", e))?;
+            truncated |= cut;
             if let Some(f) = received {
                 // A second fd would be a protocol error; keep the first, close the others.
                 if fd.is_none() {
@@ -118,12 +156,23 @@ impl FdConn {
                 detail: resp.error.map(|d: ErrorDetail| Box::new(d)),
             });
         }
-        Ok((resp, fd))
+        Ok(Reply { resp, fd, truncated })
+    }
+
+    /// A failed read or write; a timeout says that the daemon does not answer.
+    fn io_error(&self, what: &str, e: std::io::Error) -> ShimError {
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                ShimError::Fd(format!("graphpoold did not answer within {:?} ({what}: {e})", self.timeout))
+            }
+            _ => ShimError::Fd(format!("{what}: {e}")),
+        }
     }
 }
 
-/// One `recvmsg` appending to `buf`; returns the byte count and the fd if one came with it.
-fn recv_with_fd(sock: RawFd, buf: &mut Vec<u8>) -> Result<(usize, Option<OwnedFd>), ShimError> {
+/// One `recvmsg` appending to `buf`; returns the byte count, the fd if one came with it, and
+/// whether the kernel dropped control data (`MSG_CTRUNC`: fds that this process had no room for).
+fn recv_with_fd(sock: RawFd, buf: &mut Vec<u8>) -> std::io::Result<(usize, Option<OwnedFd>, bool)> {
     let mut chunk = [0u8; 4096];
     // Room for one cmsghdr with up to 4 ints, aligned.
     let mut cbuf = [0u64; 16];
@@ -142,7 +191,7 @@ fn recv_with_fd(sock: RawFd, buf: &mut Vec<u8>) -> Result<(usize, Option<OwnedFd
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(ShimError::Fd(format!("recvmsg: {e}")));
+            return Err(e);
         }
         break n as usize;
     };
@@ -168,9 +217,7 @@ fn recv_with_fd(sock: RawFd, buf: &mut Vec<u8>) -> Result<(usize, Option<OwnedFd
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(ShimError::Fd("control message truncated".to_string()));
-    }
+    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
     buf.extend_from_slice(&chunk[..n]);
-    Ok((n, fd))
+    Ok((n, fd, truncated))
 }

@@ -9,6 +9,7 @@
 use std::ffi::{CStr, c_char, c_void};
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use cudarc::driver::sys;
 
@@ -103,9 +104,26 @@ fn map_memfd(fd: OwnedFd, size: usize) -> Result<Mapping, ShimError> {
     Ok(Mapping::Host { ptr: p as usize, size })
 }
 
-/// Loads libcuda and runs `cuInit` once; the error is remembered.
+/// Loads libcuda and runs `cuInit` once; the error is remembered. Refused in a forked child of
+/// the process that did (CUDA does not work there), without waiting on the once-lock, which a
+/// parent thread may have held at fork time.
 fn driver() -> Result<(), ShimError> {
     static INIT: OnceLock<Result<(), String>> = OnceLock::new();
+    static INIT_PID: AtomicU32 = AtomicU32::new(0);
+    let pid = std::process::id();
+    match INIT_PID.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(p) if p == pid => {}
+        Err(p) => {
+            return Err(ShimError::Cuda {
+                call: "loading the CUDA driver",
+                message: format!(
+                    "this process is a fork of pid {p}, which loaded CUDA; CUDA cannot be used in a \
+                     forked child (start the process with spawn instead)"
+                ),
+            });
+        }
+    }
     INIT.get_or_init(|| {
         // SAFETY: only probes whether the library can be opened.
         if !unsafe { sys::is_culib_present() } {

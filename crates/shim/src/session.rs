@@ -12,7 +12,8 @@
 //!    is about to restart). The session becomes *reconnecting*.
 //! 2. The task reconnects with exponential backoff (first attempt at once, then 50 ms doubling
 //!    up to `GRAPHPOOL_RECONNECT_MAX_BACKOFF` seconds, default 2) for at most
-//!    `GRAPHPOOL_RECONNECT_DEADLINE` seconds (default 600), each attempt on a fresh connection.
+//!    `GRAPHPOOL_RECONNECT_DEADLINE` seconds (default 600), each attempt on a fresh connection
+//!    and given at most the attempt timeout (10 s) to answer.
 //!    While nothing listens on the socket, a cheap connect probe every 20 ms ends the wait as
 //!    soon as a new daemon listens, so recovery is not delayed by the backoff.
 //! 3. It re-attaches with the same job, rank, local rank, budget and reservation, on the device
@@ -37,8 +38,16 @@
 //! When the deadline passes, or the daemon refuses the re-attach for good (invalid argument,
 //! permission denied), the session ends: allocations fail with `session-ended`; mapped
 //! segments stay valid and their frees are local.
+//!
+//! # Timeouts
+//!
+//! Nothing the shim asks the daemon waits longer than the policy's attempt timeout (10 s):
+//! the first Attach, each re-attach attempt, Detach, and each read or write on the fd socket
+//! (a segment request or release). A daemon that stopped answering (stopped, wedged) fails the
+//! call with kind `unavailable`; the fd connection is then dropped and the next call opens one.
 
 use std::collections::{HashMap, HashSet};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -108,23 +117,34 @@ impl Default for ReconnectPolicy {
 
 impl ReconnectPolicy {
     /// The default, with `GRAPHPOOL_RECONNECT_DEADLINE` and `GRAPHPOOL_RECONNECT_MAX_BACKOFF`
-    /// (seconds, decimals allowed) applied when set.
-    pub fn from_env() -> Self {
-        let secs = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .filter(|v| v.is_finite() && *v >= 0.0)
-                .map(Duration::from_secs_f64)
+    /// (seconds, decimals allowed) applied when set and not empty. A value that is not a
+    /// duration in seconds (not a number, negative, not finite, too large) is an error naming
+    /// the variable.
+    pub fn from_env() -> Result<Self, ShimError> {
+        Self::from_vars(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// [`ReconnectPolicy::from_env`] with the variables read by `var`.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ShimError> {
+        let secs = |name: &str| -> Result<Option<Duration>, ShimError> {
+            let Some(v) = var(name).filter(|v| !v.trim().is_empty()) else { return Ok(None) };
+            let v = v.trim();
+            v.parse::<f64>().ok().and_then(|x| Duration::try_from_secs_f64(x).ok()).map(Some).ok_or_else(
+                || {
+                    ShimError::Invalid(format!(
+                        "{name}={v:?} is not a duration in seconds (a number, 0 or more, decimals allowed)"
+                    ))
+                },
+            )
         };
         let mut p = ReconnectPolicy::default();
-        if let Some(d) = secs("GRAPHPOOL_RECONNECT_DEADLINE") {
+        if let Some(d) = secs("GRAPHPOOL_RECONNECT_DEADLINE")? {
             p.deadline = d;
         }
-        if let Some(d) = secs("GRAPHPOOL_RECONNECT_MAX_BACKOFF") {
+        if let Some(d) = secs("GRAPHPOOL_RECONNECT_MAX_BACKOFF")? {
             p.max_backoff = d;
         }
-        p
+        Ok(p)
     }
 }
 
@@ -191,7 +211,11 @@ struct Inner {
     /// Held shared by allocations, exclusively by the re-attach while it snapshots `live`.
     gate: tokio::sync::RwLock<()>,
     granted: AtomicU64,
+    /// Set when the shim ends the session itself (by `end_if_empty` under `state`'s lock, or
+    /// on drop).
     detached: AtomicBool,
+    /// End the session once its last segment is freed (see `graphpool_shim_release_device`).
+    close_when_empty: AtomicBool,
     reattaches: AtomicU64,
     last_recovery_ns: AtomicU64,
 }
@@ -260,12 +284,21 @@ impl Session {
     /// reading the stream (and re-attaching after a daemon restart) for as long as the
     /// session lives.
     pub fn attach(rt: &Handle, p: &AttachParams) -> Result<Session, ShimError> {
-        Self::attach_with(rt, p, ReconnectPolicy::from_env())
+        Self::attach_with(rt, p, ReconnectPolicy::from_env()?)
     }
 
-    /// [`Session::attach`] with an explicit reconnect policy.
+    /// [`Session::attach`] with an explicit reconnect policy. The daemon has the policy's
+    /// attempt timeout to answer with `attached`.
     pub fn attach_with(rt: &Handle, p: &AttachParams, policy: ReconnectPolicy) -> Result<Session, ShimError> {
-        let (client, attached, stream) = rt.block_on(attach_once(p, &p.daemon_device, Vec::new()))?;
+        let t = policy.attempt_timeout;
+        let (client, attached, stream) = rt.block_on(async {
+            tokio::time::timeout(t, attach_once(p, &p.daemon_device, Vec::new())).await.unwrap_or_else(|_| {
+                Err(ShimError::Connect(format!(
+                    "{}: graphpoold did not answer Attach within {t:?}",
+                    p.socket.display()
+                )))
+            })
+        })?;
         let device_uuid = attached.device.as_ref().map(|d| d.uuid.clone()).unwrap_or_default();
         let inner = Arc::new(Inner {
             params: p.clone(),
@@ -285,6 +318,7 @@ impl Session {
             gate: tokio::sync::RwLock::new(()),
             granted: AtomicU64::new(0),
             detached: AtomicBool::new(false),
+            close_when_empty: AtomicBool::new(false),
             reattaches: AtomicU64::new(0),
             last_recovery_ns: AtomicU64::new(0),
         });
@@ -339,6 +373,23 @@ impl Session {
         !lock(&self.inner.live).is_empty()
     }
 
+    /// Whether the session ended (detached, refused, or the reconnect deadline passed): it
+    /// grants nothing more.
+    pub fn is_ended(&self) -> bool {
+        matches!(&*lock(&self.inner.state), State::Ended(_))
+    }
+
+    /// Asks that the session be ended once its last segment is freed (`true`), or no longer.
+    /// The shim's C ABI acts on it (`graphpool_shim_release_device`, `graphpool_free`).
+    pub fn set_close_when_empty(&self, close: bool) {
+        self.inner.close_when_empty.store(close, Ordering::SeqCst);
+    }
+
+    /// Whether the session is to be ended once its last segment is freed.
+    pub fn close_when_empty(&self) -> bool {
+        self.inner.close_when_empty.load(Ordering::SeqCst)
+    }
+
     /// Fails unless the session is attached now.
     fn check_attached(&self) -> Result<(), ShimError> {
         match &*lock(&self.inner.state) {
@@ -366,6 +417,14 @@ impl Session {
         // The fast path: the grant and its fd in one round trip on the fd socket.
         let (grant, fd) = self.fd_call(&link, |c| c.allocate(req))?;
         let t1 = Instant::now();
+        // A grant that came without its fd, or smaller than asked, is charged but unusable.
+        let fd = match fd.and_then(|fd| check_grant(size, &grant).map(|()| fd)) {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.release_grant(&link, grant.grant_id);
+                return Err(e);
+            }
+        };
         // The fd came with the grant: no separate fetch.
         let t2 = t1;
         let mapping = match Mapping::map(&grant.handle_kind, fd, grant.size_bytes, self.device) {
@@ -439,7 +498,8 @@ impl Session {
         let mut conn = lock(&self.inner.fd_conn);
         let r = match &mut *conn {
             Some(c) => f(c),
-            None => FdConn::connect(&link.fd_socket).and_then(|c| f(conn.insert(c))),
+            None => FdConn::connect(&link.fd_socket, self.inner.policy.attempt_timeout)
+                .and_then(|c| f(conn.insert(c))),
         };
         match r {
             Err(ShimError::Fd(m)) => {
@@ -456,23 +516,55 @@ impl Session {
         let _ = self.release(link, grant_id);
     }
 
-    /// Ends the session (Detach). Segments still mapped stay mapped in this process (the
-    /// memory stays valid) but the daemon no longer accounts for them.
-    pub fn detach(&self) -> Result<(), ShimError> {
+    /// Ends the session (Detach) if it has no segment mapped; returns whether it did. With
+    /// segments mapped it changes nothing (`Ok(false)`). [`Session::end_if_empty`] and
+    /// [`Session::finish_detach`] in one.
+    pub fn try_detach(&self) -> Result<bool, ShimError> {
+        match self.end_if_empty() {
+            Some(was_attached) => self.finish_detach(was_attached).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// The first half of a detach: marks the session ended if it has no segment mapped, and
+    /// returns whether it was attached (`None`, and nothing changed, with segments mapped).
+    ///
+    /// Exclusive with allocations: the check and the mark happen under the gate, so an
+    /// allocation in flight either finished first (its segment is in the table: not ended)
+    /// or fails with `session-ended`. Quick: it calls nothing.
+    pub fn end_if_empty(&self) -> Option<bool> {
+        let _gate = self.inner.gate.blocking_write();
+        if self.has_segments() {
+            return None;
+        }
+        let mut state = lock(&self.inner.state);
         self.inner.detached.store(true, Ordering::SeqCst);
-        let attached = matches!(&*lock(&self.inner.state), State::Attached);
-        let r = if attached {
+        Some(matches!(std::mem::replace(&mut *state, State::Ended("detached".to_string())), State::Attached))
+    }
+
+    /// The second half: calls Detach when the session was attached (waiting at most the
+    /// attempt timeout) and ends the session's task. An error of the call is returned, but
+    /// the session is ended either way (its Attach stream closes, which ends it on the
+    /// daemon's side too).
+    pub fn finish_detach(&self, was_attached: bool) -> Result<(), ShimError> {
+        let r = if was_attached {
             let link = lock(&self.inner.link).clone();
             let mut client = link.client.clone();
-            self.rt
-                .block_on(client.detach(DetachRequest { session_id: link.session_id }))
-                .map(|_| ())
-                .map_err(|s| ShimError::from_status("Detach", &s))
+            let t = self.inner.policy.attempt_timeout;
+            self.rt.block_on(async {
+                match tokio::time::timeout(t, client.detach(DetachRequest { session_id: link.session_id }))
+                    .await
+                {
+                    Ok(r) => r.map(|_| ()).map_err(|s| ShimError::from_status("Detach", &s)),
+                    Err(_) => {
+                        Err(ShimError::Connect(format!("graphpoold did not answer Detach within {t:?}")))
+                    }
+                }
+            })
         } else {
             Ok(())
         };
         self.stream_task.abort();
-        *lock(&self.inner.state) = State::Ended("detached".to_string());
         r
     }
 }
@@ -483,6 +575,17 @@ impl Drop for Session {
         self.inner.detached.store(true, Ordering::SeqCst);
         self.stream_task.abort();
     }
+}
+
+/// Refuses a grant smaller than the `size` bytes asked for.
+fn check_grant(size: u64, grant: &graphpool_proto::v1::Grant) -> Result<(), ShimError> {
+    if grant.size_bytes < size {
+        return Err(ShimError::Protocol(format!(
+            "grant {} is {} bytes, less than the {size} bytes asked for (it was released)",
+            grant.grant_id, grant.size_bytes
+        )));
+    }
+    Ok(())
 }
 
 /// Whether a stream that ended this way means the daemon went away (re-attach) rather than
@@ -561,9 +664,11 @@ async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEv
     let mut unreachable = false;
     loop {
         // While nothing listens, end the wait as soon as a new daemon accepts connections.
-        let until = Instant::now() + delay;
-        while Instant::now() < until {
-            let step = until.saturating_duration_since(Instant::now());
+        // Not past the deadline; saturating, as both come from the environment.
+        let wait = delay.min(policy.deadline.saturating_sub(t0.elapsed()));
+        let until = Instant::now().checked_add(wait);
+        while until.is_none_or(|u| Instant::now() < u) {
+            let step = until.map_or(wait, |u| u.saturating_duration_since(Instant::now()));
             tokio::time::sleep(if unreachable { step.min(Duration::from_millis(20)) } else { step }).await;
             if unreachable && tokio::net::UnixStream::connect(&inner.params.socket).await.is_ok() {
                 break;
@@ -585,7 +690,7 @@ async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEv
             return None;
         }
         delay = next_delay.min(policy.max_backoff);
-        next_delay = (next_delay * 2).min(policy.max_backoff);
+        next_delay = next_delay.saturating_mul(2).min(policy.max_backoff);
 
         // The snapshot: no allocation is between its grant and its entry in the table.
         let declared: HashMap<u64, (u64, String)> = {
@@ -640,7 +745,8 @@ async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEv
             .collect();
         let unadopted: Vec<u64> = declared.keys().copied().filter(|id| !adopted.contains(id)).collect();
         if !unadopted.is_empty() {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "graphpool shim: the restarted daemon did not adopt grants {unadopted:?}; they stay \
                  mapped but are no longer accounted"
             );
@@ -663,7 +769,16 @@ async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEv
                 }
             }
         }
-        *lock(&inner.state) = State::Attached;
+        {
+            // Under the state's lock, with which try_detach marks the end: a session detached
+            // meanwhile is not shown as attached (its task is being aborted).
+            let mut state = lock(&inner.state);
+            if inner.detached.load(Ordering::SeqCst) {
+                *state = State::Ended("detached".to_string());
+                return None;
+            }
+            *state = State::Attached;
+        }
         // Freed after the snapshot, before the state changed: declared and adopted, so
         // release them now (a free after the change released them itself; NOT_FOUND then).
         let late: Vec<u64> = {
@@ -678,5 +793,38 @@ async fn reattach(inner: &Arc<Inner>, why: String) -> Option<Streaming<SessionEv
         inner.reattaches.fetch_add(1, Ordering::Relaxed);
         inner.last_recovery_ns.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         return Some(stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(vars: &[(&str, &str)]) -> Result<ReconnectPolicy, ShimError> {
+        ReconnectPolicy::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn reconnect_variables_are_checked() {
+        let p = policy(&[("GRAPHPOOL_RECONNECT_DEADLINE", " 1.5 "), ("GRAPHPOOL_RECONNECT_MAX_BACKOFF", "")])
+            .unwrap();
+        assert_eq!(p.deadline, Duration::from_millis(1500));
+        assert_eq!(p.max_backoff, ReconnectPolicy::default().max_backoff);
+        for bad in ["-1", "NaN", "inf", "1e300", "soon"] {
+            for name in ["GRAPHPOOL_RECONNECT_DEADLINE", "GRAPHPOOL_RECONNECT_MAX_BACKOFF"] {
+                let e = policy(&[(name, bad)]).unwrap_err().to_string();
+                assert!(e.contains(name) && e.contains(bad), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_grant_smaller_than_asked_is_refused() {
+        let grant = |size_bytes| graphpool_proto::v1::Grant { grant_id: 7, size_bytes, ..Default::default() };
+        assert!(check_grant(4 << 20, &grant(4 << 20)).is_ok());
+        assert!(check_grant(3 << 20, &grant(4 << 20)).is_ok());
+        let e = check_grant(4 << 20, &grant(2 << 20)).unwrap_err();
+        assert_eq!(e.kind(), "protocol");
+        assert!(e.to_string().contains("grant 7"), "{e}");
     }
 }

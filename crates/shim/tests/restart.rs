@@ -6,6 +6,7 @@
 mod common;
 
 use std::ffi::CString;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::last_error;
@@ -13,6 +14,13 @@ use graphpool_proto::v1::{GetUsageRequest, ListGrantsRequest, Usage};
 use graphpool_shim::*;
 
 const MIB: u64 = 1 << 20;
+
+/// The tests of this file run one at a time: one sets the reconnect deadline in the
+/// environment.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn configure(socket: &std::path::Path, job: &str, rank: u32, device: i32) -> i32 {
     let sock = CString::new(socket.to_str().unwrap()).unwrap();
@@ -73,6 +81,7 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn sessions_reattach_after_the_daemon_restarts() {
+    let _serial = serial();
     let mut d = common::Daemon::start(2, "1GiB");
     assert_eq!(configure(&d.socket, "job-r", 5, 0), 0, "{}", last_error());
     assert_eq!(configure(&d.socket, "job-r", 6, 1), 0, "{}", last_error());
@@ -164,4 +173,46 @@ fn sessions_reattach_after_the_daemon_restarts() {
     let end = usage(&d.socket);
     assert!(end.devices.iter().all(|x| x.granted_bytes == 0 && x.grants == 0), "{end:?}");
     assert!(end.jobs.is_empty(), "{end:?}");
+}
+
+/// A session whose daemon did not come back within the reconnect deadline is not kept for
+/// new users: configure replaces it even while it still has a segment mapped, whose free it
+/// still serves.
+#[test]
+fn an_ended_session_is_replaced() {
+    let _serial = serial();
+    let mut d = common::Daemon::start(4, "1GiB");
+    // SAFETY: the tests of this file run one at a time (serial) and read the environment only
+    // through std.
+    unsafe { std::env::set_var("GRAPHPOOL_RECONNECT_DEADLINE", "0.3") };
+    let rc = configure(&d.socket, "job-e", 0, 2);
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("GRAPHPOOL_RECONNECT_DEADLINE") };
+    assert_eq!(rc, 0, "{}", last_error());
+    let p = graphpool_alloc((2 * MIB) as usize, 2, std::ptr::null_mut());
+    assert!(!p.is_null(), "{}", last_error());
+
+    d.kill();
+    wait_for("the session to end", Duration::from_secs(10), || state(2).0 == 2);
+    assert!(graphpool_alloc((2 * MIB) as usize, 2, std::ptr::null_mut()).is_null());
+    assert_eq!(last_error()["kind"], "session-ended");
+    assert_eq!(graphpool_shim_keep_device(2), -1, "an ended session is not kept");
+
+    d.restart();
+    assert_eq!(configure(&d.socket, "job-e", 0, 2), 0, "{}", last_error());
+    assert_eq!(state(2).0, 0);
+    let q = graphpool_alloc((4 * MIB) as usize, 2, std::ptr::null_mut());
+    assert!(!q.is_null(), "{}", last_error());
+    // The ended session's segment is still freed (locally: the daemon forgot it).
+    graphpool_shim_clear_error();
+    graphpool_free(p, (2 * MIB) as usize, 2, std::ptr::null_mut());
+    assert!(graphpool_shim_last_error().is_null(), "{}", last_error());
+    let (mut g, mut n) = (0u64, 0u64);
+    // SAFETY: valid out-pointers.
+    assert_eq!(unsafe { graphpool_shim_stats(2, &mut g, &mut n) }, 0);
+    assert_eq!((g, n), (4 * MIB, 1));
+    assert_eq!(grants(&d.socket, "job-e").len(), 1);
+    graphpool_free(q, (4 * MIB) as usize, 2, std::ptr::null_mut());
+    assert_eq!(graphpool_shim_release_device(2), 0);
+    assert!(grants(&d.socket, "job-e").is_empty());
 }

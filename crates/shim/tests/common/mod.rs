@@ -68,6 +68,35 @@ impl Daemon {
         let _ = self.child.wait();
     }
 
+    /// SIGSTOPs the daemon (`resume` continues it): it keeps its sockets but answers nothing.
+    #[allow(dead_code)]
+    pub fn pause(&self) {
+        // SAFETY: signals our own child process.
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) }, 0);
+        // The signal is delivered asynchronously: wait until every thread stopped.
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let stopped = || {
+            std::fs::read_dir(&tasks).expect("the daemon's threads").all(|t| {
+                let stat =
+                    std::fs::read_to_string(t.expect("a thread").path().join("stat")).unwrap_or_default();
+                // "pid (comm) S ...": the state follows the command's closing parenthesis.
+                stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !stopped() {
+            assert!(Instant::now() < deadline, "graphpoold did not stop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// SIGCONTs a daemon stopped by `pause`.
+    #[allow(dead_code)]
+    pub fn resume(&self) {
+        // SAFETY: signals our own child process.
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) }, 0);
+    }
+
     /// Starts the daemon again on the same sockets and waits until it listens.
     #[allow(dead_code)]
     pub fn restart(&mut self) {
