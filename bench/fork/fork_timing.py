@@ -48,6 +48,7 @@ def main() -> int:
     ap.add_argument("--graphpoold", required=True, type=Path, help="the daemon binary")
     ap.add_argument("--forks", type=int, default=100)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mode")
+    ap.add_argument("--modes", default="0,1", help="GRPC_ENABLE_FORK_SUPPORT values to time (default 0,1)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="graphpool-fork-") as d:
         sock = os.path.join(d, "g.sock")
@@ -63,7 +64,7 @@ def main() -> int:
                     print("graphpoold did not start", file=sys.stderr)
                     return 1
                 time.sleep(0.02)
-            for mode in ("0", "1"):
+            for mode in args.modes.split(","):
                 env = {**os.environ, "PYTHONPATH": str(ROOT / "client-py" / "src"), "GRPC_ENABLE_FORK_SUPPORT": mode}
                 try:
                     r = subprocess.run(

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,23 +107,26 @@ def test_with_grpc_fork_support_a_forked_child_attaches_its_own_session(daemon: 
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
 
 
-def test_by_default_a_fork_is_fast_and_a_child_cannot_open_grpc(daemon: Daemon, job_id: str) -> None:
+def test_by_default_a_fork_is_fast_and_a_child_cannot_open_grpc(
+    daemon: Daemon, daemon_bin: Path, job_id: str
+) -> None:
     """gRPC's fork support is off unless asked for: forking a rank with an open session (its
     DataLoader workers) takes milliseconds, not gRPC's pre-fork wait of ~1 s, and a child that
     tries to reach the daemon over gRPC is told how to, instead of risking an abort."""
+    timing = subprocess.run(
+        [sys.executable, str(CLIENT.parent / "bench/fork/fork_timing.py"), "--graphpoold", str(daemon_bin),
+         "--forks", "5", "--modes", "0"],
+        capture_output=True, text=True, timeout=120,
+    )
+    # "GRPC_ENABLE_FORK_SUPPORT=0: 5 forks: median 0.9 ms, p90 1.0 ms, max 2.2 ms"
+    assert timing.returncode == 0 and "median" in timing.stdout, timing.stdout + timing.stderr
+    median_ms = float(timing.stdout.split("median ")[1].split()[0])
+    assert median_ms < 500, f"gRPC's pre-fork wait is back: {timing.stdout}"
     code = """
-import os, sys, time, graphpool
+import os, sys, graphpool
 client = graphpool.Client(sys.argv[1])
 s = client.attach(sys.argv[2], rank=0)
 seg = s.allocate("2MiB")
-times = []
-for _ in range(5):
-    t = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    times.append(time.monotonic() - t)
-    os.waitpid(pid, 0)
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -138,12 +142,10 @@ said = os.read(r, 4096).decode()
 os.waitpid(pid, 0)
 assert "GRPC_ENABLE_FORK_SUPPORT=1" in said and "spawn" in said, said
 assert s.alive and len(s.grants()) == 1
-print(f"ok fastest fork {min(times) * 1e3:.1f} ms")
+print("ok")
 """
     r = _python(code, daemon.socket, job_id, fork_support=False)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
-    fastest_ms = float(r.stdout.split()[3])
-    assert fastest_ms < 500, f"gRPC's pre-fork wait is back: {r.stdout}"
 
 
 def test_grants_reclaimed_after_sigkill(daemon: Daemon, client: graphpool.Client, job_id: str) -> None:
