@@ -38,7 +38,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 from ._fork import park
 from .schedule import Schedule, _index
@@ -699,22 +699,11 @@ class GraphedSchedule:
         self._calls = []
         gc.collect()  # autograd nodes of replays still referenced by cycles
         pools, self._pools = self._pools, []
-        seen: set[int] = set()
-        first: Exception | None = None
-        for _, pool in pools:
-            if id(pool) in seen:
-                continue
-            seen.add(id(pool))
-            release = getattr(pool, "release", None)  # graphpool.torch.MemPool
-            if release is not None:
-                try:
-                    release()
-                except Exception as e:  # the other pools must be given back all the same
-                    first = first or e
+        errors = _release_pools(pool for _, pool in pools)
         del pools
         gc.collect()
-        if first is not None:
-            raise first
+        if errors:
+            raise errors[0]
 
     def __del__(self) -> None:
         try:
@@ -817,6 +806,24 @@ def _check_inputs(lay: _Layer, slot: int, args: tuple[Any, ...]) -> None:
                 f"(as captured from sample_args), got shape {tuple(shape)} and dtype {dtype}; the "
                 f"graphs replay at the captured shapes: capture again for other shapes"
             )
+
+
+def _release_pools(pools: Iterable[Any]) -> list[Exception]:
+    """Releases each distinct daemon-backed pool (``graphpool.torch.MemPool``; torch's own have
+    no ``release``), every one even when one fails; returns the failures in order."""
+    seen: set[int] = set()
+    errors: list[Exception] = []
+    for pool in pools:
+        if id(pool) in seen:
+            continue
+        seen.add(id(pool))
+        release = getattr(pool, "release", None)
+        if release is not None:
+            try:
+                release()
+            except Exception as e:  # noqa: BLE001 - the other pools must be given back all the same
+                errors.append(e)
+    return errors
 
 
 _FN: Any = None
@@ -1180,17 +1187,9 @@ def _discard_capture(layers: list[list[_Layer]], pools: list[Any], exc: BaseExce
                         graphs[i] = None
             lay.static_in = lay.static_out = lay.static_gin = lay.static_gout = []
     gc.collect()
-    seen: set[int] = set()
-    for pool in pools:
-        if id(pool) in seen:
-            continue
-        seen.add(id(pool))
-        release = getattr(pool, "release", None)  # graphpool.torch.MemPool
-        if release is not None:
-            try:
-                release()
-            except Exception as e:  # noqa: BLE001 - the capture's own error is the one raised
-                log.warning("releasing pool %r after a failed capture: %s", pool, e)
+    # The capture's own error is the one raised.
+    for e in _release_pools(pools):
+        log.warning("releasing a pool after a failed capture: %s", e)
     pools.clear()
     gc.collect()
     try:
