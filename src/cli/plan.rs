@@ -458,12 +458,13 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
             return Err(err(line, "buffer", format!("duplicate name {name:?} (first on line {first})")));
         }
         let int = |k: usize, column: Column, what: &str| {
-            fields[k].parse::<u64>().map_err(|_| {
-                err(
-                    line,
-                    column.name(),
-                    format!("expected a non-negative integer {what}, found {:?}", fields[k]),
-                )
+            fields[k].parse::<u64>().map_err(|e| {
+                let message = if *e.kind() == std::num::IntErrorKind::PosOverflow {
+                    format!("{:?} is too large: a {what} is at most 2^64 - 1", fields[k])
+                } else {
+                    format!("expected a non-negative integer {what}, found {:?}", fields[k])
+                };
+                err(line, column.name(), message)
             })
         };
         let start = int(start_at, Column::Start, "step")?;
@@ -641,6 +642,9 @@ mod tests {
 
     #[test]
     fn rejects_malformed_lines_with_line_and_field() {
+        let e = csv("buffer,start,end,size\na,18446744073709551616,5,4\n").unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
+        assert_eq!(line_field(e), (2, "start".into()));
         assert_eq!(line_field(csv("buf,start,end,size\n").unwrap_err()), (1, "header".into()));
         assert_eq!(line_field(csv("buffer,start,end,size\na,0,x,4\n").unwrap_err()), (2, "end".into()));
         assert_eq!(

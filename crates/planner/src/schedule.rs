@@ -223,7 +223,16 @@ fn check_pipeline(pp_size: u32, pp_rank: u32, m: u32, v: u32) -> Result<(), Sche
         return Err(err("num_microbatches", "must be at least 1"));
     }
     if 2 * m as u64 * v.max(1) as u64 > MAX_STEPS {
-        return Err(err("num_microbatches", format!("too many steps (limit {MAX_STEPS})")));
+        let most = MAX_STEPS / (2 * v.max(1) as u64);
+        return Err(err(
+            "num_microbatches",
+            format!(
+                "is {m}: {} forward and backward steps, more than {MAX_STEPS}; at most {most} microbatches \
+                 with {} chunk(s)",
+                2 * m as u64 * v.max(1) as u64,
+                v.max(1)
+            ),
+        ));
     }
     Ok(())
 }
@@ -318,6 +327,14 @@ mod tests {
 
     fn one_f_one_b(pp_size: u32, pp_rank: u32, m: u32) -> Vec<Step> {
         Schedule::OneFOneB { pp_size, pp_rank, num_microbatches: m }.steps().unwrap()
+    }
+
+    #[test]
+    fn too_many_steps_says_how_many_microbatches_fit() {
+        let sched =
+            Schedule::Interleaved { pp_size: 4, pp_rank: 0, num_microbatches: 1 << 21, virtual_chunks: 4 };
+        let e = sched.steps().unwrap_err().to_string();
+        assert!(e.contains("num_microbatches") && e.contains(&format!("at most {}", MAX_STEPS / 8)), "{e}");
     }
 
     #[test]
