@@ -492,7 +492,8 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
             start,
             end,
             size,
-            alias_group: alias_at.map(|k| fields[k].clone()).unwrap_or_default(),
+            // Blanks alone (quoted) name no group, as an empty field does.
+            alias_group: alias_at.map(|k| fields[k].trim().to_string()).unwrap_or_default(),
         });
     }
     Ok(BufferList { buffers, offsets })
@@ -638,6 +639,8 @@ mod tests {
         assert_eq!(b[1].size, 1 << 20);
         let b = csv("buffer,start,end,size,alias_group\na,0,4,16,g\nb,5,6,16,g\n").unwrap();
         assert_eq!(b[1].alias_group, "g");
+        let b = csv("buffer,start,end,size,alias_group\na,0,4,16,\" \"\n").unwrap();
+        assert_eq!(b[0].alias_group, "", "a quoted blank is no group");
     }
 
     #[test]
