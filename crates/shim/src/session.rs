@@ -291,14 +291,9 @@ impl Session {
     /// attempt timeout to answer with `attached`.
     pub fn attach_with(rt: &Handle, p: &AttachParams, policy: ReconnectPolicy) -> Result<Session, ShimError> {
         let t = policy.attempt_timeout;
-        let (client, attached, stream) = rt.block_on(async {
-            tokio::time::timeout(t, attach_once(p, &p.daemon_device, Vec::new())).await.unwrap_or_else(|_| {
-                Err(ShimError::Connect(format!(
-                    "{}: graphpoold did not answer Attach within {t:?}",
-                    p.socket.display()
-                )))
-            })
-        })?;
+        let what = format!("Attach on {}", p.socket.display());
+        let (client, attached, stream) =
+            rt.block_on(answered_within(t, &what, attach_once(p, &p.daemon_device, Vec::new())))?;
         let device_uuid = attached.device.as_ref().map(|d| d.uuid.clone()).unwrap_or_default();
         let inner = Arc::new(Inner {
             params: p.clone(),
@@ -551,16 +546,10 @@ impl Session {
             let link = lock(&self.inner.link).clone();
             let mut client = link.client.clone();
             let t = self.inner.policy.attempt_timeout;
-            self.rt.block_on(async {
-                match tokio::time::timeout(t, client.detach(DetachRequest { session_id: link.session_id }))
-                    .await
-                {
-                    Ok(r) => r.map(|_| ()).map_err(|s| ShimError::from_status("Detach", &s)),
-                    Err(_) => {
-                        Err(ShimError::Connect(format!("graphpoold did not answer Detach within {t:?}")))
-                    }
-                }
-            })
+            self.rt.block_on(answered_within(t, "Detach", async {
+                let r = client.detach(DetachRequest { session_id: link.session_id }).await;
+                r.map(|_| ()).map_err(|s| ShimError::from_status("Detach", &s))
+            }))
         } else {
             Ok(())
         };
@@ -575,6 +564,17 @@ impl Drop for Session {
         self.inner.detached.store(true, Ordering::SeqCst);
         self.stream_task.abort();
     }
+}
+
+/// `call`, given at most `t` to answer; past it, a `Connect` error naming `what`.
+async fn answered_within<T>(
+    t: Duration,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, ShimError>>,
+) -> Result<T, ShimError> {
+    tokio::time::timeout(t, call)
+        .await
+        .unwrap_or_else(|_| Err(ShimError::Connect(format!("graphpoold did not answer {what} within {t:?}"))))
 }
 
 /// Refuses a grant smaller than the `size` bytes asked for.
