@@ -22,7 +22,8 @@ use tonic::transport::{Channel, Endpoint};
 pub enum ClientError {
     /// The socket could not be reached.
     #[error(
-        "cannot reach graphpoold at {path}: {source}; start it with `graphpoold` or point GRAPHPOOL_SOCKET / --socket at its socket"
+        "cannot reach graphpoold at {path}: {source}; start it with `graphpoold` or point GRAPHPOOL_SOCKET / --socket at its socket \
+         (if it runs, its log says why it closed the connection, e.g. too many connections from this uid)"
     )]
     Connect {
         /// The socket path.

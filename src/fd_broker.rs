@@ -15,14 +15,13 @@
 //! what the daemon does for the request.
 //!
 //! Connections are guarded: a peer not on the allow-list is dropped at accept, one uid holds
-//! at most [`connections_per_uid`] at once, and a frame whose first byte has arrived must be
-//! whole within [`FRAME_TIMEOUT`] (a connection may wait idle between frames as long as it
-//! likes: a rank keeps one open for its session's life).
+//! at most [`crate::conn_limit::per_uid_cap`] at once (the gRPC socket has the same cap and
+//! keeps its own count), and a frame whose first byte has arrived must be whole within
+//! [`FRAME_TIMEOUT`] (a connection may wait idle between frames as long as it likes: a rank
+//! keeps one open for its session's life).
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::shutdown::Shutdown;
@@ -32,6 +31,7 @@ use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tonic::Status;
 
+use crate::conn_limit::{ConnLimit, per_uid_cap};
 use crate::ledger::{Peer, SharedSegment};
 use crate::service::Shared;
 use crate::service::graphpool::grant_proto;
@@ -44,37 +44,9 @@ pub const MAX_FRAME: usize = 1024;
 /// loses its connection.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Connections one uid may hold on the fd socket at once: four per session it may have
-/// (`guards.max_sessions_per_uid`); a session needs one.
-pub fn connections_per_uid(shared: &Shared) -> usize {
-    (shared.ledger.guards().max_sessions_per_uid as usize).saturating_mul(4)
-}
-
-/// Open connections per uid.
-type OpenByUid = Arc<Mutex<HashMap<u32, usize>>>;
-
-/// A connection counted in [`OpenByUid`] until dropped.
-struct Counted {
-    open: OpenByUid,
-    uid: u32,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        let mut open = self.open.lock().expect("fd connection counts");
-        if let Some(n) = open.get_mut(&self.uid) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.uid);
-            }
-        }
-    }
-}
-
 /// Serves the fd socket until `shutdown` fires.
 pub async fn serve(listener: UnixListener, shared: Shared, shutdown: Shutdown) {
-    let open: OpenByUid = Arc::default();
-    let cap = connections_per_uid(&shared);
+    let limit = ConnLimit::new(Transport::FdSocket, per_uid_cap(shared.ledger.guards()));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -100,24 +72,12 @@ pub async fn serve(listener: UnixListener, shared: Shared, shutdown: Shutdown) {
         if shared.authorize(peer).is_err() {
             continue;
         }
-        let counted = {
-            let mut by_uid = open.lock().expect("fd connection counts");
-            let n = by_uid.entry(peer.uid).or_default();
-            if *n >= cap {
-                tracing::warn!(
-                    pid = peer.pid,
-                    uid = peer.uid,
-                    limit = cap,
-                    "fd connection refused: the uid holds as many as it may (4 × guards.max_sessions_per_uid)"
-                );
-                continue;
-            }
-            *n += 1;
-            Counted { open: open.clone(), uid: peer.uid }
+        let Some(slot) = limit.admit_or_refuse(peer.uid, Some(peer.pid), &shared.metrics) else {
+            continue;
         };
         let (shared, shutdown) = (shared.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let _counted = counted;
+            let _slot = slot;
             tokio::select! {
                 r = serve_connection(stream, peer, &shared) => {
                     if let Err(e) = r {

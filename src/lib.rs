@@ -4,13 +4,14 @@
 //!
 //! Layout: [`config`] (parsed in one place), [`backend`] (cuda VMM / host memfd),
 //! [`ledger`] (accounting and admission), [`service`] (gRPC), [`fd_broker`] (fds over
-//! `SCM_RIGHTS`), [`metrics`], [`server`] (the serve loop), [`planning`] (buffer plans), and
-//! [`cli`].
+//! `SCM_RIGHTS`), [`conn_limit`] (per-uid connection caps of both sockets), [`metrics`],
+//! [`server`] (the serve loop), [`planning`] (buffer plans), and [`cli`].
 
 pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod conn_limit;
 pub mod error;
 pub mod fd_broker;
 pub mod ledger;

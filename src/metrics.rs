@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 
 use crate::backend::DeviceInfo;
 use crate::ledger::{EndReason, Ledger, LimitKind, Refusal};
+use crate::service::segments::Transport;
 use crate::shutdown::Shutdown;
 
 /// Latency buckets of `graphpool_request_duration_seconds`, from 10 µs to 10 s.
@@ -86,9 +87,16 @@ impl Metrics {
         )
     }
 
-    /// Exports the refusal and session-end counters at 0 for every reason (and device) before
-    /// anything happens: a counter that first appears at 1 hides that first event from
-    /// `rate()` and `increase()`, so a single refusal would never reach the alerts.
+    /// Records a connection closed at accept because its uid held as many as it may on that
+    /// socket ([`crate::conn_limit`]); `transport` is `grpc` or `fd-socket`.
+    pub fn connection_refused(&self, transport: &'static str) {
+        metrics::counter!("graphpool_connections_refused_total", "transport" => transport).increment(1);
+    }
+
+    /// Exports the refusal, session-end and connection-refusal counters at 0 for every reason,
+    /// device and transport before anything happens: a counter that first appears at 1 hides
+    /// that first event from `rate()` and `increase()`, so a single refusal would never reach
+    /// the alerts.
     pub fn start_counters(&self, devices: &[DeviceInfo]) {
         for d in devices {
             for limit in LimitKind::ALL {
@@ -97,6 +105,10 @@ impl Metrics {
         }
         for reason in EndReason::ALL {
             metrics::counter!("graphpool_sessions_ended_total", "reason" => reason.as_str()).increment(0);
+        }
+        for transport in [Transport::Grpc, Transport::FdSocket] {
+            metrics::counter!("graphpool_connections_refused_total", "transport" => transport.as_str())
+                .increment(0);
         }
     }
 
@@ -378,7 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn refusal_and_session_end_counters_start_at_zero() {
+    fn refusal_session_end_and_connection_counters_start_at_zero() {
         let host =
             HostBackend::new(&HostConfig { devices: 2, capacity_bytes: 8 * GIB, granularity_bytes: 2 << 20 })
                 .unwrap();
@@ -398,6 +410,10 @@ mod tests {
         }
         for reason in EndReason::ALL {
             let series = format!("graphpool_sessions_ended_total{{reason=\"{}\"}}", reason.as_str());
+            assert!(text.lines().any(|l| l.starts_with(&series)), "{series}: {text}");
+        }
+        for transport in ["grpc", "fd-socket"] {
+            let series = format!("graphpool_connections_refused_total{{transport=\"{transport}\"}}");
             assert!(text.lines().any(|l| l.starts_with(&series)), "{series}: {text}");
         }
     }

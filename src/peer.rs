@@ -11,7 +11,7 @@ use crate::ledger::Peer;
 /// Reads `SO_PEERCRED` of a connected Unix stream.
 pub fn peer_of(stream: &tokio::net::UnixStream) -> io::Result<Peer> {
     let cred = stream.peer_cred()?;
-    let pid = cred.pid().and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0).ok_or_else(|| {
+    let pid = pid_of_ucred(&cred).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::PermissionDenied,
             "peer pid unknown (is the client in another pid namespace?)",
@@ -22,8 +22,14 @@ pub fn peer_of(stream: &tokio::net::UnixStream) -> io::Result<Peer> {
 
 /// Converts tonic's view of a Unix connection into a [`Peer`].
 pub fn peer_of_ucred(cred: &tokio::net::unix::UCred) -> Option<Peer> {
-    let pid = cred.pid().and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0)?;
+    let pid = pid_of_ucred(cred)?;
     Some(Peer { pid, uid: cred.uid(), gid: cred.gid() })
+}
+
+/// The peer's pid, when the kernel could name it: a peer in another pid namespace has none
+/// (0) in this one.
+pub fn pid_of_ucred(cred: &tokio::net::unix::UCred) -> Option<u32> {
+    cred.pid().and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0)
 }
 
 /// Resolves when process `pid` has exited. Uses a pidfd where the kernel has one, and

@@ -1,26 +1,34 @@
 //! The serve loop: sockets, services, metrics, readiness, signals and the drain.
 
 use std::ffi::CString;
+use std::future::Future;
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use graphpool_proto::v1 as pb;
 use graphpool_proto::v1::admin_server::AdminServer;
 use graphpool_proto::v1::graphpool_server::GraphpoolServer;
-use tokio::net::UnixListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::Stream;
+use tonic::transport::server::{Connected, UdsConnectInfo};
 
 use crate::config::Config;
+use crate::conn_limit::{ConnLimit, Slot, per_uid_cap};
 use crate::error::DaemonError;
 use crate::ledger::{EndReason, Ledger};
 use crate::metrics::Metrics;
 use crate::service::Shared;
 use crate::service::admin::AdminService;
 use crate::service::graphpool::{GraphpoolService, PlanLimits};
+use crate::service::segments::Transport;
 use crate::service::sessions::SessionRegistry;
 use crate::shutdown::Shutdown;
 
@@ -80,6 +88,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::Serve(e.to_string()))?;
 
     let grpc_shutdown = shutdown.clone();
+    let incoming = GrpcIncoming {
+        listener: grpc_listener,
+        limit: ConnLimit::new(Transport::Grpc, per_uid_cap(&config.guards)),
+        metrics: metrics.clone(),
+        pause: None,
+    };
     let server = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
@@ -89,9 +103,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
                 .max_encoding_message_size(max_msg),
         )
         .add_service(AdminServer::new(AdminService::new(shared.clone())).max_decoding_message_size(max_msg))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(grpc_listener), async move {
-            grpc_shutdown.wait().await
-        });
+        .serve_with_incoming_shutdown(incoming, async move { grpc_shutdown.wait().await });
     let server_task = tokio::spawn(server);
 
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
@@ -122,6 +134,115 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     tracing::info!("graphpoold stopped");
     Ok(())
+}
+
+/// Pause after a failed accept (the daemon is out of fds, say) before the next one.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// The gRPC socket's connections, as tonic takes them. Each peer's uid (`SO_PEERCRED`) is
+/// read at accept and counted in `limit`: a connection past its uid's cap is closed at once,
+/// before any byte of it is read (see [`crate::conn_limit`]).
+///
+/// A peer not on the allow-list is accepted (and counted like any other), unlike on the fd
+/// socket: every call it makes is refused with `PERMISSION_DENIED` and a message that names
+/// the allow-list, which a connection closed at accept could not tell it.
+#[derive(Debug)]
+struct GrpcIncoming {
+    listener: UnixListener,
+    limit: ConnLimit,
+    metrics: Arc<Metrics>,
+    /// Set after a failed accept: tonic polls again at once, so without it an accept that
+    /// keeps failing would spin.
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl GrpcIncoming {
+    /// Counts an accepted connection, or closes it (by dropping it).
+    fn admit(&self, stream: UnixStream) -> Option<GrpcConnection> {
+        let cred = match stream.peer_cred() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "gRPC connection dropped: peer credentials unreadable");
+                return None;
+            }
+        };
+        let pid = crate::peer::pid_of_ucred(&cred);
+        let slot = self.limit.admit_or_refuse(cred.uid(), pid, &self.metrics)?;
+        Some(GrpcConnection { stream, _slot: slot })
+    }
+}
+
+impl Stream for GrpcIncoming {
+    type Item = Result<GrpcConnection, std::convert::Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(pause) = &mut this.pause {
+                ready!(pause.as_mut().poll(cx));
+                this.pause = None;
+            }
+            match ready!(this.listener.poll_accept(cx)) {
+                Ok((stream, _)) => {
+                    if let Some(conn) = this.admit(stream) {
+                        return Poll::Ready(Some(Ok(conn)));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "gRPC socket accept failed");
+                    this.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_ERROR_PAUSE)));
+                }
+            }
+        }
+    }
+}
+
+/// An accepted gRPC connection: holds its place in its uid's count until tonic drops it,
+/// when the connection has closed.
+#[derive(Debug)]
+struct GrpcConnection {
+    stream: UnixStream,
+    _slot: Slot,
+}
+
+impl Connected for GrpcConnection {
+    type ConnectInfo = UdsConnectInfo;
+
+    fn connect_info(&self) -> UdsConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for GrpcConnection {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for GrpcConnection {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
 }
 
 async fn wait_task(

@@ -610,6 +610,98 @@ async fn sessions_per_uid_and_grants_per_session_are_bounded() {
     assert_eq!(capacity(&e).limit, "session-grants", "{e:?}");
 }
 
+/// Child side of the connection-cap test: another uid is not limited by root's connections.
+#[test]
+fn child_other_uid_connects() {
+    let Ok(socket) = std::env::var("GP_CONN_CAP_SOCKET") else { return };
+    // SAFETY: changing credentials before any thread is started.
+    unsafe {
+        assert_eq!(libc::setgid(65534), 0);
+        assert_eq!(libc::setuid(65534), 0);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = connect(Path::new(&socket)).await.unwrap();
+        c.graphpool.get_status(pb::GetStatusRequest {}).await.unwrap();
+    });
+    println!("OTHER-UID-CONNECTED");
+}
+
+/// Whether a new gRPC client gets an answer from the daemon at `socket`.
+async fn grpc_answers(socket: &Path) -> bool {
+    let call = async {
+        let mut c = connect(socket).await.ok()?;
+        c.graphpool.get_status(pb::GetStatusRequest {}).await.ok()
+    };
+    matches!(tokio::time::timeout(Duration::from_secs(5), call).await, Ok(Some(_)))
+}
+
+#[tokio::test]
+async fn grpc_connections_per_uid_are_capped_at_accept() {
+    // One session per uid: four gRPC connections at once (the fd socket counts its own).
+    let d = start_with("socket_mode = \"0666\"\n[guards]\nmax_sessions_per_uid = 1", true);
+    std::fs::set_permissions(d.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // The start-up probe's connections are gone before the count matters.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut c = d.clients().await;
+        c.graphpool.get_status(pb::GetStatusRequest {}).await.unwrap();
+        held.push(c);
+    }
+    // The fifth is closed at accept, before anything of it is read; a client gets no answer.
+    let mut fifth = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    assert!(closed_within(&mut fifth, Duration::from_secs(5)), "a fifth connection of one uid is closed");
+    assert!(!grpc_answers(&d.socket).await, "a fifth gRPC client was served");
+    // The first four keep working: a session attaches on one and uses the fd socket.
+    for c in &mut held {
+        c.graphpool.get_status(pb::GetStatusRequest {}).await.unwrap();
+    }
+    let s = attach(&mut held[0], "conn-cap", 0, "").await.unwrap();
+    let mut fd = d.fd_conn();
+    let (g, _fd) = fd
+        .allocate(pb::AllocateSegmentRequest { session_id: s.id, size_bytes: MIB, label: String::new() })
+        .unwrap();
+    fd.release(s.id, g.grant_id).unwrap();
+    // Logged (with uid and cap) and counted per transport.
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let log = d.log();
+    assert!(
+        log.contains(&format!("gRPC connection refused: uid {uid} already holds 4 connections")),
+        "{log}"
+    );
+    assert!(log.contains("limit=4"), "{log}");
+    let m = d.metrics_text().await;
+    let refused = metric_value(&m, "graphpool_connections_refused_total{transport=\"grpc\"}");
+    assert!(refused.is_some_and(|n| n >= 2.0), "{m}");
+    assert_eq!(metric_value(&m, "graphpool_connections_refused_total{transport=\"fd-socket\"}"), Some(0.0));
+    // Another uid has its own count.
+    if uid == 0 {
+        run_child(
+            "child_other_uid_connects",
+            &[("GP_CONN_CAP_SOCKET", d.socket.display().to_string())],
+            &["OTHER-UID-CONNECTED"],
+        );
+    }
+    // A closed connection frees its place (the session's connection is kept).
+    drop(held.pop());
+    let t = std::time::Instant::now();
+    let mut again = None;
+    while again.is_none() && t.elapsed() < Duration::from_secs(2) {
+        let call = async {
+            let mut c = connect(&d.socket).await.ok()?;
+            c.graphpool.get_status(pb::GetStatusRequest {}).await.ok()?;
+            Some(c)
+        };
+        again = tokio::time::timeout(Duration::from_secs(1), call).await.ok().flatten();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(again.is_some(), "a closed connection's place was not freed within 2 s");
+    assert!(!grpc_answers(&d.socket).await, "the cap holds again with four connections open");
+    drop(s);
+}
+
 /// Keeps a session attached for the rest of the process (the guard test holds its slot).
 fn sessions_keep(s: Session) {
     std::mem::forget(s);

@@ -164,6 +164,21 @@ where
     None
 }
 
+/// Whether the daemon closed `s` (end of stream, or reset) within `within`.
+pub fn closed_within(s: &mut std::os::unix::net::UnixStream, within: Duration) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(within)).unwrap();
+    match s.read(&mut [0u8; 64]) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    }
+}
+
+/// The value of the series of `text` (a metrics exposition) that starts with `series`.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 /// Maps a memfd grant shared and read-write.
 pub struct Mapping {
     ptr: *mut u8,

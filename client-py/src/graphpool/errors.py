@@ -133,7 +133,9 @@ class DaemonUnavailable(GraphpoolError, ConnectionError):
         message = (
             f"graphpoold is not reachable at {socket_path}{why}. Start the daemon "
             f"(`systemctl start graphpoold`, or `graphpoold --socket {socket_path}`), or point "
-            f"GRAPHPOOL_SOCKET (or graphpool.Client(socket=...)) at the socket it listens on."
+            "GRAPHPOOL_SOCKET (or graphpool.Client(socket=...)) at the socket it listens on. If it "
+            "is running, its log says why it closed the connection (for example, too many "
+            "connections from this uid)."
         )
         super().__init__(message, code=code)
         self.socket_path = socket_path
