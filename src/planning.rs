@@ -50,7 +50,7 @@ pub enum PlanningError {
         max: usize,
     },
     /// The planner refused the input.
-    #[error("{field}: {source}")]
+    #[error("{field}: {}", source.message())]
     Planner {
         /// Path of the field.
         field: String,
@@ -353,6 +353,7 @@ mod tests {
         }
         let e = plan(&bad, Duration::from_millis(10), 1000).unwrap_err();
         assert_eq!(e.field(), Some("schedule.layers[1].inputs[0].dtype"), "{e}");
+        assert_eq!(e.to_string().matches("inputs[0]").count(), 1, "the field is named once: {e}");
         let e = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), 5).unwrap_err();
         assert!(matches!(e, PlanningError::TooManyBuffers { .. }));
     }

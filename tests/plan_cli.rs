@@ -1,4 +1,5 @@
-//! `graphpool plan --buffers`: the real binary on CSV files, as an operator runs it.
+//! `graphpool plan`: the real binary on CSV buffer lists and schedule files, as an operator
+//! runs it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -132,6 +133,215 @@ fn malformed_files_fail_with_the_line_and_field() {
     let out = plan(&["--buffers", missing.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}
+
+/// The message of a refused input (the command must fail with status 2).
+fn refusal(args: &[&str]) -> String {
+    let out = plan(args);
+    assert_eq!(out.status.code(), Some(2), "graphpool plan {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stderr).trim_end().to_string()
+}
+
+#[test]
+fn malformed_buffer_lists_name_the_line_and_the_column_at_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        // An unclosed quote in the size column.
+        (
+            "quote.csv",
+            "buffer,start,end,size\na,0,4,16\nb,0,4,\"16\n",
+            "quote.csv:3: field `size`: a quoted field",
+        ),
+        // Two sizes of 10^19 bytes: more than the 2^64 bytes a plan can address.
+        (
+            "huge.csv",
+            "buffer,start,end,size\na,0,4,10000000000000000000\nb,2,6,10000000000000000000\n",
+            "huge.csv:2: field `size`: is 10000000000000000000 bytes, the largest of buffers that add up",
+        ),
+        ("empty.csv", "", "empty.csv:1: field `header`: the file is empty"),
+    ];
+    for (name, text, expected) in cases {
+        let path = write(dir.path(), name, text);
+        let err = refusal(&["--buffers", path.to_str().unwrap()]);
+        assert!(err.contains(expected), "{err}");
+    }
+    let latin1 = dir.path().join("latin1.csv");
+    std::fs::write(&latin1, b"buffer,start,end,size\n# caf\xe9\na,0,4,16\n").unwrap();
+    let err = refusal(&["--buffers", latin1.to_str().unwrap()]);
+    assert!(err.contains("latin1.csv:2:6: not UTF-8 text"), "{err}");
+}
+
+const SCHEDULE_JSON: &str = r#"{
+  "schedule": {"one_f_one_b": {"pp_size": 4, "pp_rank": 0, "num_microbatches": 8}},
+  "layers": [
+    {"layer": 0, "inputs": [{"shape": [16, 8], "dtype": "bf16", "kept_for_backward": true}],
+     "outputs": [{"shape": [16, 8], "dtype": "bf16"}]},
+    {"layer": 1,
+     "outputs": [{"shape": [16, 8], "dtype": "bf16"}]}
+  ]
+}
+"#;
+
+const SCHEDULE_TOML: &str = r#"[schedule.one_f_one_b]
+pp_size = 4
+pp_rank = 0
+num_microbatches = 8
+
+[[layers]]
+layer = 0
+inputs = [{ shape = [16, 8], dtype = "bf16", kept_for_backward = true }]
+outputs = [{ shape = [16, 8], dtype = "bf16" }]
+
+[[layers]]
+layer = 1
+saved_bytes = 1000
+outputs = [{ shape = [16, 8], dtype = "bf16" }]
+"#;
+
+/// Each bad value, in JSON and in TOML, refused with the file's line and the key's path,
+/// whether the parser finds it (a type) or the planner does (a value).
+#[test]
+fn malformed_schedules_name_the_line_and_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [("good.json", SCHEDULE_JSON), ("good.toml", SCHEDULE_TOML)] {
+        let path = write(dir.path(), name, text);
+        assert_eq!(row(&stdout(&plan(&["--schedule", path.to_str().unwrap()])), "slots"), "4");
+    }
+    // (file, the good text, what to change, into what, the line and the field named)
+    let cases: &[(&str, &str, &str, &str, &str)] = &[
+        (
+            "size.json",
+            SCHEDULE_JSON,
+            r#""pp_size": 4"#,
+            r#""pp_size": "four""#,
+            ":2:48: field `schedule.one_f_one_b.pp_size`: invalid type: string \"four\", expected u32",
+        ),
+        (
+            "size.toml",
+            SCHEDULE_TOML,
+            "pp_size = 4",
+            "pp_size = \"four\"",
+            ":2:11: field `schedule.one_f_one_b.pp_size`: invalid type: string \"four\", expected u32",
+        ),
+        (
+            "count.json",
+            SCHEDULE_JSON,
+            r#""num_microbatches": 8"#,
+            r#""num_microbatches": -8"#,
+            ":2:81: field `schedule.one_f_one_b.num_microbatches`: invalid value: integer `-8`",
+        ),
+        (
+            "count.toml",
+            SCHEDULE_TOML,
+            "num_microbatches = 8",
+            "num_microbatches = -8",
+            ":4:20: field `schedule.one_f_one_b.num_microbatches`: invalid value: integer `-8`",
+        ),
+        (
+            "shape.json",
+            SCHEDULE_JSON,
+            r#""outputs": [{"shape": [16, 8], "dtype": "bf16"}]}
+  ]"#,
+            r#""outputs": [{"shape": "16x8", "dtype": "bf16"}]}
+  ]"#,
+            ":7:33: field `layers[1].outputs[0].shape`: invalid type: string \"16x8\", expected a sequence",
+        ),
+        (
+            "shape.toml",
+            SCHEDULE_TOML,
+            "saved_bytes = 1000\noutputs = [{ shape = [16, 8]",
+            "saved_bytes = 1000\noutputs = [{ shape = \"16x8\"",
+            ":14:22: field `layers[1].outputs[0].shape`: invalid type",
+        ),
+        (
+            "dtype.json",
+            SCHEDULE_JSON,
+            r#""dtype": "bf16", "kept"#,
+            r#""kept"#,
+            ":4:73: field `layers[0].inputs[0].dtype`: missing field `dtype`",
+        ),
+        (
+            "dtype.toml",
+            SCHEDULE_TOML,
+            r#"dtype = "bf16", kept"#,
+            "kept",
+            ":8:11: field `layers[0].inputs[0].dtype`: missing field `dtype`",
+        ),
+        (
+            "key.toml",
+            SCHEDULE_TOML,
+            "saved_bytes",
+            "saved_byte",
+            ":13:1: field `layers[1].saved_byte`: unknown field `saved_byte`, expected one of",
+        ),
+        // Found by the planner: the place of the value in the file.
+        (
+            "rank.json",
+            SCHEDULE_JSON,
+            r#""pp_rank": 0"#,
+            r#""pp_rank": 4"#,
+            ":2:57: field `schedule.one_f_one_b.pp_rank`: is 4; ranks of pp_size = 4 are 0..4",
+        ),
+        (
+            "rank.toml",
+            SCHEDULE_TOML,
+            "pp_rank = 0",
+            "pp_rank = 4",
+            ":3:11: field `schedule.one_f_one_b.pp_rank`: is 4; ranks of pp_size = 4 are 0..4",
+        ),
+        (
+            "bf17.toml",
+            SCHEDULE_TOML,
+            r#"dtype = "bf16" }"#,
+            r#"dtype = "bf17" }"#,
+            ":9:39: field `layers[0].outputs[0].dtype`: unknown dtype \"bf17\"; use one of",
+        ),
+        // 2^62 bytes per microbatch in each of 4 buffer slots, with its gradient: past 2^64.
+        (
+            "bytes.json",
+            SCHEDULE_JSON,
+            r#"{"layer": 1,
+     "outputs": [{"shape": [16, 8]"#,
+            r#"{"layer": 1,
+     "outputs": [{"shape": [4611686018427387904]"#,
+            ":7:28: field `layers[1].outputs[0].shape`: makes a tensor of 9223372036854775808 bytes, held in \
+          each of chunk 0's 4 buffer slot(s): with the schedule's other buffers that is more than 2^64 \
+          bytes; check the dimensions (elements, not bytes) and the dtype",
+        ),
+        (
+            "saved.toml",
+            SCHEDULE_TOML,
+            "saved_bytes = 1000",
+            "saved_bytes = 18446744073709551615",
+            ":13:15: field `layers[1].saved_bytes`: is 18446744073709551615 bytes, held in each of chunk \
+          0's 4 buffer slot(s)",
+        ),
+        (
+            "layer.toml",
+            SCHEDULE_TOML,
+            "layer = 1",
+            "layer = 0",
+            ":12:9: field `layers[1].layer`: is 0, as is layers[0].layer of chunk 0; number the chunk's 2 \
+          layers 0..2, each once",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for &(name, good, from, to, expected) in cases {
+        let text = good.replacen(from, to, 1);
+        assert_ne!(text, good, "{name}: {from:?} is not in the text");
+        let path = write(dir.path(), name, &text);
+        let err = refusal(&["--schedule", path.to_str().unwrap()]);
+        let expected = format!("graphpool plan: {}{expected}", path.display());
+        if !err.starts_with(&expected) {
+            wrong.push(format!("{name}:\n  got      {err}\n  expected {expected}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // A syntax error has a place but no field.
+    let path = write(dir.path(), "syntax.json", &SCHEDULE_JSON.replace(r#""layer": 1,"#, r#""layer": 1,,"#));
+    let err = refusal(&["--schedule", path.to_str().unwrap()]);
+    assert!(err.contains("syntax.json:6:17: key must be a string"), "{err}");
+    assert!(!err.contains("field"), "{err}");
 }
 
 #[test]

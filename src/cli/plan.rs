@@ -43,14 +43,19 @@
 //! The report gives footprint, lower bound, their ratio, the strategy that won, planning
 //! time and, for schedules, slots and graphs; `--json` prints the whole plan with every
 //! buffer's offset.
+//!
+//! A malformed input is refused with the file, the line (and for schedules the column) and
+//! the field at fault: a CSV column, or a path into the schedule such as
+//! `layers[2].outputs[0].shape`, whether the parser found the fault (a string where a number
+//! belongs, a missing key) or the planner did (an unknown dtype, tensors past 2^64 bytes).
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use graphpool_planner::PlaceOptions;
 use graphpool_planner::pipeline::{self, CaptureOverhead, NamedBuffer, Plan, PlanError, SchedulePlanInput};
+use graphpool_planner::{PlaceOptions, Schedule};
 use serde_json::json;
 
 use crate::config::GuardsConfig;
@@ -102,6 +107,14 @@ pub enum PlanCliError {
         /// The error.
         source: std::io::Error,
     },
+    /// A file is not UTF-8 text.
+    #[error("{}:{at}: not UTF-8 text; save the file as UTF-8", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// The first byte that is not UTF-8.
+        at: Location,
+    },
     /// A line of the CSV is malformed.
     #[error("{}:{line}: field `{field}`: {message}", path.display())]
     Csv {
@@ -115,21 +128,71 @@ pub enum PlanCliError {
         message: String,
     },
     /// The schedule file is not valid TOML/JSON for a schedule.
-    #[error("{}: {message}", path.display())]
+    #[error("{}: {}{message}", located(path, at.as_ref()), named(field.as_deref()))]
     Schedule {
         /// The file.
         path: PathBuf,
-        /// The parser's message (with line and column).
+        /// Where the parser found the fault (none when it gave no place).
+        at: Option<Location>,
+        /// The key at fault, as a path into the file (`schedule.one_f_one_b.pp_size`,
+        /// `layers[2].outputs[0].dtype`); none for syntax errors.
+        field: Option<String>,
+        /// The parser's message, without its place.
         message: String,
     },
     /// The planner refused the input; `field` names the setting at fault.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: field `{field}`: {}", located(path, at.as_ref()), source.message())]
     Plan {
         /// The input file.
         path: PathBuf,
-        /// The planner's error (see [`PlanError::field`]).
-        source: PlanError,
+        /// Where the setting is in a schedule file, or the table that would hold it when the
+        /// file leaves it out (none for buffer lists).
+        at: Option<Location>,
+        /// The setting at fault, as a path into the file: [`PlanError::field`], with the
+        /// schedule's kind for its settings (`schedule.one_f_one_b.pp_rank`).
+        field: String,
+        /// The planner's error.
+        source: Box<PlanError>,
     },
+}
+
+/// A place in a file: line and column, both 1-based (the column counts characters, or for
+/// JSON bytes, as serde_json does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    /// Line.
+    pub line: usize,
+    /// Column.
+    pub column: usize,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+impl Location {
+    /// The place of byte `offset` of `text`.
+    fn of_offset(text: &str, offset: usize) -> Location {
+        let before = &text.as_bytes()[..offset.min(text.len())];
+        let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |k| k + 1);
+        let column = String::from_utf8_lossy(&before[line_start..]).chars().count() + 1;
+        Location { line: before.iter().filter(|&&b| b == b'\n').count() + 1, column }
+    }
+}
+
+/// `path` or `path:line:column`.
+fn located(path: &Path, at: Option<&Location>) -> String {
+    match at {
+        Some(at) => format!("{}:{at}", path.display()),
+        None => path.display().to_string(),
+    }
+}
+
+/// "field `x`: " when there is a field.
+fn named(field: Option<&str>) -> String {
+    field.map(|f| format!("field `{f}`: ")).unwrap_or_default()
 }
 
 impl PlanCliError {
@@ -137,8 +200,18 @@ impl PlanCliError {
     /// `layers[2].inputs[0].dtype`), when there is one.
     pub fn field(&self) -> Option<String> {
         match self {
-            PlanCliError::Csv { field, .. } => Some(field.clone()),
-            PlanCliError::Plan { source, .. } => Some(source.field()),
+            PlanCliError::Csv { field, .. } | PlanCliError::Plan { field, .. } => Some(field.clone()),
+            PlanCliError::Schedule { field, .. } => field.clone(),
+            _ => None,
+        }
+    }
+
+    /// The line at fault, when the error has one.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            PlanCliError::Csv { line, .. } => Some(*line),
+            PlanCliError::NotUtf8 { at, .. } => Some(at.line),
+            PlanCliError::Schedule { at, .. } | PlanCliError::Plan { at, .. } => at.map(|a| a.line),
             _ => None,
         }
     }
@@ -154,8 +227,12 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
         (Some(path), None) => {
             let text = read(path)?;
             let list = parse_buffers_csv(path, &text, CsvOptions { inclusive_end: args.inclusive_end })?;
-            let plan = pipeline::plan_buffers(&list.buffers, &opts)
-                .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?;
+            let plan = pipeline::plan_buffers(&list.buffers, &opts).map_err(|source| PlanCliError::Plan {
+                path: path.clone(),
+                at: None,
+                field: source.field(),
+                source: Box::new(source),
+            })?;
             let given = list.offsets.map(|offsets| GivenPlacement::check(&list.buffers, &offsets));
             (plan, given)
         }
@@ -167,7 +244,7 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
             let max = GuardsConfig::default().max_plan_buffers;
             let plan = pipeline::schedule_buffers_within(&desc.input, max)
                 .and_then(|sb| pipeline::plan_schedule_buffers(sb, &opts))
-                .map_err(|source| PlanCliError::Plan { path: path.clone(), source })?
+                .map_err(|source| schedule_plan_error(path, &text, &desc.input.schedule, source))?
                 .with_overhead(&desc.overhead.unwrap_or_default());
             (plan, None)
         }
@@ -227,8 +304,15 @@ impl GivenPlacement {
     }
 }
 
+/// Reads a file as UTF-8 text; bytes that are not are refused with their place.
 fn read(path: &Path) -> Result<String, PlanCliError> {
-    std::fs::read_to_string(path).map_err(|source| PlanCliError::Read { path: path.to_path_buf(), source })
+    let bytes =
+        std::fs::read(path).map_err(|source| PlanCliError::Read { path: path.to_path_buf(), source })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let at = Location::of_offset(std::str::from_utf8(&e.as_bytes()[..at]).unwrap_or_default(), at);
+        PlanCliError::NotUtf8 { path: path.to_path_buf(), at }
+    })
 }
 
 /// A `--schedule` file: what to plan, and optionally the capture overhead to add.
@@ -259,19 +343,292 @@ impl From<DescriptionFile> for ScheduleDescription {
     }
 }
 
-/// Parses a schedule description: TOML for `.toml`, JSON for `.json`, else whichever parses.
-pub fn parse_schedule(path: &Path, text: &str) -> Result<ScheduleDescription, PlanCliError> {
-    let err = |message: String| PlanCliError::Schedule { path: path.to_path_buf(), message };
-    let file: DescriptionFile = match path.extension().and_then(|e| e.to_str()) {
-        Some("json") => serde_json::from_str(text).map_err(|e| err(e.to_string()))?,
-        Some("toml") => toml::from_str(text).map_err(|e| err(e.to_string()))?,
-        _ => serde_json::from_str(text).or_else(|json_err| {
-            toml::from_str(text).map_err(|toml_err| {
-                err(format!("neither JSON ({json_err}) nor TOML ({toml_err}); name the file .json or .toml"))
+/// The formats of a schedule description.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Toml,
+}
+
+impl Format {
+    /// The format a file's extension names, if any.
+    fn of(path: &Path) -> Option<Format> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => Some(Format::Json),
+            Some("toml") => Some(Format::Toml),
+            _ => None,
+        }
+    }
+
+    /// The format `text` is in: by the file's extension, else JSON when it parses as JSON.
+    fn detect(path: &Path, text: &str) -> Format {
+        Format::of(path).unwrap_or_else(|| {
+            if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() {
+                Format::Json
+            } else {
+                Format::Toml
+            }
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Format::Json => "JSON",
+            Format::Toml => "TOML",
+        }
+    }
+}
+
+/// Why a description could not be read: the parser's place, the key at fault and its
+/// message (the file's path is added by [`parse_schedule`]).
+#[derive(Debug)]
+struct ParseFailure {
+    at: Option<Location>,
+    field: Option<String>,
+    message: String,
+}
+
+/// Reads `text` as `format`, tracking the path of the key being read.
+fn parse_as<T: serde::de::DeserializeOwned>(format: Format, text: &str) -> Result<T, ParseFailure> {
+    match format {
+        Format::Json => {
+            let mut de = serde_json::Deserializer::from_str(text);
+            let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                // A syntax error is about the text, not about a key.
+                let data = e.inner().classify() == serde_json::error::Category::Data;
+                let field = data.then(|| field_path(e.path(), &e.inner().to_string())).flatten();
+                ParseFailure { field, ..json_failure(e.inner()) }
+            })?;
+            // Nothing but blanks after the value.
+            de.end().map_err(|e| json_failure(&e))?;
+            Ok(value)
+        }
+        Format::Toml => {
+            let de = toml::Deserializer::parse(text).map_err(|e| toml_failure(text, &e))?;
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let field = field_path(e.path(), e.inner().message());
+                ParseFailure { field, ..toml_failure(text, e.inner()) }
             })
-        })?,
+        }
+    }
+}
+
+/// A serde_json error's place, and its message without the place serde_json appends.
+fn json_failure(e: &serde_json::Error) -> ParseFailure {
+    let text = e.to_string();
+    if e.line() == 0 {
+        return ParseFailure { at: None, field: None, message: text };
+    }
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let message = text.strip_suffix(&suffix).unwrap_or(&text).to_string();
+    ParseFailure { at: Some(Location { line: e.line(), column: e.column().max(1) }), field: None, message }
+}
+
+/// A toml error's place (from its span) and message.
+fn toml_failure(text: &str, e: &toml::de::Error) -> ParseFailure {
+    let at = e.span().map(|span| Location::of_offset(text, span.start));
+    ParseFailure { at, field: None, message: e.message().trim_end().to_string() }
+}
+
+/// The key at fault as a path into the file (`layers[2].outputs[0].shape`): where the
+/// parser was, and for a missing key the key itself (serde reports it on the table that
+/// lacks it). None at the top of the file (a syntax error).
+fn field_path(path: &serde_path_to_error::Path, message: &str) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    let key = |out: &mut String, key: &str| {
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.push_str(key);
     };
+    for segment in path {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key: k } | Segment::Enum { variant: k } => key(&mut out, k),
+            Segment::Unknown => key(&mut out, "?"),
+        }
+    }
+    if let Some(missing) =
+        message.strip_prefix("missing field `").and_then(|rest| rest.split_once('`')).map(|(name, _)| name)
+    {
+        key(&mut out, missing);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Parses a schedule description: TOML for `.toml`, JSON for `.json`, else whichever parses.
+/// Errors give the line and column and the key at fault.
+pub fn parse_schedule(path: &Path, text: &str) -> Result<ScheduleDescription, PlanCliError> {
+    let file: DescriptionFile = match Format::of(path) {
+        Some(format) => parse_as(format, text),
+        None => parse_as(Format::Json, text).or_else(|json| {
+            parse_as(Format::Toml, text).map_err(|toml| {
+                // Report the failure of the format the text is closer to.
+                let (format, mut failure) = if text.trim_start().starts_with('{') {
+                    (Format::Json, json)
+                } else {
+                    (Format::Toml, toml)
+                };
+                failure.message = format!(
+                    "{} (read as {}: name the file .json or .toml to choose)",
+                    failure.message,
+                    format.name()
+                );
+                failure
+            })
+        }),
+    }
+    .map_err(|f| PlanCliError::Schedule {
+        path: path.to_path_buf(),
+        at: f.at,
+        field: f.field,
+        message: f.message,
+    })?;
     Ok(file.into())
+}
+
+/// The planner's refusal of a schedule file, with the setting's path in the file (the
+/// schedule's settings under its kind) and its place there.
+fn schedule_plan_error(path: &Path, text: &str, schedule: &Schedule, source: PlanError) -> PlanCliError {
+    let field = match &source {
+        PlanError::Schedule(e) => format!("schedule.{}.{}", schedule.kind(), e.field),
+        other => other.field(),
+    };
+    let at = locate(Format::detect(path, text), text, &field);
+    PlanCliError::Plan { path: path.to_path_buf(), at, field, source: Box::new(source) }
+}
+
+/// One step of a field path: a key of a table or an index into an array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// The steps of `layers[2].outputs[0].shape`.
+fn steps(field: &str) -> Option<Vec<Step<'_>>> {
+    let mut out = Vec::new();
+    for part in field.split('.') {
+        let (key, mut indices) = part.split_once('[').map_or((part, ""), |(k, rest)| (k, rest));
+        if !key.is_empty() {
+            out.push(Step::Key(key));
+        }
+        while !indices.is_empty() {
+            let (index, rest) = indices.split_once(']')?;
+            out.push(Step::Index(index.parse().ok()?));
+            indices = rest.strip_prefix('[').unwrap_or(rest);
+        }
+    }
+    Some(out)
+}
+
+/// Where `field` is in a description file: the place of its value, or of the nearest
+/// enclosing key the file has (a setting left to its default is not in the file).
+fn locate(format: Format, text: &str, field: &str) -> Option<Location> {
+    let steps = steps(field)?;
+    (1..=steps.len()).rev().find_map(|n| {
+        let probe = Probe { rest: &steps[..n] };
+        match format {
+            Format::Json => {
+                let mut de = serde_json::Deserializer::from_str(text);
+                let e = serde::de::DeserializeSeed::deserialize(probe, &mut de).err()?;
+                (e.line() > 0).then(|| Location { line: e.line(), column: e.column().max(1) })
+            }
+            Format::Toml => {
+                let de = toml::Deserializer::parse(text).ok()?;
+                let e = serde::de::DeserializeSeed::deserialize(probe, de).err()?;
+                e.span().map(|span| Location::of_offset(text, span.start))
+            }
+        }
+    })
+}
+
+/// Walks a parsed file to the value at `rest` and fails there, so that the parser reports
+/// the value's place (neither parser gives places otherwise). Finds nothing (`Ok`) when the
+/// file has no such value.
+struct Probe<'a> {
+    rest: &'a [Step<'a>],
+}
+
+/// What [`Probe`] fails with where it arrives.
+const FOUND: &str = "the value looked for";
+
+impl Probe<'_> {
+    fn leaf<E: serde::de::Error>(&self) -> Result<(), E> {
+        if self.rest.is_empty() { Err(E::custom(FOUND)) } else { Ok(()) }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Probe<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+macro_rules! probe_leaves {
+    ($($visit:ident: $ty:ty),*) => {
+        $(fn $visit<E: serde::de::Error>(self, _: $ty) -> Result<(), E> {
+            self.leaf()
+        })*
+    };
+}
+
+impl<'de> serde::de::Visitor<'de> for Probe<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(FOUND)
+    }
+
+    probe_leaves!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_i128: i128, visit_u128: u128,
+        visit_f64: f64, visit_str: &str, visit_bytes: &[u8]);
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.leaf()
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
+        self.leaf()
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let Some((first, rest)) = self.rest.split_first() else {
+            return Err(serde::de::Error::custom(FOUND));
+        };
+        let mut index = 0;
+        loop {
+            let found = if *first == Step::Index(index) {
+                seq.next_element_seed(Probe { rest })?.is_some()
+            } else {
+                seq.next_element::<serde::de::IgnoredAny>()?.is_some()
+            };
+            if !found {
+                return Ok(());
+            }
+            index += 1;
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let Some((first, rest)) = self.rest.split_first() else {
+            return Err(serde::de::Error::custom(FOUND));
+        };
+        while let Some(key) = map.next_key::<String>()? {
+            if *first == Step::Key(&key) {
+                map.next_value_seed(Probe { rest })?;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A parsed `--buffers` file.
@@ -332,8 +689,9 @@ impl Column {
 }
 
 /// Splits one CSV record into fields (RFC 4180: a field may be quoted, `""` inside quotes
-/// is a quote), each trimmed of surrounding blanks.
-fn split_record(line: &str) -> Result<Vec<String>, String> {
+/// is a quote), each trimmed of surrounding blanks. A malformed record gives the position of
+/// the field at fault (0-based) and what is wrong.
+fn split_record(line: &str) -> Result<Vec<String>, (usize, String)> {
     let mut fields = Vec::new();
     let mut chars = line.chars().peekable();
     loop {
@@ -351,14 +709,14 @@ fn split_record(line: &str) -> Result<Vec<String>, String> {
                     }
                     Some('"') => break,
                     Some(c) => field.push(c),
-                    None => return Err("a quoted field is not closed on its line".into()),
+                    None => return Err((fields.len(), "a quoted field is not closed on its line".into())),
                 }
             }
             while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
                 chars.next();
             }
             if chars.peek().is_some_and(|c| *c != ',') {
-                return Err("text after a closing quote; quote the whole field".into());
+                return Err((fields.len(), "text after a closing quote; quote the whole field".into()));
             }
         } else {
             while let Some(&c) = chars.peek() {
@@ -366,9 +724,10 @@ fn split_record(line: &str) -> Result<Vec<String>, String> {
                     break;
                 }
                 if c == '"' {
-                    return Err(
-                        "a quote inside an unquoted field; quote the field and double the quote".into()
-                    );
+                    return Err((
+                        fields.len(),
+                        "a quote inside an unquoted field; quote the field and double the quote".into(),
+                    ));
                 }
                 field.push(c);
                 chars.next();
@@ -395,9 +754,9 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim_end_matches('\r')));
     let (header_line, header) =
         lines.by_ref().find(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#')).ok_or_else(
-            || err(1, "buffer", "the file is empty; start with the header buffer,start,end,size".into()),
+            || err(1, "header", "the file is empty; start with the header buffer,start,end,size".into()),
         )?;
-    let names = split_record(header).map_err(|m| err(header_line, "header", m))?;
+    let names = split_record(header).map_err(|(_, m)| err(header_line, "header", m))?;
     let mut columns: Vec<Column> = Vec::with_capacity(names.len());
     for name in &names {
         let column = Column::parse(name).ok_or_else(|| {
@@ -429,20 +788,22 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
         [Column::Buffer, Column::Start, Column::End, Column::Size].map(|c| at(c).expect("checked above"));
     let (alias_at, offset_at) = (at(Column::AliasGroup), at(Column::Offset));
     let listed = columns.iter().map(|c| c.name()).collect::<Vec<_>>().join(",");
+    // The column at the `k`th field of a line (the last column for fields past it).
+    let column_at = |k: usize| columns[k.min(columns.len() - 1)].name();
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut buffers = Vec::new();
+    let mut lines_of = Vec::new();
     let mut offsets = offset_at.map(|_| Vec::new());
     for (line, raw) in lines {
         let trimmed = raw.trim();
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        let fields = split_record(raw).map_err(|m| err(line, "buffer", m))?;
+        let fields = split_record(raw).map_err(|(k, m)| err(line, column_at(k), m))?;
         if fields.len() != columns.len() {
-            let field = columns.get(fields.len().min(columns.len() - 1)).map_or("size", |c| c.name());
             return Err(err(
                 line,
-                field,
+                column_at(fields.len()),
                 format!(
                     "expected {} comma-separated fields ({listed}), found {}",
                     columns.len(),
@@ -470,7 +831,16 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
         let start = int(start_at, Column::Start, "step")?;
         let last = int(end_at, Column::End, "step")?;
         let end = if opts.inclusive_end {
-            last.checked_add(1).ok_or_else(|| err(line, "end", format!("{last} is too large")))?
+            last.checked_add(1).ok_or_else(|| {
+                err(
+                    line,
+                    "end",
+                    format!(
+                        "is {last}, the last step there is: with --inclusive-end the step after it must \
+                         exist too; number the steps from 0"
+                    ),
+                )
+            })?
         } else {
             last
         };
@@ -495,8 +865,43 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
             // Blanks alone (quoted) name no group, as an empty field does.
             alias_group: alias_at.map(|k| fields[k].trim().to_string()).unwrap_or_default(),
         });
+        lines_of.push(line);
     }
+    check_total_size(&buffers).map_err(|(k, total)| {
+        err(
+            lines_of[k],
+            "size",
+            format!(
+                "is {} bytes, the largest of buffers that add up to {total} bytes, more than 2^64 \
+                 (an alias group counts once, at its largest member); check the sizes: byte counts, \
+                 or sizes with a unit such as 64MiB",
+                buffers[k].size
+            ),
+        )
+    })?;
     Ok(BufferList { buffers, offsets })
+}
+
+/// Whether the buffers fit a 2^64-byte arena, as the planner counts them: each buffer once,
+/// except that an alias group takes one place, as large as its largest member. Err: the
+/// position of the largest buffer (the likeliest mistake), and the sum.
+fn check_total_size(buffers: &[NamedBuffer]) -> Result<(), (usize, u128)> {
+    let mut groups: HashMap<&str, u64> = HashMap::new();
+    let mut total = 0u128;
+    for b in buffers {
+        if b.alias_group.is_empty() {
+            total += b.size as u128;
+        } else {
+            let largest = groups.entry(&b.alias_group).or_insert(0);
+            *largest = (*largest).max(b.size);
+        }
+    }
+    total += groups.values().map(|&s| s as u128).sum::<u128>();
+    if total <= u64::MAX as u128 {
+        return Ok(());
+    }
+    let largest = (0..buffers.len()).max_by_key(|&k| (buffers[k].size, std::cmp::Reverse(k))).unwrap_or(0);
+    Err((largest, total))
 }
 
 /// The human-readable report.
@@ -662,6 +1067,34 @@ mod tests {
             (3, "buffer".into())
         );
         assert_eq!(line_field(csv("buffer,start,end,size\n,0,4,4\n").unwrap_err()), (2, "buffer".into()));
+        assert_eq!(line_field(csv("").unwrap_err()), (1, "header".into()));
+        // A quote gone wrong is named by its column, wherever it is.
+        assert_eq!(line_field(csv("buffer,start,end,size\na,0,4,\"16\n").unwrap_err()), (2, "size".into()));
+        assert_eq!(line_field(csv("buffer,start,end,size\na,0,\"4\"x,16\n").unwrap_err()), (2, "end".into()));
+        let e = parse_buffers_csv(
+            Path::new("t.csv"),
+            "buffer,start,end,size\na,0,18446744073709551615,4\n",
+            CsvOptions { inclusive_end: true },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("the step after it must exist"), "{e}");
+        assert_eq!(line_field(e), (2, "end".into()));
+    }
+
+    #[test]
+    fn sizes_past_the_arena_name_the_line_of_the_largest() {
+        // Two buffers of 10^19 bytes: 2 × 10^19 > 2^64. The planner would only say "the sizes".
+        let e =
+            csv("buffer,start,end,size\na,0,4,16\nb,0,4,10000000000000000000\nc,0,2,10000000000000000000\n")
+                .unwrap_err();
+        assert!(e.to_string().starts_with("t.csv:3: field `size`: is 10000000000000000000 bytes"), "{e}");
+        assert_eq!(e.line(), Some(3));
+        // An alias group takes one place, as large as its largest member: these fit.
+        let b = csv(
+            "buffer,start,end,size,alias_group\na,0,4,10000000000000000000,g\nb,5,6,10000000000000000000,g\n",
+        )
+        .unwrap();
+        assert_eq!(b.len(), 2);
     }
 
     #[test]
@@ -765,6 +1198,185 @@ mod tests {
         assert!(e.to_string().contains("s.json"), "{e}");
         let e = parse_schedule(Path::new("s.toml"), "[schedule.one_f_one_b]\npp_size = \"x\"\n").unwrap_err();
         assert!(e.to_string().contains("s.toml"), "{e}");
+    }
+
+    fn schedule_error(path: &str, text: &str) -> PlanCliError {
+        parse_schedule(Path::new(path), text).unwrap_err()
+    }
+
+    /// (line, field) of an error, checking that the message shows both.
+    fn place_and_field(e: &PlanCliError) -> (usize, String) {
+        let (line, field) = (e.line().expect("a line"), e.field().expect("a field"));
+        let text = e.to_string();
+        assert!(text.contains(&format!(":{line}:")) && text.contains(&format!("field `{field}`")), "{text}");
+        (line, field)
+    }
+
+    const JSON: &str = r#"{
+  "schedule": {"one_f_one_b": {"pp_size": 4, "pp_rank": 0, "num_microbatches": 8}},
+  "layers": [
+    {"layer": 0, "outputs": [{"shape": [8, 16], "dtype": "bf16"}]},
+    {"layer": 1,
+     "outputs": [{"shape": [16, 8], "dtype": "bf16"}]}
+  ]
+}"#;
+
+    const TOML: &str = r#"
+[schedule.one_f_one_b]
+pp_size = 4
+pp_rank = 0
+num_microbatches = 8
+
+[[layers]]
+layer = 0
+outputs = [{ shape = [8, 16], dtype = "bf16" }]
+
+[[layers]]
+layer = 1
+outputs = [{ shape = [16, 8], dtype = "bf16" }]
+"#;
+
+    #[test]
+    fn json_type_errors_name_the_field_line_and_column() {
+        parse_schedule(Path::new("s.json"), JSON).unwrap();
+        let cases = [
+            (r#""pp_size": 4"#, r#""pp_size": "four""#, 2, "schedule.one_f_one_b.pp_size"),
+            (
+                r#""num_microbatches": 8"#,
+                r#""num_microbatches": -8"#,
+                2,
+                "schedule.one_f_one_b.num_microbatches",
+            ),
+            (r#""pp_rank": 0, "#, "", 2, "schedule.one_f_one_b.pp_rank"),
+            (
+                r#"[{"shape": [16, 8], "dtype": "bf16"}]}"#,
+                r#"[{"shape": "16x8", "dtype": "bf16"}]}"#,
+                6,
+                "layers[1].outputs[0].shape",
+            ),
+            (
+                r#"[{"shape": [16, 8], "dtype": "bf16"}]}"#,
+                r#"[{"shape": [16, 8]}]}"#,
+                6,
+                "layers[1].outputs[0].dtype",
+            ),
+            (r#"{"layer": 1,"#, r#"{"layer": 1, "depth": 2,"#, 5, "layers[1].depth"),
+            (r#""layers""#, r#""layer""#, 3, "layer"),
+        ];
+        for (from, to, line, field) in cases {
+            let text = JSON.replace(from, to);
+            assert_ne!(text, JSON, "{from}");
+            let e = schedule_error("s.json", &text);
+            assert_eq!(place_and_field(&e), (line, field.to_string()), "{e}");
+            assert!(
+                matches!(e, PlanCliError::Schedule { at: Some(Location { column, .. }), .. } if column > 1)
+            );
+        }
+        let e = schedule_error("s.json", r#"{"schedule": {"one_f_one_b": {"pp_size": -4}}}"#);
+        assert!(e.to_string().starts_with("s.json:1:"), "{e}");
+        assert!(e.to_string().contains("invalid value: integer `-4`, expected u32"), "{e}");
+        assert!(!e.to_string().contains(" at line "), "the place is said once: {e}");
+        // Syntax errors have a place and no field.
+        let e = schedule_error("s.json", &JSON.replace(r#""layer": 1,"#, r#""layer": 1,,"#));
+        assert_eq!((e.line(), e.field()), (Some(5), None), "{e}");
+        let e = schedule_error("s.json", &format!("{JSON}\nx"));
+        assert_eq!((e.line(), e.field()), (Some(9), None), "{e}");
+    }
+
+    #[test]
+    fn toml_type_errors_name_the_field_and_line() {
+        parse_schedule(Path::new("s.toml"), TOML).unwrap();
+        let cases = [
+            ("pp_size = 4", "pp_size = \"four\"", 3, "schedule.one_f_one_b.pp_size"),
+            ("num_microbatches = 8", "num_microbatches = -8", 5, "schedule.one_f_one_b.num_microbatches"),
+            ("pp_rank = 0\n", "", 2, "schedule.one_f_one_b.pp_rank"),
+            (
+                "layer = 1\noutputs = [{ shape = [16, 8]",
+                "layer = 1\noutputs = [{ shape = \"16x8\"",
+                13,
+                "layers[1].outputs[0].shape",
+            ),
+            (
+                "layer = 1\noutputs = [{ shape = [16, 8], dtype = \"bf16\" }]",
+                "layer = 1\noutputs = [{ shape = [16, 8] }]",
+                13,
+                "layers[1].outputs[0].dtype",
+            ),
+            ("layer = 1\n", "layer = 1\ndepth = 2\n", 13, "layers[1].depth"),
+        ];
+        for (from, to, line, field) in cases {
+            let text = TOML.replace(from, to);
+            assert_ne!(text, TOML, "{from}");
+            let e = schedule_error("s.toml", &text);
+            assert_eq!(place_and_field(&e), (line, field.to_string()), "{e}");
+        }
+        let e = schedule_error("s.toml", &TOML.replace("layer = 1", "layer = = 1"));
+        assert_eq!((e.line(), e.field()), (Some(12), None), "{e}");
+        // Without an extension the text decides, and the message says which was read.
+        let e = schedule_error("s.txt", &TOML.replace("pp_size = 4", "pp_size = \"four\""));
+        assert_eq!(place_and_field(&e), (3, "schedule.one_f_one_b.pp_size".to_string()));
+        assert!(e.to_string().contains("read as TOML"), "{e}");
+        let e = schedule_error("s", &JSON.replace(r#""pp_size": 4"#, r#""pp_size": "four""#));
+        assert!(e.to_string().contains("read as JSON"), "{e}");
+    }
+
+    /// The planner's refusal of a parsed file, as `run` reports it.
+    fn planner_error(path: &str, text: &str) -> PlanCliError {
+        let desc = parse_schedule(Path::new(path), text).unwrap();
+        let e = pipeline::schedule_buffers_within(&desc.input, GuardsConfig::default().max_plan_buffers)
+            .unwrap_err();
+        schedule_plan_error(Path::new(path), text, &desc.input.schedule, e)
+    }
+
+    #[test]
+    fn planner_errors_name_the_field_and_its_place_in_the_file() {
+        for (path, text, shape_line) in [("s.json", JSON, 6), ("s.toml", TOML, 13)] {
+            let rank = text.replace("\"pp_rank\": 0", "\"pp_rank\": 4").replace("pp_rank = 0", "pp_rank = 4");
+            let e = planner_error(path, &rank);
+            let line = if path.ends_with("json") { 2 } else { 4 };
+            assert_eq!(place_and_field(&e), (line, "schedule.one_f_one_b.pp_rank".to_string()));
+            // The last tensor is layer 1's output.
+            let dtype = {
+                let (head, tail) = text.rsplit_once("\"bf16\"").unwrap();
+                format!("{head}\"bf17\"{tail}")
+            };
+            let e = planner_error(path, &dtype);
+            assert_eq!(place_and_field(&e), (shape_line, "layers[1].outputs[0].dtype".to_string()));
+            assert!(e.to_string().contains("unknown dtype \"bf17\"; use one of"), "{e}");
+            // 2^62 bytes in each of 4 slots, twice (the output and its gradient): past 2^64.
+            let huge = {
+                let (head, tail) = text.rsplit_once("[16, 8]").unwrap();
+                format!("{head}[4611686018427387904]{tail}")
+            };
+            let e = planner_error(path, &huge);
+            assert_eq!(place_and_field(&e), (shape_line, "layers[1].outputs[0].shape".to_string()));
+            assert!(e.to_string().contains("more than 2^64 bytes; check the dimensions"), "{e}");
+            // A setting the file leaves out is placed at the table that would hold it.
+            let chunkless =
+                text.replace("\"pp_size\": 4", "\"pp_size\": 1").replace("pp_size = 4", "pp_size = 1");
+            let chunkless = chunkless
+                .replace("one_f_one_b", "interleaved")
+                .replace("\"num_microbatches\": 8", "\"num_microbatches\": 8, \"virtual_chunks\": 2");
+            let chunkless =
+                chunkless.replace("num_microbatches = 8", "num_microbatches = 8\nvirtual_chunks = 2");
+            let e = planner_error(path, &chunkless);
+            assert_eq!(e.field().as_deref(), Some("layers"), "{e}");
+            assert!(e.line().is_some(), "{e}");
+        }
+    }
+
+    #[test]
+    fn field_paths_are_read_back_into_steps() {
+        assert_eq!(
+            steps("layers[2].outputs[0].shape").unwrap(),
+            [Step::Key("layers"), Step::Index(2), Step::Key("outputs"), Step::Index(0), Step::Key("shape")]
+        );
+        assert_eq!(steps("schedule.explicit.order[12]").unwrap().last(), Some(&Step::Index(12)));
+        assert_eq!(steps("order[x]"), None);
+        // Left to its default, `chunk` is not in the file: its layer is.
+        assert_eq!(locate(Format::Toml, TOML, "layers[1].chunk").map(|l| l.line), Some(11));
+        assert_eq!(locate(Format::Json, JSON, "layers[1].chunk").map(|l| l.line), Some(5));
+        assert_eq!(locate(Format::Json, JSON, "nothing"), None);
     }
 
     /// The seed benchmark's description of 1F1B stage 0 at M = 128 (the profile of one eager

@@ -317,7 +317,9 @@ pub enum PlanError {
 }
 
 impl PlanError {
-    /// The input at fault, as a path into the input (`schedule.pp_rank`, `buffers[7]`).
+    /// The input at fault, as a path into the input (`schedule.pp_rank`, `buffers[7]`,
+    /// `layers[2].outputs[0].shape`). Settings of the schedule are named without its kind
+    /// (`schedule.pp_rank`, not `schedule.one_f_one_b.pp_rank`).
     pub fn field(&self) -> String {
         match self {
             PlanError::Schedule(e) => format!("schedule.{}", e.field),
@@ -325,6 +327,16 @@ impl PlanError {
             PlanError::Place(PlaceError::Reversed { index, .. }) => format!("buffers[{index}]"),
             PlanError::Place(PlaceError::Overflow) => "buffers".to_string(),
             PlanError::TooManyBuffers { .. } => "schedule".to_string(),
+        }
+    }
+
+    /// What is wrong and what to do, without the field that [`PlanError::field`] names (for
+    /// callers that print the field their own way).
+    pub fn message(&self) -> String {
+        match self {
+            PlanError::Schedule(e) => e.message.clone(),
+            PlanError::Invalid { message, .. } => message.clone(),
+            PlanError::Place(_) | PlanError::TooManyBuffers { .. } => self.to_string(),
         }
     }
 }
@@ -433,6 +445,8 @@ pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, P
 
 /// Byte sizes and flags of one layer's tensors, checked.
 struct Layer {
+    /// Position of the layer in [`SchedulePlanInput::layers`].
+    index: usize,
     inputs: Vec<(u64, bool, bool)>,
     outputs: Vec<(u64, bool)>,
     saved: u64,
@@ -488,10 +502,61 @@ enum Tick {
     Backward(usize),
 }
 
+/// The setting of a [`LayerSpec`] that gives a buffer its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// `inputs[j]` (its shape and dtype).
+    Input(usize),
+    /// `outputs[j]` (its shape and dtype).
+    Output(usize),
+    /// `saved_bytes`.
+    Saved,
+    /// `forward_workspace_bytes`.
+    ForwardWorkspace,
+    /// `backward_workspace_bytes`.
+    BackwardWorkspace,
+}
+
+impl Source {
+    /// The setting's path in the input, for the layer at `index` of
+    /// [`SchedulePlanInput::layers`].
+    fn field(self, index: usize) -> String {
+        match self {
+            Source::Input(j) => format!("layers[{index}].inputs[{j}].shape"),
+            Source::Output(j) => format!("layers[{index}].outputs[{j}].shape"),
+            Source::Saved => format!("layers[{index}].saved_bytes"),
+            Source::ForwardWorkspace => format!("layers[{index}].forward_workspace_bytes"),
+            Source::BackwardWorkspace => format!("layers[{index}].backward_workspace_bytes"),
+        }
+    }
+
+    /// What its bytes are, for messages.
+    fn what(self) -> &'static str {
+        match self {
+            Source::Input(_) | Source::Output(_) => "makes a tensor of",
+            Source::Saved | Source::ForwardWorkspace | Source::BackwardWorkspace => "is",
+        }
+    }
+
+    /// What to check when its bytes are implausible.
+    fn hint(self) -> &'static str {
+        match self {
+            Source::Input(_) | Source::Output(_) => {
+                "check the dimensions (elements, not bytes) and the dtype"
+            }
+            Source::Saved | Source::ForwardWorkspace | Source::BackwardWorkspace => {
+                "check the value (a byte count, not kilo- or megabytes)"
+            }
+        }
+    }
+}
+
 /// One buffer of a chunk's layers, made by each microbatch that runs the chunk.
 #[derive(Debug, Clone)]
 struct BufferKind {
     layer: usize,
+    /// The setting its bytes come from.
+    source: Source,
     /// `in0`, `dout1`, `saved`, ...: with slot, chunk and layer, the buffer's alias group.
     kind: String,
     start: Tick,
@@ -502,9 +567,9 @@ struct BufferKind {
 /// The buffers one microbatch makes in a chunk of `layers` (a buffer of no bytes is none).
 fn buffer_kinds(layers: &[Layer]) -> Vec<BufferKind> {
     let mut out = Vec::new();
-    let mut push = |layer: usize, kind: String, start: Tick, last: Tick, size: u64| {
+    let mut push = |layer: usize, source: Source, kind: String, start: Tick, last: Tick, size: u64| {
         if size > 0 {
-            out.push(BufferKind { layer, kind, start, last, size });
+            out.push(BufferKind { layer, source, kind, start, last, size });
         }
     };
     use Tick::{Backward as B, Forward as F};
@@ -516,9 +581,9 @@ fn buffer_kinds(layers: &[Layer]) -> Vec<BufferKind> {
             |j: usize| prev.and_then(|p| p.outputs.get(j)).map(|o| o.0) == Some(layer.inputs[j].0);
         for (j, &(bytes, floating, kept)) in layer.inputs.iter().enumerate() {
             if !chained_in(j) {
-                push(l, format!("in{j}"), F(l), if kept { B(l) } else { F(l) }, bytes);
+                push(l, Source::Input(j), format!("in{j}"), F(l), if kept { B(l) } else { F(l) }, bytes);
                 if floating {
-                    push(l, format!("din{j}"), B(l), B(l), bytes);
+                    push(l, Source::Input(j), format!("din{j}"), B(l), B(l), bytes);
                 }
             }
         }
@@ -529,19 +594,62 @@ fn buffer_kinds(layers: &[Layer]) -> Vec<BufferKind> {
                 Some(_) => F(l + 1),
                 None => F(l),
             };
-            push(l, format!("out{j}"), F(l), last, bytes);
+            push(l, Source::Output(j), format!("out{j}"), F(l), last, bytes);
             if floating {
                 // Written by the next layer's backward when chained, else an input of this
                 // backward only.
                 let start = if consumer.is_some() { B(l + 1) } else { B(l) };
-                push(l, format!("dout{j}"), start, B(l), bytes);
+                push(l, Source::Output(j), format!("dout{j}"), start, B(l), bytes);
             }
         }
-        push(l, "saved".to_string(), F(l), B(l), layer.saved);
-        push(l, "fws".to_string(), F(l), F(l), layer.fws);
-        push(l, "bws".to_string(), B(l), B(l), layer.bws);
+        push(l, Source::Saved, "saved".to_string(), F(l), B(l), layer.saved);
+        push(l, Source::ForwardWorkspace, "fws".to_string(), F(l), F(l), layer.fws);
+        push(l, Source::BackwardWorkspace, "bws".to_string(), B(l), B(l), layer.bws);
     }
     out
+}
+
+/// Refuses a schedule whose buffers cannot be placed in a 2^64-byte arena, naming the
+/// setting of the layer that weighs most (the likeliest mistake: a dimension or a byte count
+/// off by a factor), where the placement would only say that the sizes add up too high.
+///
+/// Every (chunk, slot, layer, buffer kind) is one alias group, placed once at its bytes:
+/// the arena needs at most Σ over chunks of slots × the bytes of one microbatch's buffers,
+/// which is what the placement adds up.
+fn check_total_bytes(
+    layers: &[Vec<Layer>],
+    kinds: &[Vec<BufferKind>],
+    chunk_slots: &[(u32, Vec<u32>)],
+) -> Result<(), PlanError> {
+    let mut total = 0u128;
+    // (bytes over the chunk's slots, chunk, kind) of the heaviest buffer kind
+    let mut heaviest: Option<(u128, usize, &BufferKind)> = None;
+    for (c, chunk) in kinds.iter().enumerate() {
+        let slots = chunk_slots[c].0 as u128;
+        for k in chunk {
+            let bytes = slots * k.size as u128;
+            total = total.saturating_add(bytes);
+            if heaviest.is_none_or(|(most, _, _)| bytes > most) {
+                heaviest = Some((bytes, c, k));
+            }
+        }
+    }
+    match heaviest {
+        Some((_, c, k)) if total > u64::MAX as u128 => {
+            let slots = chunk_slots[c].0;
+            Err(invalid(
+                k.source.field(layers[c][k.layer].index),
+                format!(
+                    "{} {} bytes, held in each of chunk {c}'s {slots} buffer slot(s): with the \
+                     schedule's other buffers that is more than 2^64 bytes; {}",
+                    k.source.what(),
+                    k.size,
+                    k.source.hint()
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// [`schedule_buffers`], refused with [`PlanError::TooManyBuffers`] before anything is
@@ -570,19 +678,30 @@ pub fn schedule_buffers_within(
     let mut layers: Vec<Vec<Layer>> = Vec::with_capacity(chunks);
     for (c, list) in per_chunk.iter_mut().enumerate() {
         if list.is_empty() {
-            return Err(invalid("layers", format!("chunk {c} has no layers; describe every chunk's layers")));
+            return Err(invalid(
+                "layers",
+                format!(
+                    "chunk {c} has no layers, and the schedule runs chunks 0..{chunks}; describe every \
+                     chunk's layers (those of chunk {c} with `chunk` set to {c})"
+                ),
+            ));
         }
         list.sort_unstable();
         let mut out = Vec::with_capacity(list.len());
+        let n = list.len();
         for (pos, &(layer, i)) in list.iter().enumerate() {
             if layer as usize != pos {
-                return Err(invalid(
-                    format!("layers[{i}].layer"),
-                    format!(
-                        "chunk {c} must number its layers 0..{} once each; found layer {layer} at position {pos}",
-                        list.len()
+                let message = match pos.checked_sub(1).map(|p| list[p]) {
+                    Some((previous, first)) if previous == layer => format!(
+                        "is {layer}, as is layers[{first}].layer of chunk {c}; number the chunk's {n} \
+                         layers 0..{n}, each once"
                     ),
-                ));
+                    _ => format!(
+                        "is {layer}, but chunk {c} has no layer {pos}; number the chunk's {n} layers \
+                         0..{n}, each once"
+                    ),
+                };
+                return Err(invalid(format!("layers[{i}].layer"), message));
             }
             let spec = &input.layers[i];
             let inputs = spec
@@ -601,6 +720,7 @@ pub fn schedule_buffers_within(
                 .map(|(j, t)| tensor_bytes(t, &format!("layers[{i}].outputs[{j}]")))
                 .collect::<Result<Vec<_>, _>>()?;
             out.push(Layer {
+                index: i,
                 inputs,
                 outputs,
                 saved: spec.saved_bytes,
@@ -616,6 +736,7 @@ pub fn schedule_buffers_within(
         return Err(PlanError::TooManyBuffers { count, max: max_buffers });
     }
     let chunk_slots = assign_chunk_slots(&steps, chunks as u32, m as u32);
+    check_total_bytes(&layers, &kinds, &chunk_slots)?;
     let slots = chunk_slots.iter().map(|c| c.0).max().unwrap_or(0);
     // Counted wide: layers of no bytes make no buffers, so the buffer limit does not bound these.
     let graphs: u64 = chunk_slots.iter().zip(&layers).map(|(c, l)| c.0 as u64 * l.len() as u64 * 2).sum();
@@ -629,7 +750,10 @@ pub fn schedule_buffers_within(
     let pools = chunk_slots.iter().map(|c| c.0 as u64).sum::<u64>() + 1;
     let pools = u32::try_from(pools).map_err(|_| PlanError::Invalid {
         field: "schedule".into(),
-        message: format!("the capture would take {pools} pools, more than 2^32"),
+        message: format!(
+            "the capture would take {pools} pools (one per chunk and buffer slot), more than 2^32; \
+             use fewer chunks or fewer microbatches in flight"
+        ),
     })?;
     let microbatch_slot: Vec<u32> = chunk_slots.iter().flat_map(|c| c.1.iter().copied()).collect();
     // Clock: base tick of every step; the forward / backward step of each (chunk, microbatch).
@@ -936,6 +1060,95 @@ mod tests {
         // A buffer of no bytes takes no memory, wherever it is said to be.
         let list = [named("a", 0, 10, 100, ""), named("b", 0, 10, 0, "")];
         assert_eq!(check_placement(&list, &[0, 1 << 40]), Ok(100));
+    }
+
+    fn layer(layer: u32, output: &[u64], saved_bytes: u64) -> LayerSpec {
+        let tensor = |shape: &[u64]| TensorSpec {
+            name: String::new(),
+            shape: shape.to_vec(),
+            dtype: "bf16".to_string(),
+            kept_for_backward: false,
+        };
+        LayerSpec {
+            chunk: 0,
+            layer,
+            inputs: vec![tensor(&[16])],
+            outputs: vec![tensor(output)],
+            saved_bytes,
+            forward_workspace_bytes: 0,
+            backward_workspace_bytes: 0,
+        }
+    }
+
+    /// 1F1B stage 0 of 4 with 4 microbatches: 4 buffer slots.
+    fn four_slots(layers: Vec<LayerSpec>) -> SchedulePlanInput {
+        SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 4 },
+            layers,
+        }
+    }
+
+    #[test]
+    fn bytes_past_the_arena_name_the_heaviest_setting() {
+        // Layer 0 is listed second; its output (2^62 bytes, and as many for its gradient) in
+        // each of 4 slots is 2^65 bytes: the setting is named, not the buffer list.
+        let e = schedule_buffers(&four_slots(vec![layer(1, &[16], 0), layer(0, &[1 << 61], 0)])).unwrap_err();
+        assert_eq!(e.field(), "layers[1].outputs[0].shape", "{e}");
+        assert!(
+            e.message().contains("4611686018427387904 bytes") && e.message().contains("4 buffer slot"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("check the dimensions"), "{e}");
+        let e = schedule_buffers(&four_slots(vec![layer(0, &[16], 1 << 62), layer(1, &[16], u64::MAX / 2)]))
+            .unwrap_err();
+        assert_eq!(e.field(), "layers[1].saved_bytes", "{e}");
+        assert!(e.message().contains("a byte count"), "{e}");
+        // One tensor past 2^64 bytes on its own: its shape.
+        let e = schedule_buffers(&four_slots(vec![layer(0, &[1 << 32, 1 << 32], 0)])).unwrap_err();
+        assert_eq!(e.field(), "layers[0].outputs[0].shape", "{e}");
+        // Exactly 2^64 - 1 bytes fit: one slot holding one buffer of them.
+        let one_slot = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 1, pp_rank: 0, num_microbatches: 1 },
+            layers: vec![LayerSpec { inputs: vec![], outputs: vec![], ..layer(0, &[], u64::MAX) }],
+        };
+        let plan = plan_schedule(&one_slot, &PlaceOptions::default()).unwrap();
+        assert_eq!(plan.footprint, u64::MAX);
+    }
+
+    #[test]
+    fn layer_numbers_name_the_entry_at_fault() {
+        let e =
+            schedule_buffers(&four_slots(vec![layer(0, &[16], 0), layer(1, &[16], 0), layer(0, &[16], 0)]))
+                .unwrap_err();
+        assert_eq!(e.field(), "layers[2].layer");
+        assert!(e.message().contains("as is layers[0].layer"), "{e}");
+        let e = schedule_buffers(&four_slots(vec![layer(0, &[16], 0), layer(2, &[16], 0)])).unwrap_err();
+        assert_eq!(e.field(), "layers[1].layer");
+        assert!(e.message().contains("has no layer 1"), "{e}");
+        let mut input = four_slots(vec![layer(0, &[16], 0)]);
+        input.schedule =
+            Schedule::Interleaved { pp_size: 2, pp_rank: 0, num_microbatches: 2, virtual_chunks: 2 };
+        let e = schedule_buffers(&input).unwrap_err();
+        assert_eq!(e.field(), "layers");
+        assert!(
+            e.message().contains("chunk 1 has no layers") && e.message().contains("`chunk` set to 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_message_leaves_the_field_out() {
+        let mut input = four_slots(vec![layer(0, &[16], 0)]);
+        input.layers[0].outputs[0].dtype = "bfloat17".to_string();
+        let e = schedule_buffers(&input).unwrap_err();
+        assert_eq!(e.field(), "layers[0].outputs[0].dtype");
+        assert_eq!(e.to_string(), format!("{}: {}", e.field(), e.message()));
+        input.schedule = Schedule::OneFOneB { pp_size: 4, pp_rank: 4, num_microbatches: 4 };
+        let e = schedule_buffers(&input).unwrap_err();
+        assert_eq!(e.field(), "schedule.pp_rank");
+        assert_eq!(e.to_string(), format!("{}: {}", e.field(), e.message()));
+        let e = schedule_buffers_within(&four_slots(vec![layer(0, &[16], 0)]), 3).unwrap_err();
+        assert_eq!((e.field().as_str(), e.message()), ("schedule", e.to_string()));
     }
 
     #[test]

@@ -80,6 +80,16 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ScheduleError {
 pub const MAX_STEPS: u64 = 1 << 22;
 
 impl Schedule {
+    /// The schedule's key in a description (`one_f_one_b`, `interleaved`, `explicit`): the
+    /// table or object its settings are under.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Schedule::OneFOneB { .. } => "one_f_one_b",
+            Schedule::Interleaved { .. } => "interleaved",
+            Schedule::Explicit { .. } => "explicit",
+        }
+    }
+
     /// Model chunks per rank.
     pub fn chunks(&self) -> u32 {
         match self {
@@ -411,6 +421,18 @@ mod tests {
         let order: Vec<i32> = s.iter().map(Step::signed).collect();
         let e = Schedule::Explicit { order, num_microbatches: 6, virtual_chunks: 1 }.steps().unwrap();
         assert_eq!(e, s);
+    }
+
+    #[test]
+    fn kind_is_the_serialized_key() {
+        for sched in [
+            Schedule::OneFOneB { pp_size: 2, pp_rank: 0, num_microbatches: 2 },
+            Schedule::Interleaved { pp_size: 2, pp_rank: 0, num_microbatches: 2, virtual_chunks: 2 },
+            Schedule::Explicit { order: vec![1, -1], num_microbatches: 1, virtual_chunks: 1 },
+        ] {
+            let json = serde_json::to_value(&sched).unwrap();
+            assert!(json.get(sched.kind()).is_some(), "{json}");
+        }
     }
 
     #[test]
