@@ -69,8 +69,10 @@ echo "seed_repro exit $?"; tail -40 "$OUT/seed.log"
 fi
 
 if has poison; then
-echo "== poison test (replay in schedule order cannot overwrite live data)"
-GRAPHPOOL_SOCKET=$SOCK timeout 300 python3 -m pytest client-py/tests/capture -v -p no:cacheprovider \
+echo "== poison test (replay in schedule order cannot overwrite live data; layers of other shapes)"
+# test_poison.py (a stack of blocks) and test_models.py (multi-tensor, token/loss, aliasing,
+# mixed widths and dtypes, dropout, batchnorm, refusals): each case a child process
+GRAPHPOOL_SOCKET=$SOCK timeout 540 python3 -m pytest client-py/tests/capture -v -p no:cacheprovider \
   ${POISON_ARGS:-} > "$OUT/poison.log" 2>&1
 echo "poison exit $?"; tail -25 "$OUT/poison.log"
 fi

@@ -1,11 +1,17 @@
 """The daemon's plan of a capture with a measured capture overhead (no torch needed: the layer
-profiles are written by hand, as a profile recorded elsewhere would be)."""
+profiles are written by hand, as a profile recorded elsewhere would be), and the checks of
+schedule-aware capture that need no GPU: inputs of the graphed callables, and the layers and
+samples capture refuses before any CUDA call (stand-ins for tensors and modules; one test runs
+``make_graphed_callables`` against a stand-in torch whose CUDA calls fail)."""
 
 from __future__ import annotations
 
+import textwrap
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from gp_helpers import run_python
 
 import graphpool
 from graphpool.capture import (
@@ -235,3 +241,233 @@ def test_graphed_call_inputs_are_checked_against_the_capture() -> None:
         _check_inputs(lay, 0, (t((4, 8)), t((2,), "torch.int64")))
     with pytest.raises(ValueError, match="input 1 .*dtype torch.int64.*dtype torch.int32"):
         _check_inputs(lay, 0, (t((2, 8)), t((2,), "torch.int32")))
+    # a later layer of the chunk: checked against the previous layer's outputs
+    later = _Layer(0, 1, object(), 1, False, True)
+    later.static_in[0] = (t((2, 8)), t((2,), "torch.int64"))
+    with pytest.raises(TypeError, match=r"layer 1 of chunk 0 .*2 input.*outputs of layer 0.*got 1"):
+        _check_inputs(later, 0, (t((2, 8)),))
+    with pytest.raises(ValueError, match=r"input 0 of layer 1 of chunk 0: expected shape \(2, 8\)"):
+        _check_inputs(later, 0, (t((2, 9)), t((2,), "torch.int64")))
+
+
+# --------------------------------------------------------------------------- refusals, no GPU
+
+
+class _T:
+    """A stand-in tensor: what capture's checks look at."""
+
+    def __init__(
+        self, shape: tuple[int, ...] = (2, 8), device: str = "cuda", requires_grad: bool = True
+    ) -> None:
+        self.shape, self.dtype, self.requires_grad = shape, "torch.float32", requires_grad
+        self.device = SimpleNamespace(type=device)
+
+    def __repr__(self) -> str:
+        return f"_T({self.shape})"
+
+    def detach(self) -> "_T":
+        return self
+
+
+class _Module:
+    """A stand-in ``torch.nn.Module``: submodules, buffers and hooks as capture reads them."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.training = True
+        self._forward_hooks: dict[int, Any] = {}
+        self._subs: list[tuple[str, Any]] = []
+        self._bufs: list[tuple[str, Any]] = []
+        self.__dict__.update(attrs)
+
+    def __call__(self, *args: Any) -> Any:
+        return args
+
+    def named_modules(self) -> list[tuple[str, Any]]:
+        return [("", self)] + self._subs
+
+    def named_buffers(self) -> list[tuple[str, Any]]:
+        return list(self._bufs)
+
+
+def _batchnorm(momentum: float | None, training: bool = True) -> _Module:
+    return _Module(training=training, track_running_stats=True, running_mean=_T((8,)), momentum=momentum)
+
+
+def test_unsupported_layer_is_an_invalid_argument_naming_the_layer() -> None:
+    from graphpool.capture import UnsupportedLayer
+
+    e = UnsupportedLayer(1, 3, _Module(), "returns a dict: return tensors")
+    assert isinstance(e, graphpool.InvalidArgument) and isinstance(e, ValueError)
+    assert (e.chunk, e.layer, e.field, e.description) == (1, 3, "callables", "returns a dict: return tensors")
+    assert str(e) == "layer 3 of chunk 1 (_Module): returns a dict: return tensors"
+
+
+def test_samples_that_are_not_gpu_tensors_are_refused() -> None:
+    """A chunk input that is not a tensor, or a tensor off the GPU, is refused naming the chunk
+    and the input, before anything runs."""
+    from graphpool.capture import _check_samples
+
+    _check_samples([(_T(),), (_T(), _T((2,), requires_grad=False))])
+    for samples, words in [
+        ([(_T(), 3)], "sample_args of chunk 0: input 1 is a int, not a tensor"),
+        ([(_T(),), (None,)], "sample_args of chunk 1: input 0 is a NoneType"),
+        ([(_T(device="cpu"),)], "input 0 is on .*cpu.*not on a CUDA device"),
+    ]:
+        with pytest.raises(graphpool.InvalidArgument, match=words) as info:
+            _check_samples(samples)
+        assert info.value.field == "sample_args"
+
+
+def test_layers_that_cannot_replay_as_eager_are_refused_before_capture() -> None:
+    """Hooks, a BatchNorm in train mode with momentum=None (itself or a submodule), and a layer
+    that is not callable are refused naming the chunk and layer; a BatchNorm with a float
+    momentum, or in eval mode, is fine."""
+    from graphpool.capture import UnsupportedLayer, _check_modules
+
+    fine = [_Module(), _batchnorm(0.1), _batchnorm(None, training=False), lambda x: x]
+    _check_modules([fine, [_Module(_subs=[("norm", _batchnorm(0.1))])]])
+    hooked = _Module(_forward_hooks={0: print})
+    cases = [
+        ([[_Module(), hooked]], 0, 1, "registered hooks \\(forward_hooks\\)"),
+        ([[_Module()], [_batchnorm(None)]], 1, 0, "it has momentum=None.*float momentum"),
+        ([[_Module(), _Module(_subs=[("block.norm", _batchnorm(None))])]], 0, 1,
+         "its submodule 'block.norm' \\(_Module\\) has momentum=None"),
+        ([[_Module(), object()]], 0, 1, "not callable"),
+    ]
+    for chunks, chunk, layer, words in cases:
+        with pytest.raises(UnsupportedLayer, match=f"layer {layer} of chunk {chunk} .*{words}") as info:
+            _check_modules(chunks)
+        assert (info.value.chunk, info.value.layer) == (chunk, layer)
+
+
+def test_layer_outputs_must_be_tensors_one_of_which_requires_grad() -> None:
+    from graphpool.capture import UnsupportedLayer, _Layer, _layer_outputs
+
+    lay = _Layer(0, 2, _Module(), 1, False, False)
+    y, mask = _T(), _T(requires_grad=False)
+    assert _layer_outputs(lay, y) == (y,)
+    assert _layer_outputs(lay, [y, mask]) == (y, mask)
+    for raw, words in [
+        ((y, None), "output 1 is a NoneType, not a tensor"),
+        ({"h": y}, "output 0 is a dict, not a tensor"),
+        ((), "returns an empty sequence"),
+        ((mask,), "returns no tensor that requires grad"),
+    ]:
+        with pytest.raises(UnsupportedLayer, match=f"layer 2 of chunk 0 \\(_Module\\): {words}"):
+            _layer_outputs(lay, raw)
+
+
+def test_a_buffer_the_forward_replaces_is_refused() -> None:
+    from graphpool.capture import UnsupportedLayer, _check_buffers_kept, _Layer, _layer_buffers
+
+    count, stats = _T((1,)), _T((8,))
+    mod = _Module(_bufs=[("count", count), ("norm.running_mean", stats)])
+    lay = _Layer(0, 1, mod, 1, False, False)
+    before = _layer_buffers(lay)
+    _check_buffers_kept(lay, before)  # updated in place: the same tensors
+    mod._bufs = [("count", _T((1,))), ("norm.running_mean", stats)]
+    with pytest.raises(UnsupportedLayer, match="layer 1 of chunk 0 .*buffer 'count' instead of updating"):
+        _check_buffers_kept(lay, before)
+    assert _layer_buffers(_Layer(0, 0, lambda x: x, 1, True, True)) == []
+
+
+def test_capture_failures_of_host_work_are_refused_naming_the_layer() -> None:
+    """A capture that fails because the layer synchronizes with the host becomes an
+    UnsupportedLayer saying what to change; any other failure (out of memory, an invalidated
+    capture, the layer's own error) is raised as it is."""
+    from graphpool.capture import _capture_refusal, _Layer
+
+    lay = _Layer(1, 4, _Module(), 1, False, False)
+    e = _capture_refusal(lay, "forward", RuntimeError(
+        "CUDA error: operation not permitted when stream is capturing\nCompile with TORCH_USE_CUDA_DSA"))
+    assert e is not None and (e.chunk, e.layer) == (1, 4)
+    assert "its forward cannot be captured" in str(e) and ".item()" in str(e) and "DSA" not in str(e)
+    e = _capture_refusal(lay, "backward", RuntimeError(
+        "Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture"))
+    assert e is not None and "its backward cannot be captured" in str(e)
+    for other in [
+        RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB during capture"),
+        RuntimeError("CUDA error: operation failed due to a previous error during capture"),
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied (8x3 and 4x4)"),
+        ValueError("not permitted when stream is capturing"),
+    ]:
+        assert _capture_refusal(lay, "forward", other) is None, other
+
+
+STANDIN_TORCH = """
+import sys, types
+
+cuda_calls = []
+
+class _Cuda(types.ModuleType):
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            cuda_calls.append(name)
+            raise RuntimeError(f"torch.cuda.{name} called")
+        return call
+
+torch = types.ModuleType("torch")
+torch.is_autocast_enabled = lambda: False
+torch.is_grad_enabled = lambda: True
+torch.cuda = _Cuda("torch.cuda")
+sys.modules["torch"] = torch
+sys.modules["torch.cuda"] = torch.cuda
+
+from graphpool import capture, errors
+from graphpool.schedule import Schedule
+
+class T:
+    def __init__(self, device="cuda"):
+        self.shape, self.dtype, self.requires_grad = (2, 8), "float32", True
+        self.device = types.SimpleNamespace(type=device)
+    def detach(self):
+        return self
+
+class Layer:
+    training = True
+    def __call__(self, *args):
+        return args
+"""
+
+
+def test_make_graphed_callables_refuses_before_any_cuda_call() -> None:
+    """Bad samples and layers are refused before capture touches CUDA (a stand-in torch whose
+    every torch.cuda call fails); a callable called in another training mode than it was
+    captured in is refused before it replays."""
+    code = STANDIN_TORCH + textwrap.dedent(
+        """
+        sched = Schedule.one_f_one_b(2, 0, 4)
+
+        def refused(layers, sample):
+            try:
+                capture.make_graphed_callables(layers, [sample], schedule=sched, pools="torch")
+            except errors.InvalidArgument as e:
+                return f"{type(e).__name__} {e.field}"
+            return "captured"
+
+        print(refused([Layer(), Layer()], (T(device="cpu"),)))
+        bn = Layer()
+        bn.track_running_stats, bn.running_mean, bn.momentum = True, T(), None
+        bn.named_modules = lambda: [("", bn)]
+        print(refused([Layer(), bn], (T(),)))
+        print("cuda calls:", cuda_calls)
+
+        lay = capture._Layer(0, 0, Layer(), 2, True, True)
+        gs = capture.GraphedSchedule(sched, [[lay]], [], capture.CaptureStats())
+        lay.module.training = False
+        try:
+            gs[0, 0](T())
+        except errors.FailedPrecondition as e:
+            print("FailedPrecondition", "training mode" in str(e) and "no_grad" in str(e))
+        print("slots", gs.slots_in_use())
+        """
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "InvalidArgument sample_args",
+        "UnsupportedLayer callables",
+        "cuda calls: []",
+        "FailedPrecondition True",
+        "slots [[None, None]]",
+    ]

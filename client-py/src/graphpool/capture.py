@@ -28,6 +28,39 @@ copied out of the backward pool before it is handed to autograd, so a caller may
 At run time each slot records which microbatch holds it; calling a microbatch out of an order
 the schedule allows (its slot still held by another microbatch) raises instead of replaying.
 
+Layers it supports (each checked; what it cannot graph is refused with :class:`UnsupportedLayer`,
+naming the layer and what to change, before any graph is used):
+
+* any number of tensor inputs and outputs: a layer returns a tensor or a tuple (or list) of
+  tensors, which are the next layer's positional inputs, in order. Inputs and outputs of any
+  dtype and shape, and any mix of them (integer token ids, boolean or float masks, bf16 and fp32,
+  a width that changes from layer to layer, a scalar loss); an output may be the very tensor
+  the layer received, or a view of it (identity, ``view``/``reshape``, ``transpose``);
+* outputs that do not require grad (a mask passed through, integer outputs, statistics
+  computed under ``detach``) come back from the replay not requiring grad, as in eager mode; at
+  least one output of every layer must require grad (the backward of a chunk's first layer is
+  what gives its slot back);
+* inputs or parameters that no output depends on need ``allow_unused_input=True``; their
+  gradients stay zero;
+* dropout and other random ops of the default CUDA generator: every replay draws new numbers,
+  the ones eager execution would draw at the same point of the generator's sequence (the
+  capture's warm-up draws from the generator too: seed after capture to repeat an eager run);
+* buffers updated in place by the forward (``BatchNorm``'s running statistics in train mode):
+  updated by every forward replay, as eager updates them. The warm-up's updates are undone, so
+  capture leaves the buffers as it found them. A buffer the forward replaces (``self.buf =
+  ...``) instead of updating in place, and a ``BatchNorm`` with ``momentum=None`` (which reads
+  its batch count on the host), are refused;
+* the training mode a layer was captured in: calling it in the other mode with gradients
+  enabled raises :class:`~graphpool.errors.FailedPrecondition` (under ``torch.no_grad()`` the
+  layer runs eagerly, in whatever mode it is in).
+
+Not supported: host synchronization in a forward or backward (``.item()``, ``.cpu()``,
+data-dependent shapes such as ``nonzero()``, Python control flow on tensor values; refused when
+the capture fails with it), keyword or non-tensor inputs, outputs that are not tensors (``None``,
+dicts), registered module hooks, sparse gradients, and a callable that is not a
+``torch.nn.Module`` but uses the parameters of one (only a module's own parameters get
+gradients).
+
 Nothing here touches CUDA at import time, and torch is imported only when a function runs.
 """
 
@@ -41,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 from ._fork import park
+from .errors import FailedPrecondition, InvalidArgument
 from .schedule import Schedule, _index
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +84,7 @@ __all__ = [
     "CaptureStats",
     "GraphedSchedule",
     "LayerProfile",
+    "UnsupportedLayer",
     "make_graphed_callables",
     "plan_description",
     "capture_plan_input",
@@ -60,6 +95,27 @@ log = logging.getLogger("graphpool.capture")
 
 _GiB = float(1 << 30)
 
+
+class UnsupportedLayer(InvalidArgument):
+    """A layer that schedule-aware capture cannot graph correctly; raised before any of its
+    graphs is used. The message names the layer (its index within its chunk, the chunk and the
+    module's class) and says what to change.
+
+    Attributes:
+        chunk: the model chunk of the layer (0-based).
+        layer: the layer's index within its chunk (0-based).
+        field: ``"callables"``.
+        description: what is wrong and what to change, without the layer's name.
+    """
+
+    def __init__(self, chunk: int, layer: int, module: Any, what: str) -> None:
+        super().__init__(
+            f"layer {layer} of chunk {chunk} ({type(module).__name__}): {what}",
+            field="callables",
+            description=what,
+        )
+        self.chunk = chunk
+        self.layer = layer
 
 
 # ------------------------------------------------------------------------------- results
@@ -80,8 +136,9 @@ class LayerProfile:
     #: Peak bytes the backward allocates beyond its input gradients: temporaries and the
     #: parameter gradients it returns before they are accumulated into ``param.grad``.
     backward_workspace_bytes: int = 0
-    #: Of ``saved_bytes`` + outputs, the bytes in tensors over 1 MiB (the caching allocator's
-    #: large-block class, placed in a pool's arena), each rounded to 512 bytes.
+    #: Of ``saved_bytes`` + outputs (those that are not an input or a view of one), the bytes
+    #: in tensors over 1 MiB (the caching allocator's large-block class, placed in a pool's
+    #: arena), each rounded to 512 bytes.
     large_kept_bytes: int = 0
     input_shapes: list[tuple[list[int], str, bool]] = field(default_factory=list)
     output_shapes: list[tuple[list[int], str]] = field(default_factory=list)
@@ -174,6 +231,114 @@ def _storage_at(ptr: int, nbytes: int, device: "torch.device") -> Any:
 
 def _as_tuple(x: Any) -> tuple[Any, ...]:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a tensor (duck-typed, so that the checks below need no torch)."""
+    return all(hasattr(x, a) for a in ("shape", "dtype", "requires_grad", "detach"))
+
+
+def _check_samples(samples: Sequence[tuple[Any, ...]]) -> None:
+    """Refuses, before any CUDA call, chunk inputs that no graph can take: something other than
+    a tensor (a graph reads its inputs from static tensors), or a tensor that is not on a CUDA
+    device (the static input is made like the sample, and the layers run on the GPU).
+
+    Raises:
+        graphpool.InvalidArgument: ``field="sample_args"``, naming the chunk and the input.
+    """
+    for c, sample in enumerate(samples):
+        for i, a in enumerate(sample):
+            if not _is_tensor(a):
+                raise InvalidArgument(
+                    f"sample_args of chunk {c}: input {i} is a {type(a).__name__}, not a tensor; "
+                    f"graphed layers take tensors only: pass it as a tensor, or make it part of "
+                    f"the layer (an attribute of the module, or functools.partial)",
+                    field="sample_args",
+                )
+            device = getattr(getattr(a, "device", None), "type", None)
+            if device != "cuda":
+                raise InvalidArgument(
+                    f"sample_args of chunk {c}: input {i} is on {getattr(a, 'device', None)}, "
+                    f"not on a CUDA device: pass samples on the GPU the layers run on",
+                    field="sample_args",
+                )
+
+
+def _check_modules(chunks: Sequence[Sequence[Any]]) -> None:
+    """Refuses, before any CUDA call, layers whose graphs could not replay what eager execution
+    does: a layer that is not callable, a module with registered hooks (a graph replays the
+    kernels, not the hooks' Python code), and a ``BatchNorm`` in train mode with
+    ``momentum=None`` (its cumulative average reads the batch count on the host in every
+    forward, which a capture cannot do).
+
+    Raises:
+        UnsupportedLayer: naming the layer and what to change.
+    """
+    for c, ch in enumerate(chunks):
+        for i, mod in enumerate(ch):
+            if not callable(mod):
+                raise UnsupportedLayer(c, i, mod, "is not callable: pass modules or functions")
+            hooks = [
+                name
+                for name in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+                if getattr(mod, name, None)
+            ]
+            if hooks:
+                raise UnsupportedLayer(
+                    c, i, mod,
+                    f"has registered hooks ({', '.join(h.strip('_') for h in hooks)}); a graph "
+                    f"replays the layer's kernels, never the hooks' Python code: remove the hooks "
+                    f"before capture",
+                )
+            named = getattr(mod, "named_modules", None)
+            for sub_name, sub in named() if callable(named) else ():
+                if (
+                    getattr(sub, "training", False)
+                    and getattr(sub, "track_running_stats", False)
+                    and getattr(sub, "running_mean", None) is not None
+                    and hasattr(sub, "momentum")
+                    and sub.momentum is None
+                ):
+                    where = f"its submodule {sub_name!r} ({type(sub).__name__})" if sub_name else "it"
+                    raise UnsupportedLayer(
+                        c, i, mod,
+                        f"{where} has momentum=None: its cumulative "
+                        f"average divides by the batch count on the host in every forward, which "
+                        f"a CUDA graph cannot replay; give it a float momentum (e.g. 0.1), or "
+                        f"capture it in eval mode",
+                    )
+
+
+def _layer_outputs(lay: "_Layer", raw: Any) -> tuple[Any, ...]:
+    """A layer's return value as the tuple of its outputs, checked: every output a tensor, and
+    at least one that requires grad (the replay's backward, which gives the chunk's slot back,
+    runs only through those).
+
+    Raises:
+        UnsupportedLayer: naming the layer and what to change.
+    """
+    outs = _as_tuple(raw)
+    if not outs:
+        raise UnsupportedLayer(
+            lay.chunk, lay.index, lay.module,
+            "returns an empty sequence: return a tensor or a tuple of tensors",
+        )
+    for i, o in enumerate(outs):
+        if not _is_tensor(o):
+            raise UnsupportedLayer(
+                lay.chunk, lay.index, lay.module,
+                f"output {i} is a {type(o).__name__}, not a tensor: a graphed layer returns a "
+                f"tensor or a tuple of tensors (the next layer's positional inputs); return "
+                f"tensors only, and leave other values out",
+            )
+    if not any(o.requires_grad for o in outs):
+        raise UnsupportedLayer(
+            lay.chunk, lay.index, lay.module,
+            "returns no tensor that requires grad, so no backward would ever run through it "
+            "(nor through the layers before it, and a chunk's slot is given back by its first "
+            "layer's backward): merge it into the next layer, or make its inputs require grad",
+        )
+    return outs
 
 
 def _nbytes(t: "torch.Tensor") -> int:
@@ -497,12 +662,23 @@ class _Layer:
         self.static_gin: list[tuple[Any, ...]] = [()] * nslots  # aliases (weak); None = no grad
         self.in_requires_grad: tuple[bool, ...] = ()
         self.out_requires_grad: tuple[bool, ...] = ()
+        #: The layer returned one tensor, not a tuple or list (its callable returns the same).
         self.single_output = True
+        #: Every output is an input or a view of one: the layer's graphs launch nothing.
+        self.launches_nothing = False
+        #: ``module.training`` at capture (None for a callable without it): the graphs replay
+        #: what the layer did in that mode (dropout, batch statistics).
+        self.training: bool | None = _training(module)
         self.grad_bufs: tuple[Any, ...] = ()
         #: A scalar that requires grad, passed to the replay Function so that autograd runs its
         #: backward even when no input requires grad (parameters are not Function inputs: their
         #: gradients are accumulated inside the backward graph).
         self.anchor: Any = None
+
+
+def _training(module: Any) -> bool | None:
+    mode = getattr(module, "training", None)
+    return mode if isinstance(mode, bool) else None
 
 
 class GraphedSchedule:
@@ -512,14 +688,17 @@ class GraphedSchedule:
     chunk after chunk) for a microbatch of its chunk; ``graphed.layer(l)`` lists them over
     microbatches and ``graphed.chunk(c, m)`` gives the layers of chunk ``c`` for microbatch ``m``.
 
-    Each callable takes the layer's inputs positionally and returns its outputs, which are the
-    static buffers of the microbatch's slot: valid until the microbatch's backward is done.
-    A chunk's first layer checks its inputs against the captured sample (their number:
-    ``TypeError``; each one's shape and dtype: ``ValueError``) before it takes the slot.
+    Each callable takes the layer's inputs positionally and returns its outputs (a tensor, or a
+    tuple when the layer returned a tuple or list), which are the static buffers of the
+    microbatch's slot: valid until the microbatch's backward is done. Outputs that did not
+    require grad when captured do not require grad. Every callable checks its inputs against
+    the captured ones (their number: ``TypeError``; each one's shape and dtype: ``ValueError``)
+    before anything runs; a chunk's first layer does so before it takes the slot.
 
     With gradients disabled (``torch.no_grad()``, ``torch.inference_mode()``: evaluation), a
     callable runs its layer eagerly instead, outside the pools, and takes no slot: no backward
-    would ever run to free it.
+    would ever run to free it. With gradients enabled, a module called in another training
+    mode than the one it was captured in raises ``graphpool.FailedPrecondition``.
     """
 
     def __init__(self, schedule: Schedule, layers: list[list[_Layer]], pools: list[Any], stats: CaptureStats):
@@ -759,6 +938,14 @@ class _GraphedCall:
             # e.g. evaluation): run the layer eagerly, as torch.cuda.make_graphed_callables
             # does when the training mode differs from the capture's; no slot is claimed.
             return lay.module(*args)
+        if lay.training is not None and _training(lay.module) != lay.training:
+            mode = "training" if lay.training else "eval"
+            raise FailedPrecondition(
+                f"layer {lay.index} of chunk {lay.chunk} was captured in {mode} mode and is "
+                f"called in the other one with gradients enabled; its graphs replay the "
+                f"captured mode (dropout, batch statistics): switch the module back, evaluate "
+                f"under torch.no_grad() (the layers then run eagerly), or capture again"
+            )
         owners = self.owner._owner[lay.chunk]
         holder = owners[s]
         if lay.first:
@@ -781,20 +968,26 @@ class _GraphedCall:
                 f"layer {lay.index} of chunk {lay.chunk} called for microbatch {self.mb}, but "
                 f"slot {s} holds microbatch {holder}: run layer 0 of the chunk first"
             )
+        else:
+            _check_inputs(lay, s, args)
         out = _replay_fn().apply(self, lay.anchor, *args)
         return out[0] if lay.single_output else out
 
 
 def _check_inputs(lay: _Layer, slot: int, args: tuple[Any, ...]) -> None:
-    """Checks a chunk's inputs against the static inputs its graphs were captured with (the
-    sample's): the graphs replay at those shapes and dtypes, and a copy into the static buffer
-    would broadcast or convert silently instead of failing."""
+    """Checks a layer's inputs against the static inputs its graphs were captured with (for a
+    chunk's first layer the sample's, for the others the previous layer's outputs): the graphs
+    replay at those shapes and dtypes, and a copy into the static buffer would broadcast or
+    convert silently instead of failing."""
     static = lay.static_in[slot]
-    where = f"chunk {lay.chunk} (layer {lay.index})"
+    if lay.first:
+        where, source = f"chunk {lay.chunk} (layer {lay.index})", "the sample_args of the chunk"
+    else:
+        where = f"layer {lay.index} of chunk {lay.chunk}"
+        source = f"the outputs of layer {lay.index - 1}"
     if len(args) != len(static):
         raise TypeError(
-            f"{where} was captured with {len(static)} input(s) (the sample_args of the chunk), "
-            f"got {len(args)}"
+            f"{where} was captured with {len(static)} input(s) ({source}), got {len(args)}"
         )
     for i, (a, st) in enumerate(zip(args, static)):
         shape, dtype = getattr(a, "shape", None), getattr(a, "dtype", None)
@@ -803,7 +996,7 @@ def _check_inputs(lay: _Layer, slot: int, args: tuple[Any, ...]) -> None:
         if shape != st.shape or dtype != st.dtype:
             raise ValueError(
                 f"input {i} of {where}: expected shape {tuple(st.shape)} and dtype {st.dtype} "
-                f"(as captured from sample_args), got shape {tuple(shape)} and dtype {dtype}; the "
+                f"(as captured from {source}), got shape {tuple(shape)} and dtype {dtype}; the "
                 f"graphs replay at the captured shapes: capture again for other shapes"
             )
 
@@ -826,6 +1019,13 @@ def _release_pools(pools: Iterable[Any]) -> list[Exception]:
     return errors
 
 
+def _same_memory(a: Any, b: Any) -> bool:
+    """Whether tensor ``a`` is ``b``'s memory in ``b``'s layout (then there is nothing to copy:
+    the previous layer's static output, or the next layer's static input gradient, as the
+    capture chained them)."""
+    return bool(a.data_ptr() == b.data_ptr() and a.stride() == b.stride())
+
+
 _FN: Any = None
 
 
@@ -843,11 +1043,15 @@ def _replay_fn() -> Any:
         ) -> Any:
             lay, s = call.lay, call.slot
             for src, dst in zip(inputs, lay.static_in[s]):
-                if src.data_ptr() != dst.data_ptr():
+                if not _same_memory(src, dst):
                     dst.copy_(src)
             lay.fwd[s].replay()
             ctx.call = call
-            return tuple(o.detach() for o in lay.static_out[s])
+            outs = tuple(o.detach() for o in lay.static_out[s])
+            # as in eager mode, what did not require grad at capture does not now (without
+            # this every float output would, since the anchor does)
+            ctx.mark_non_differentiable(*(o for o, r in zip(outs, lay.out_requires_grad) if not r))
+            return outs
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override, unused-ignore]
@@ -858,7 +1062,7 @@ def _replay_fn() -> Any:
             ):
                 if g is None:
                     dst.zero_()
-                elif g.data_ptr() != dst.data_ptr():
+                elif not _same_memory(g, dst):
                     dst.copy_(g)
             for p, buf in zip(lay.params, lay.grad_bufs):
                 g = p.grad
@@ -906,12 +1110,16 @@ def make_graphed_callables(
     Args:
         callables: the layers, in forward order: a flat sequence (split evenly into
             ``schedule.virtual_chunks`` chunks), or one sequence per chunk. Layer ``l``'s outputs
-            are layer ``l + 1``'s positional inputs (a tensor or a tuple of tensors).
+            are layer ``l + 1``'s positional inputs (a tensor or a tuple of tensors). The
+            module's documentation lists the kinds of layers supported and refused.
         sample_args: inputs of the first layer of each chunk (a tuple per chunk), or, as with
             ``torch.cuda.make_graphed_callables``, a tuple per layer (only each chunk's first
             is used; later layers' inputs are the earlier layers' static outputs).
-        num_warmup_iters: eager forward+backward iterations per chunk before capture.
-        allow_unused_input: as in torch: parameters or inputs may get no gradient.
+        num_warmup_iters: eager forward+backward iterations per chunk before capture (at
+            least 2). Buffers the forwards update in place are put back afterwards; random ops
+            draw from the CUDA generator.
+        allow_unused_input: as in torch: parameters or inputs that require grad may be used by
+            no output; their gradients stay zero.
         pool: not supported (pools are made per lifetime class); must be ``None``.
         schedule: the pipeline schedule this rank runs.
         budget: most bytes the capture may take (``"40GiB"`` or bytes); checked before capture.
@@ -953,7 +1161,11 @@ def make_graphed_callables(
         graphpool.CapacityExceeded: the capture would not fit (budget, daemon plan, free memory),
             or the daemon refused one of the pools' segments during capture. On any failure
             the graphs captured so far are destroyed and the pools given back.
-        graphpool.InvalidArgument: ``pools`` is not one of its values.
+        graphpool.InvalidArgument: ``pools`` is not one of its values, or a sample is not a
+            tensor on a CUDA device (``field="sample_args"``).
+        UnsupportedLayer: a layer capture cannot graph correctly (an ``InvalidArgument``,
+            ``field="callables"``): see the module's documentation for what is supported. The
+            message names the layer and says what to change.
         graphpool.DaemonUnavailable: ``pools="graphpool"`` and no daemon answers.
 
     Parameter gradients are accumulated inside the backward graphs into ``param.grad`` (allocated
@@ -962,7 +1174,6 @@ def make_graphed_callables(
     """
     import torch
 
-    from .errors import InvalidArgument
     from .units import parse_size
 
     if pools not in POOL_KINDS:
@@ -977,11 +1188,9 @@ def make_graphed_callables(
     v = schedule.virtual_chunks
     chunks = _split_chunks(callables, v)
     samples = _chunk_samples(sample_args, chunks)
-    for mod in (m for c in chunks for m in c):
-        if isinstance(mod, torch.nn.Module) and (
-            mod._backward_hooks or mod._forward_hooks or mod._forward_pre_hooks
-        ):
-            raise ValueError("modules with registered hooks cannot be graphed")
+    # what can be refused without running anything, before any CUDA call
+    _check_samples(samples)
+    _check_modules(chunks)
     device = torch.cuda.current_device()
     stats = CaptureStats(slots_per_chunk=schedule.slots_per_chunk)
     layers = [
@@ -997,19 +1206,28 @@ def make_graphed_callables(
     # 1. warm up each chunk eagerly on the capture stream; profile what each layer keeps
     t0 = time.perf_counter()
     torch.cuda.synchronize()
+    buffers = _snapshot_buffers(layers)  # what the warm-up's forwards change, put back after
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for c, ch in enumerate(layers):
-            # profiled on the last iteration (at least the second: the first on a new stream
-            # also allocates library workspaces that are not the layer's)
-            iters = max(2, num_warmup_iters)
-            for it in range(iters):
-                profile = it == iters - 1
-                profs = _warm_chunk(ch, samples[c], allow_unused_input, profile=profile, device=device)
-                if profile:
-                    stats.profiles.extend(profs)
+        try:
+            for c, ch in enumerate(layers):
+                # profiled on the last iteration (at least the second: the first on a new stream
+                # also allocates library workspaces that are not the layer's)
+                iters = max(2, num_warmup_iters)
+                for it in range(iters):
+                    profile = it == iters - 1
+                    bound = [_layer_buffers(lay) for lay in ch] if profile else []
+                    profs = _warm_chunk(ch, samples[c], allow_unused_input, profile=profile, device=device)
+                    for lay, before in zip(ch, bound):
+                        _check_buffers_kept(lay, before)
+                    if profile:
+                        stats.profiles.extend(profs)
+        finally:
+            _restore_buffers(buffers)
+            stream.synchronize()  # the copies read the snapshot, freed on the way out
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    del buffers
     # the profile's saved-tensor hooks return the tensor itself, so an output saved by its own
     # node is a reference cycle: collect it before giving the warm-up's memory back
     import gc
@@ -1289,7 +1507,7 @@ def _warm_chunk(
         saved: dict[int, int] = {}
         keep: list[Any] = []
         param_ptrs = {p.data_ptr() for p in lay.params}
-        in_ptrs = {t.data_ptr() for t in ins}
+        in_ptrs = {t.untyped_storage().data_ptr() for t in ins}
 
         def pack(t: Any) -> Any:
             if profile:
@@ -1305,7 +1523,7 @@ def _warm_chunk(
             a0 = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = _as_tuple(lay.module(*ins))
+            out = _layer_outputs(lay, lay.module(*ins))
         fws = 0
         if profile:
             torch.cuda.synchronize(device)
@@ -1313,6 +1531,13 @@ def _warm_chunk(
             fws = max(0, torch.cuda.max_memory_allocated(device) - a1)
             del a0
         diff_in = [t for t in ins if t.requires_grad]
+        if not diff_in and not lay.params:
+            raise UnsupportedLayer(
+                lay.chunk, lay.index, lay.module,
+                "its outputs require grad through tensors that are neither its inputs nor its own "
+                "parameters (module.parameters()), which would get no gradient: make the layer a "
+                "torch.nn.Module that owns them",
+            )
         outs = [o for o in out if o.requires_grad]
         gouts = [torch.ones_like(o) for o in outs]
         if profile:
@@ -1325,9 +1550,7 @@ def _warm_chunk(
         # retain_graph: a saved output packed as itself is a cycle through autograd's C++ nodes
         # that only the backward's release of saved tensors breaks (measured: with
         # retain_graph=True, 0.69 GiB of warm-up tensors of the seed stage stayed allocated).
-        grads = torch.autograd.grad(
-            outs, diff_in + list(lay.params), gouts, allow_unused=allow_unused,
-        )
+        grads = _layer_grads(lay, outs, diff_in, gouts, allow_unused)
         bws = 0
         if profile:
             torch.cuda.synchronize(device)
@@ -1337,7 +1560,11 @@ def _warm_chunk(
         keep.clear()
         if profile:
             out_ptrs = {o.untyped_storage().data_ptr() for o in out}
-            kept = [b for p, b in saved.items() if p not in out_ptrs] + [_nbytes(o) for o in out]
+            # an output that is an input or a view of one (a residual or mask passed on) takes
+            # no memory of its own in the slot's pool
+            new_out = {o.untyped_storage().data_ptr(): _nbytes(o) for o in out}
+            kept = [b for p, b in saved.items() if p not in out_ptrs]
+            kept += [b for p, b in new_out.items() if p not in in_ptrs]
             profs.append(
                 LayerProfile(
                     chunk=lay.chunk, layer=lay.index,
@@ -1354,6 +1581,86 @@ def _warm_chunk(
         x = tuple(o.detach().requires_grad_(o.requires_grad) for o in out)
         del out, outs
     return profs
+
+
+def _layer_grads(
+    lay: _Layer, outs: list[Any], diff_in: list[Any], gouts: list[Any], allow_unused: bool
+) -> tuple[Any, ...]:
+    """The warm-up's backward of one layer: the gradients of its inputs that require grad, then
+    of its parameters. Refuses what the backward graphs could not do: an input or parameter no
+    output depends on (unless ``allow_unused``), and sparse gradients (a graph accumulates each
+    parameter's gradient into the dense ``param.grad``)."""
+    import torch
+
+    try:
+        grads = torch.autograd.grad(outs, diff_in + list(lay.params), gouts, allow_unused=allow_unused)
+    except RuntimeError as e:
+        if "not have been used in the graph" not in str(e):
+            raise
+        raise UnsupportedLayer(
+            lay.chunk, lay.index, lay.module,
+            "an input that requires grad, or one of its parameters, is used by none of its "
+            "outputs that require grad: pass allow_unused_input=True (their gradients then stay "
+            "zero), or leave them out of the layer",
+        ) from e
+    if any(g is not None and getattr(g, "is_sparse", False) for g in grads):
+        raise UnsupportedLayer(
+            lay.chunk, lay.index, lay.module,
+            "its backward gives sparse gradients (e.g. nn.Embedding(sparse=True)), which the "
+            "backward graphs cannot accumulate into param.grad: use dense gradients "
+            "(sparse=False)",
+        )
+    return tuple(grads)
+
+
+def _layer_buffers(lay: _Layer) -> list[tuple[str, Any]]:
+    """The buffers of a layer's module by qualified name (none for a plain function)."""
+    named = getattr(lay.module, "named_buffers", None)
+    return list(named()) if callable(named) else []
+
+
+def _snapshot_buffers(layers: list[list[_Layer]]) -> list[tuple[Any, Any]]:
+    """``(buffer, copy of its value)`` of every buffer of the layers, each tensor once: what
+    :func:`_restore_buffers` puts back after the warm-up."""
+    import torch
+
+    seen: set[int] = set()
+    out = []
+    with torch.no_grad():
+        for ch in layers:
+            for lay in ch:
+                for _, t in _layer_buffers(lay):
+                    if id(t) not in seen:
+                        seen.add(id(t))
+                        out.append((t, t.clone()))
+    return out
+
+
+def _restore_buffers(snapshot: list[tuple[Any, Any]]) -> None:
+    """Undoes what the warm-up's forwards did to buffers updated in place (``BatchNorm``'s
+    running statistics and batch count), so that capture leaves them as it found them and
+    the replays update them as eager execution would."""
+    import torch
+
+    with torch.no_grad():
+        for t, value in snapshot:
+            t.copy_(value)
+
+
+def _check_buffers_kept(lay: _Layer, before: list[tuple[str, Any]]) -> None:
+    """Refuses a layer whose forward binds a new tensor to a buffer (``self.buf = ...``) rather
+    than updating it in place: the graph writes the tensor it was captured with, and the module
+    would not see what a replay computed (checked over one warm-up forward, so that a cache
+    built once by the first forward is fine)."""
+    now = dict(_layer_buffers(lay))
+    for name, t in before:
+        if now.get(name) is not t:
+            raise UnsupportedLayer(
+                lay.chunk, lay.index, lay.module,
+                f"its forward assigns a new tensor to the buffer {name!r} instead of updating it "
+                f"in place; a graph writes the tensor it was captured with, so the module would "
+                f"never see the replays' values: update the buffer in place (copy_, add_, mul_)",
+            )
 
 
 def _predict(schedule: Schedule, profiles: Sequence[LayerProfile]) -> int:
@@ -1421,6 +1728,10 @@ def _give_arena(pool: Any, nbytes: int, stream: Any, device: int) -> None:
 def _capture_forward(
     lay: _Layer, s: int, x: tuple[Any, ...] | None, sample: tuple[Any, ...], pool_id: Any, stream: Any
 ) -> tuple[Any, ...]:
+    """Captures the forward graph of (layer, slot) ``s`` on its input ``x`` (the previous
+    layer's static outputs; for a chunk's first layer a new static input like ``sample``).
+    Returns the layer's outputs, detached, as the next layer's static inputs: the same
+    memory, so that nothing is copied between the layers of a chunk."""
     import torch
 
     g = torch.cuda.CUDAGraph()
@@ -1429,13 +1740,22 @@ def _capture_forward(
         if x is None:  # the chunk's input: a static buffer in the slot's pool
             x = tuple(torch.empty_like(a).requires_grad_(a.requires_grad) for a in sample)
         with torch.enable_grad():
-            out = _as_tuple(lay.module(*x))
-    finally:
-        g.capture_end()
+            raw = lay.module(*x)
+    except BaseException as e:
+        _abandon_capture(g, pool_id)
+        refusal = _capture_refusal(lay, "forward", e)
+        if refusal is None:
+            raise
+        raise refusal from e
+    out = _as_tuple(raw)
+    # a layer that only returns its inputs or views of them launches no kernel
+    in_storage = {t.untyped_storage().data_ptr() for t in x}
+    lay.launches_nothing = all(o.untyped_storage().data_ptr() in in_storage for o in out)
+    _end_capture(g, empty=lay.launches_nothing)
     lay.fwd[s] = g
     lay.static_in[s] = x
     lay.static_out[s] = out
-    lay.single_output = not isinstance(out, tuple) or len(out) == 1
+    lay.single_output = not isinstance(raw, (tuple, list))
     lay.in_requires_grad = tuple(t.requires_grad for t in x)
     lay.out_requires_grad = tuple(o.requires_grad for o in out)
     return tuple(o.detach().requires_grad_(o.requires_grad) for o in out)
@@ -1444,32 +1764,148 @@ def _capture_forward(
 def _capture_backward(
     lay: _Layer, s: int, gout: tuple[Any, ...] | None, pool_id: Any, stream: Any, allow_unused: bool
 ) -> tuple[Any, ...]:
+    """Captures the backward graph of (layer, slot) ``s``.
+
+    ``gout`` holds the gradient of each of the layer's outputs as the next layer's backward
+    graph leaves it (its input gradients, aligned with this layer's outputs), ``None`` where
+    it leaves none (an output that does not require grad, or one the next layer does not use),
+    or is ``None`` for a chunk's last layer. An output gradient no graph writes gets a static
+    buffer of the backward pool, which the replay fills with what autograd passes.
+
+    Returns the layer's input gradients aligned with its inputs (``None`` where an input does
+    not require grad or is not used), the ``gout`` of the previous layer.
+    """
     import torch
 
-    outs = [o for o in lay.static_out[s] if o.requires_grad]
+    static_out = lay.static_out[s]
+    want = [i for i, o in enumerate(static_out) if o.requires_grad]
+    outs = [static_out[i] for i in want]
+    given = gout if gout is not None else (None,) * len(static_out)
     ins = lay.static_in[s]
     diff_in = [t for t in ins if t.requires_grad]
     g = torch.cuda.CUDAGraph()
     g.capture_begin(pool=pool_id)
     try:
-        if gout is None:  # the last layer's output gradient: a static buffer in the pool
-            gout = tuple(torch.empty_like(o) for o in outs)
+        # the output gradients the graph reads: the next layer's input gradients, else static
+        # buffers of this pool (the chunk's last layer, or outputs the next layer does not use)
+        bufs = tuple(given[i] if given[i] is not None else torch.empty_like(static_out[i]) for i in want)
         grads = torch.autograd.grad(
-            outs, diff_in + list(lay.params), list(gout), allow_unused=allow_unused
+            outs, diff_in + list(lay.params), list(bufs), allow_unused=allow_unused
         )
         gin = grads[: len(diff_in)]
         pg = [(b, gr) for b, gr in zip(lay.grad_bufs, grads[len(diff_in):]) if gr is not None]
         if pg:
             torch._foreach_add_([b for b, _ in pg], [gr for _, gr in pg])
         del grads, pg
-    finally:
-        g.capture_end()
+    except BaseException as e:
+        _abandon_capture(g, pool_id)
+        refusal = _capture_refusal(lay, "backward", e)
+        if refusal is None:
+            raise
+        raise refusal from e
+    _end_capture(g, empty=lay.launches_nothing and not lay.params)
     lay.bwd[s] = g
     # weak aliases: the blocks go back to the backward pool once the next graph has read them
-    lay.static_gout[s] = tuple(_alias(t) for t in gout)
+    lay.static_gout[s] = tuple(_alias(t) for t in bufs)
     it = iter(gin)
     full = tuple(next(it) if r else None for r in lay.in_requires_grad)
     lay.static_gin[s] = tuple(None if t is None else _alias(t) for t in full)
     # the forward outputs' autograd graph (and its saved tensors) was freed by autograd.grad
-    lay.static_out[s] = tuple(o.detach() for o in lay.static_out[s])
-    return tuple(t for t in full if t is not None)
+    lay.static_out[s] = tuple(o.detach() for o in static_out)
+    return full
+
+
+def _end_capture(g: Any, empty: bool) -> None:
+    """Ends a capture. With ``empty`` (a layer that returns its inputs or views of them, whose
+    graphs rightly launch nothing), torch's warning that an empty capture usually means the
+    wrong device or stream is not shown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        if empty:
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        g.capture_end()
+
+
+def _abandon_capture(g: Any, pool_id: Any) -> None:
+    """Ends a capture whose body failed; the body's error is the one that matters.
+
+    Ending a capture that a forbidden call invalidated fails too, and it fails before torch
+    stops sending the capture stream's allocations to ``pool_id``: that is stopped here, or
+    torch's allocator would count the capture as still underway for the rest of the process
+    (every later ``torch.cuda.empty_cache()`` failing its assertion that none is, a pool's
+    destruction among them, and the pool refused to later captures). The reference the
+    capture took on the pool, which only a capture that ended gives back, is given back too.
+    Last, the device's random number generator is taken out of capture mode (see
+    :func:`_end_generator_capture`).
+    """
+    import torch
+
+    try:
+        g.capture_end()
+    except Exception:  # noqa: BLE001 - the body's error is raised
+        end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+        release = getattr(torch._C, "_cuda_releasePool", None)
+        if end is not None and release is not None:
+            device = torch.cuda.current_device()
+            try:
+                end(device, pool_id)
+            except Exception:  # noqa: BLE001 - capture_end got past it: releasing the pool here
+                pass  # could release it twice, once more when the graph is destroyed
+            else:
+                with contextlib.suppress(Exception):
+                    release(device, pool_id)
+        _end_generator_capture()
+
+
+def _end_generator_capture() -> None:
+    """Takes the current device's CUDA random number generator out of capture mode.
+
+    A capture that fails to end leaves the generator's state marked as capturing (only a
+    capture that ends clears the mark), and every later random op outside a capture, eager
+    dropout or ``torch.randn`` included, then fails with "Offset increment outside graph
+    capture encountered unexpectedly". An empty capture that ends clears it; the generator's
+    seed and offset are untouched (an empty graph draws no numbers).
+    """
+    import warnings
+
+    import torch
+
+    with contextlib.suppress(Exception), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        with torch.cuda.stream(torch.cuda.Stream()):
+            g = torch.cuda.CUDAGraph()
+            g.capture_begin()
+            g.capture_end()
+        del g
+
+
+#: What CUDA and torch say when a capture meets work it cannot record: a synchronization with
+#: the host (cudaErrorStreamCaptureUnsupported), a call torch refuses during capture, a wait
+#: on the legacy stream or on uncaptured work. Not the invalidated capture that follows any
+#: failure (a refused segment too), which would be misnamed here.
+_HOST_WORK_IN_CAPTURE = (
+    "not permitted when stream is capturing",
+    "graph capture",
+    "depend on a capturing blocking stream",
+    "uncaptured work",
+)
+
+
+def _capture_refusal(lay: _Layer, kind: str, e: BaseException) -> UnsupportedLayer | None:
+    """An :class:`UnsupportedLayer` for a layer whose capture failed because it does work a
+    CUDA graph cannot replay (host synchronization, data-dependent shapes), or None for any
+    other failure (out of memory, a refused segment, an error of the layer itself), which is
+    raised as it is."""
+    if not isinstance(e, RuntimeError) or "out of memory" in str(e).lower():
+        return None
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if not any(p in text.lower() for p in _HOST_WORK_IN_CAPTURE):
+        return None
+    return UnsupportedLayer(
+        lay.chunk, lay.index, lay.module,
+        f"its {kind} cannot be captured in a CUDA graph ({text}); a graph replays kernels "
+        f"only, so the layer must not synchronize with the host: no .item(), .cpu(), .tolist() "
+        f"or Python branching on tensor values, no ops whose output shape depends on values "
+        f"(nonzero, boolean-mask indexing, unique); move that work out of the graphed layers",
+    )

@@ -11,18 +11,21 @@ Pool kinds: ``torch`` (``torch.cuda.MemPool`` with default segments and an arena
 ``torch-xs`` (the same with expandable segments, the default for torch pools) and ``graphpool`` (pools backed by a graphpoold: needs ``$GRAPHPOOL_SOCKET`` naming
 a running daemon with the cuda backend and ``$GRAPHPOOL_SHIM``; skipped otherwise).
 ``$GRAPHPOOL_POISON_OUT`` names a JSON-lines file that gets one record per case.
+``replay_check.py`` has what this and the other capture tests share.
 
 Skipped without torch or CUDA.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import subprocess
 import sys
 from typing import Any
+
+try:
+    from . import replay_check as rc  # collected by pytest
+except ImportError:  # run as the child's program: this directory is on the path
+    import replay_check as rc  # type: ignore[no-redef]
 
 HID, HEADS, FFN, SEQ = 256, 4, 1024, 256
 FLOOR = 1e-3
@@ -101,26 +104,7 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
                     in_grads.append(x.grad)
         return in_grads
 
-    def rel(a: Any, b: Any) -> float:
-        d = torch.linalg.vector_norm((a.float() - b.float())).item()
-        n = torch.linalg.vector_norm(b.float()).item()
-        return d / n if n else (0.0 if d == 0 else math.inf)
-
-    def capture_kw(kind: str) -> dict[str, Any]:
-        if kind == "torch":
-            return {"pools": "torch", "expandable_segments": False}
-        if kind == "torch-xs":
-            return {"pools": "torch", "expandable_segments": True}
-        return {"pools": "graphpool"}
-
-    def granted() -> int | None:
-        try:
-            from graphpool import _shim
-
-            st = _shim.stats(torch.cuda.current_device())
-            return st[0] if st else 0
-        except Exception:  # noqa: BLE001 - no shim: torch pools
-            return None
+    rel, capture_kw, granted = rc.rel, rc.capture_kw, rc.granted
 
     def poisoned_replay(kind: str, case: str, dtype: Any) -> dict[str, Any]:
         ctor, args, sizes = CASES[case]
@@ -184,7 +168,6 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
         return rec
 
     kind, case = argv[0], argv[1]
-    out = os.environ.get("GRAPHPOOL_POISON_OUT")
     ok = True
     for dtype in (torch.float32, torch.bfloat16):
         rec: dict[str, Any] = {"kind": kind, "case": case, "dtype": str(dtype).replace("torch.", "")}
@@ -197,20 +180,16 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
             rec.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-1500:])
             ok = False
         torch.cuda.synchronize()
-        line = json.dumps(rec)
-        print("RESULT " + line, flush=True)
-        if out:
-            with open(out, "a") as f:
-                f.write(line + "\n")
+        rc.report(rec)
     return 0 if ok else 1
 
 
 if __name__ == "__main__":  # pragma: no cover
     sys.stdout.flush()
-    rc = _child_main(sys.argv[1:])
+    code = _child_main(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(rc)  # no interpreter shutdown: nothing left to the garbage collector's order
+    os._exit(code)  # no interpreter shutdown: nothing left to the garbage collector's order
 
 
 # ------------------------------------------------------------------------------- the tests
@@ -222,28 +201,14 @@ if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 
-def _daemon_ready() -> bool:
-    sock = os.environ.get("GRAPHPOOL_SOCKET", "")
-    shim = os.environ.get("GRAPHPOOL_SHIM", "")
-    return bool(sock) and os.path.exists(sock) and bool(shim) and os.path.exists(shim)
-
-
-def _child(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
-    env["PYTHONPATH"] = os.path.abspath(src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_poisoned_replay_matches_eager(kind: str, case: str) -> None:
-    if kind == "graphpool" and not _daemon_ready():
-        pytest.skip("needs $GRAPHPOOL_SOCKET (a cuda-backend graphpoold) and $GRAPHPOOL_SHIM")
-    r = _child(kind, case)
-    results = [json.loads(l[7:]) for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-    detail = f"rc {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    if kind == "graphpool" and not rc.daemon_ready():
+        pytest.skip(rc.GRAPHPOOL_SKIP)
+    r = rc.run_child(__file__, kind, case)
+    results = rc.results(r)
+    detail = rc.detail(r)
     assert r.returncode == 0, detail
     assert len(results) == 2 and all(x["ok"] for x in results), detail
 
