@@ -228,11 +228,7 @@ async fn sigkilled_client_is_reclaimed_within_a_second() {
 #[test]
 fn child_outside_allow_list() {
     let Ok(socket) = std::env::var("GP_NOBODY_SOCKET") else { return };
-    // SAFETY: changing credentials of this single-threaded-at-this-point child process.
-    unsafe {
-        assert_eq!(libc::setgid(65534), 0);
-        assert_eq!(libc::setuid(65534), 0);
-    }
+    become_nobody();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut c = graphpool::client::connect(std::path::Path::new(&socket)).await.unwrap();

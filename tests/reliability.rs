@@ -327,11 +327,7 @@ async fn sigkilled_ranks_leave_exactly_the_survivors_grants() {
 fn child_foreign() {
     let Ok(socket) = std::env::var("GP_FOREIGN_SOCKET") else { return };
     if std::env::var("GP_FOREIGN_SETUID").is_ok() {
-        // SAFETY: changing credentials before any thread is started.
-        unsafe {
-            assert_eq!(libc::setgid(65534), 0);
-            assert_eq!(libc::setuid(65534), 0);
-        }
+        become_nobody();
     }
     let fd_socket = child_arg::<String>("GP_FOREIGN_FD_SOCKET");
     let session: u64 = child_arg("GP_FOREIGN_SESSION");
@@ -542,11 +538,7 @@ async fn each_grant_and_refusal_leaves_one_structured_log_line() {
 #[test]
 fn child_other_uid_attaches() {
     let Ok(socket) = std::env::var("GP_GUARD_SOCKET") else { return };
-    // SAFETY: changing credentials before any thread is started.
-    unsafe {
-        assert_eq!(libc::setgid(65534), 0);
-        assert_eq!(libc::setuid(65534), 0);
-    }
+    become_nobody();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut c = connect(Path::new(&socket)).await.unwrap();
@@ -614,11 +606,7 @@ async fn sessions_per_uid_and_grants_per_session_are_bounded() {
 #[test]
 fn child_other_uid_connects() {
     let Ok(socket) = std::env::var("GP_CONN_CAP_SOCKET") else { return };
-    // SAFETY: changing credentials before any thread is started.
-    unsafe {
-        assert_eq!(libc::setgid(65534), 0);
-        assert_eq!(libc::setuid(65534), 0);
-    }
+    become_nobody();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut c = connect(Path::new(&socket)).await.unwrap();

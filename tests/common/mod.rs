@@ -221,6 +221,16 @@ pub fn inheritable(fd: &OwnedFd) {
     unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
 }
 
+/// Makes this process uid and gid 65534 (nobody), for a child test that must be another user.
+/// Call it before the process starts any thread: credentials change per thread.
+pub fn become_nobody() {
+    // SAFETY: plain system calls; the caller has started no thread yet.
+    unsafe {
+        assert_eq!(libc::setgid(65534), 0, "setgid(65534): run the tests as root");
+        assert_eq!(libc::setuid(65534), 0, "setuid(65534): run the tests as root");
+    }
+}
+
 /// Re-runs this test binary, running only `test_name`, with `env` set: the way a test gets a
 /// second real process that runs test code.
 pub fn child_test(test_name: &str, env: &[(&str, String)]) -> Command {

@@ -14,7 +14,7 @@ import math
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable
 
 #: The prefix of a child's result lines.
 RESULT = "RESULT "
@@ -50,6 +50,23 @@ def results(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
 def detail(proc: subprocess.CompletedProcess[str]) -> str:
     """The end of a child's output, for a failed test's message."""
     return f"rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def failed(rec: dict[str, Any], e: BaseException, trace_chars: int = 2000) -> None:
+    """Marks ``rec`` failed with ``e``: its type and message, and the end of its traceback."""
+    import traceback
+
+    rec.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-trace_chars:])
+
+
+def child_entry(main: Callable[[list[str]], int]) -> None:
+    """Runs a child's ``main`` on the command line's arguments and exits with its code, without
+    the interpreter's shutdown: nothing is left to the garbage collector's order."""
+    sys.stdout.flush()
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def report(rec: dict[str, Any]) -> None:

@@ -43,8 +43,6 @@ or CUDA.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -659,9 +657,7 @@ def _refusals(kind: str) -> list[dict[str, Any]]:  # pragma: no cover
                 gs.close()
                 rec.update(ok=False, error=f"captured; expected {exc.__name__}")
         except BaseException as e:  # noqa: BLE001 - reported to the parent
-            import traceback
-
-            rec.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-1500:])
+            rc.failed(rec, e)
         records.append(rec)
         rc.report(rec)
     # a refused capture leaves torch's allocator and the process fit for the next capture
@@ -684,9 +680,7 @@ def _refusals(kind: str) -> list[dict[str, Any]]:  # pragma: no cover
             gs.close()
         torch.cuda.empty_cache()
     except BaseException as e:  # noqa: BLE001 - reported to the parent
-        import traceback
-
-        rec.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-1500:])
+        rc.failed(rec, e)
     records.append(rec)
     rc.report(rec)
     return records
@@ -708,9 +702,7 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
                 rec["error"] = f"{rec['bad_count']} differences from eager"
                 ok = False
         except BaseException as e:  # noqa: BLE001 - reported to the parent
-            import traceback
-
-            rec.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-2000:])
+            rc.failed(rec, e)
             ok = False
         torch.cuda.synchronize()
         rc.report(rec)
@@ -718,11 +710,7 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.stdout.flush()
-    code = _child_main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter shutdown: nothing left to the garbage collector's order
+    rc.child_entry(_child_main)
 
 
 # ------------------------------------------------------------------------------- the tests

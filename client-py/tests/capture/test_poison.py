@@ -18,8 +18,6 @@ Skipped without torch or CUDA.
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 try:
@@ -175,9 +173,7 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
             rec.update(poisoned_replay(kind, case, dtype))
             rec["ok"] = True
         except BaseException as e:  # noqa: BLE001 - reported to the parent
-            import traceback
-
-            rec.update(ok=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-1500:])
+            rc.failed(rec, e)
             ok = False
         torch.cuda.synchronize()
         rc.report(rec)
@@ -185,11 +181,7 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.stdout.flush()
-    code = _child_main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter shutdown: nothing left to the garbage collector's order
+    rc.child_entry(_child_main)
 
 
 # ------------------------------------------------------------------------------- the tests
