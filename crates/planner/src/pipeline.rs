@@ -49,8 +49,14 @@ pub enum DType {
     F16,
     /// bfloat16.
     BF16,
-    /// 8-bit float (e4m3 or e5m2).
+    /// 8-bit float (e4m3, e5m2 and their `fnuz` forms, e8m0) or two packed 4-bit floats.
     F8,
+    /// 32-bit complex (two f16).
+    C32,
+    /// 64-bit complex (two f32).
+    C64,
+    /// 128-bit complex (two f64).
+    C128,
     /// 64-bit integer.
     I64,
     /// 32-bit integer.
@@ -59,6 +65,12 @@ pub enum DType {
     I16,
     /// 8-bit integer.
     I8,
+    /// 64-bit unsigned integer.
+    U64,
+    /// 32-bit unsigned integer.
+    U32,
+    /// 16-bit unsigned integer.
+    U16,
     /// 8-bit unsigned integer.
     U8,
     /// Boolean (one byte).
@@ -67,8 +79,9 @@ pub enum DType {
 
 impl DType {
     /// Names accepted by [`DType::parse`].
-    pub const NAMES: &'static str = "f64, f32, f16, bf16, f8e4m3, f8e5m2, i64, i32, i16, i8, u8, bool \
-        (torch names such as float32, bfloat16, torch.float16, long, int also work)";
+    pub const NAMES: &'static str = "f64, f32, f16, bf16, f8e4m3, f8e5m2, c32, c64, c128, i64, i32, i16, \
+        i8, u64, u32, u16, u8, bool (torch names such as float32, bfloat16, torch.float16, \
+        float8_e4m3fnuz, complex64, long, int, uint32 also work)";
 
     /// Parses `bf16`, `torch.bfloat16`, `float32`, `half`, `long`, ...
     pub fn parse(name: &str) -> Option<DType> {
@@ -79,11 +92,18 @@ impl DType {
             "f32" | "float32" | "float" | "fp32" => DType::F32,
             "f16" | "float16" | "half" | "fp16" => DType::F16,
             "bf16" | "bfloat16" => DType::BF16,
-            "f8e4m3" | "f8e5m2" | "float8_e4m3fn" | "float8_e5m2" | "fp8" => DType::F8,
+            "f8e4m3" | "f8e5m2" | "float8_e4m3fn" | "float8_e5m2" | "float8_e4m3fnuz" | "float8_e5m2fnuz"
+            | "float8_e8m0fnu" | "float4_e2m1fn_x2" | "fp8" => DType::F8,
+            "c32" | "complex32" | "chalf" => DType::C32,
+            "c64" | "complex64" | "cfloat" => DType::C64,
+            "c128" | "complex128" | "cdouble" => DType::C128,
             "i64" | "int64" | "long" => DType::I64,
             "i32" | "int32" | "int" => DType::I32,
             "i16" | "int16" | "short" => DType::I16,
             "i8" | "int8" => DType::I8,
+            "u64" | "uint64" => DType::U64,
+            "u32" | "uint32" => DType::U32,
+            "u16" | "uint16" => DType::U16,
             "u8" | "uint8" => DType::U8,
             "bool" => DType::Bool,
             _ => return None,
@@ -93,16 +113,27 @@ impl DType {
     /// Bytes per element.
     pub fn bytes(self) -> u64 {
         match self {
-            DType::F64 | DType::I64 => 8,
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 | DType::I16 => 2,
+            DType::C128 => 16,
+            DType::F64 | DType::C64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::C32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::F8 | DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
 
-    /// Floating types get gradients; integer and boolean ones do not.
+    /// Floating and complex types get gradients; integer and boolean ones do not.
     pub fn is_floating(self) -> bool {
-        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16 | DType::F8)
+        matches!(
+            self,
+            DType::F64
+                | DType::F32
+                | DType::F16
+                | DType::BF16
+                | DType::F8
+                | DType::C32
+                | DType::C64
+                | DType::C128
+        )
     }
 }
 
@@ -1039,6 +1070,43 @@ mod tests {
 
     fn named(name: &str, start: u64, end: u64, size: u64, group: &str) -> NamedBuffer {
         NamedBuffer { name: name.into(), start, end, size, alias_group: group.into() }
+    }
+
+    /// Every torch dtype of a fixed element size parses under the name `str(dtype)` gives,
+    /// with torch's `element_size()`; floating and complex ones get gradients.
+    #[test]
+    fn torch_dtype_names_parse_with_their_element_size() {
+        let torch = [
+            ("torch.float64", 8, true),
+            ("torch.float32", 4, true),
+            ("torch.float16", 2, true),
+            ("torch.bfloat16", 2, true),
+            ("torch.float8_e4m3fn", 1, true),
+            ("torch.float8_e5m2", 1, true),
+            ("torch.float8_e4m3fnuz", 1, true),
+            ("torch.float8_e5m2fnuz", 1, true),
+            ("torch.float8_e8m0fnu", 1, true),
+            ("torch.float4_e2m1fn_x2", 1, true),
+            ("torch.complex32", 4, true),
+            ("torch.complex64", 8, true),
+            ("torch.complex128", 16, true),
+            ("torch.int64", 8, false),
+            ("torch.int32", 4, false),
+            ("torch.int16", 2, false),
+            ("torch.int8", 1, false),
+            ("torch.uint64", 8, false),
+            ("torch.uint32", 4, false),
+            ("torch.uint16", 2, false),
+            ("torch.uint8", 1, false),
+            ("torch.bool", 1, false),
+        ];
+        for (name, bytes, floating) in torch {
+            let d = DType::parse(name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!((d.bytes(), d.is_floating()), (bytes, floating), "{name}");
+            let short = name.strip_prefix("torch.").unwrap();
+            assert_eq!(DType::parse(short), Some(d), "{short}");
+        }
+        assert_eq!(DType::parse("qint8"), None);
     }
 
     #[test]
