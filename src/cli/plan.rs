@@ -69,7 +69,8 @@ pub struct PlanArgs {
     /// [start, end).
     #[arg(long, value_name = "FILE.csv", conflicts_with = "schedule", required_unless_present = "schedule")]
     pub buffers: Option<PathBuf>,
-    /// A pipeline schedule with per-layer tensor specs, as TOML or JSON (by extension).
+    /// A pipeline schedule with per-layer tensor specs, as TOML or JSON (by the extension
+    /// `.toml` or `.json`, else whichever parses).
     #[arg(long, value_name = "FILE")]
     pub schedule: Option<PathBuf>,
     /// Print the plan as JSON, with every buffer's offset.

@@ -120,7 +120,9 @@ class FailedPrecondition(GraphpoolError):
 
 
 class DaemonUnavailable(GraphpoolError, ConnectionError):
-    """graphpoold cannot be reached: the socket is missing or nobody listens on it.
+    """graphpoold cannot be reached: the socket is missing, nobody listens on it, the daemon
+    closed the connection (its log says why, e.g. the uid already holds as many connections as
+    it may), or it did not answer within the client's timeout.
 
     Attributes:
         socket_path: the socket path that was tried.

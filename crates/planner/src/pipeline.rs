@@ -14,10 +14,11 @@
 //!   byte size, that input *is* this buffer (layer `l`'s output aliases layer `l + 1`'s
 //!   input), so it lives through layer `l + 1`'s forward, or through its backward when that
 //!   input is kept for backward.
-//! - `doutJ` of layer `l`: the gradient of output `J` (floating dtypes only), the static
-//!   input of the backward graph; for `l` below the last layer it is also the gradient
+//! - `doutJ` of layer `l`: the gradient of output `J` (floating and complex dtypes only), the
+//!   static input of the backward graph; for `l` below the last layer it is also the gradient
 //!   layer `l + 1`'s backward writes for its input `J` (live from that backward to this one).
-//! - `dinJ` of layer 0 (or of an input not chained): the gradient sent to the previous stage.
+//! - `dinJ` of layer 0 (or of an input not chained): the gradient sent to the previous stage
+//!   (floating and complex dtypes only).
 //! - `saved`: `saved_bytes` kept from the forward to the backward of the layer.
 //! - `fws` / `bws`: workspace of the forward / backward graph, live during its launch.
 //!
