@@ -333,11 +333,44 @@ def test_layers_that_cannot_replay_as_eager_are_refused_before_capture() -> None
         ([[_Module(), _Module(_subs=[("block.norm", _batchnorm(None))])]], 0, 1,
          "its submodule 'block.norm' \\(_Module\\) has momentum=None"),
         ([[_Module(), object()]], 0, 1, "not callable"),
+        ([[_Module(_subs=[("mlp.act", _Module(_forward_hooks={0: print}))])]], 0, 0,
+         "its submodule 'mlp.act' \\(_Module\\) has registered hooks \\(forward_hooks\\)"),
     ]
     for chunks, chunk, layer, words in cases:
         with pytest.raises(UnsupportedLayer, match=f"layer {layer} of chunk {chunk} .*{words}") as info:
             _check_modules(chunks)
         assert (info.value.chunk, info.value.layer) == (chunk, layer)
+
+
+def test_a_flat_tuple_of_tensors_is_the_first_layers_inputs() -> None:
+    """For one chunk, ``(x, mask)`` is the first layer's two inputs even when the chunk has two
+    layers (not a sample per layer); tuples per layer and per chunk keep their meaning."""
+    from graphpool.capture import _chunk_samples
+
+    x, mask, y = _T(), _T((2,), requires_grad=False), _T()
+    assert _chunk_samples((x, mask), [["l0", "l1"]]) == [(x, mask)]
+    assert _chunk_samples([(x, mask), (y,)], [["l0", "l1"]]) == [(x, mask)]
+    assert _chunk_samples([(x,), (y,)], [["l0"], ["l1"]]) == [(x,), (y,)]
+    assert _chunk_samples([(x,), (mask,), (y,), (y,)], [["a", "b"], ["c", "d"]]) == [(x,), (y,)]
+    with pytest.raises(ValueError, match="one tuple per layer \\(4\\) or per chunk \\(2\\)"):
+        _chunk_samples([(x,), (y,), (y,)], [["a", "b"], ["c", "d"]])
+
+
+def test_a_layer_whose_submodule_changed_mode_is_refused() -> None:
+    """A call with gradients enabled checks the training mode of the layer's module and of
+    every submodule against the capture's, and names a submodule that changed alone."""
+    from graphpool.capture import _Layer, _mode_changed
+
+    inner = _Module()
+    outer = _Module(_subs=[("drop", inner)])
+    outer.modules = lambda: [outer, inner]
+    lay = _Layer(0, 0, outer, 1, True, True)
+    assert _mode_changed(lay) is None
+    inner.training = False
+    assert _mode_changed(lay) is inner
+    inner.training = True
+    outer.training = False
+    assert _mode_changed(lay) is outer
 
 
 def test_layer_outputs_must_be_tensors_one_of_which_requires_grad() -> None:

@@ -50,16 +50,19 @@ naming the layer and what to change, before any graph is used):
   capture leaves the buffers as it found them. A buffer the forward replaces (``self.buf =
   ...``) instead of updating in place, and a ``BatchNorm`` with ``momentum=None`` (which reads
   its batch count on the host), are refused;
-* the training mode a layer was captured in: calling it in the other mode with gradients
-  enabled raises :class:`~graphpool.errors.FailedPrecondition` (under ``torch.no_grad()`` the
-  layer runs eagerly, in whatever mode it is in).
+* the training mode a layer and each of its submodules were captured in: calling it with any
+  of them in the other mode and gradients enabled raises
+  :class:`~graphpool.errors.FailedPrecondition` (under ``torch.no_grad()`` the layer runs
+  eagerly, in whatever mode it is in).
 
 Not supported: host synchronization in a forward or backward (``.item()``, ``.cpu()``,
 data-dependent shapes such as ``nonzero()``, Python control flow on tensor values; refused when
 the capture fails with it), keyword or non-tensor inputs, outputs that are not tensors (``None``,
-dicts), registered module hooks, sparse gradients, and a callable that is not a
-``torch.nn.Module`` but uses the parameters of one (only a module's own parameters get
-gradients).
+dicts), hooks registered on a layer's module or its submodules, sparse gradients, and a
+layer whose outputs depend on a tensor that requires grad and is neither its input nor its own
+parameter (a function using a module's parameters, a weight shared with a module the layer
+does not hold: only a layer's own parameters get gradients). Hooks registered for every
+module are logged as a warning: the replays run none of them.
 
 Nothing here touches CUDA at import time, and torch is imported only when a function runs.
 """
@@ -264,34 +267,59 @@ def _check_samples(samples: Sequence[tuple[Any, ...]]) -> None:
                 )
 
 
+#: A module's hook tables: a graph replays none of them.
+_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _global_hooks() -> list[str]:
+    """The kinds of module hooks registered for every module (``register_module_forward_hook``
+    and its kin)."""
+    try:
+        from torch.nn.modules import module as torch_module
+    except ImportError:
+        return []
+    return [
+        name.strip("_")
+        for name in (
+            "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+            "_global_backward_hooks",
+        )
+        if getattr(torch_module, name, None)
+    ]
+
+
 def _check_modules(chunks: Sequence[Sequence[Any]]) -> None:
     """Refuses, before any CUDA call, layers whose graphs could not replay what eager execution
-    does: a layer that is not callable, a module with registered hooks (a graph replays the
-    kernels, not the hooks' Python code), and a ``BatchNorm`` in train mode with
+    does: a layer that is not callable, a module or submodule with registered hooks (a graph
+    replays the kernels, not the hooks' Python code), and a ``BatchNorm`` in train mode with
     ``momentum=None`` (its cumulative average reads the batch count on the host in every
-    forward, which a capture cannot do).
+    forward, which a capture cannot do). Hooks registered for every module are logged as a
+    warning: the replays skip them too, but they are often a profiler's or a debugger's.
 
     Raises:
         UnsupportedLayer: naming the layer and what to change.
     """
+    hooks = _global_hooks()
+    if hooks:
+        log.warning(
+            "module hooks are registered for every module (%s): the graphs' replays will not run "
+            "them", ", ".join(hooks),
+        )
     for c, ch in enumerate(chunks):
         for i, mod in enumerate(ch):
             if not callable(mod):
                 raise UnsupportedLayer(c, i, mod, "is not callable: pass modules or functions")
-            hooks = [
-                name
-                for name in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-                if getattr(mod, name, None)
-            ]
-            if hooks:
-                raise UnsupportedLayer(
-                    c, i, mod,
-                    f"has registered hooks ({', '.join(h.strip('_') for h in hooks)}); a graph "
-                    f"replays the layer's kernels, never the hooks' Python code: remove the hooks "
-                    f"before capture",
-                )
             named = getattr(mod, "named_modules", None)
             for sub_name, sub in named() if callable(named) else ():
+                where = f"its submodule {sub_name!r} ({type(sub).__name__})" if sub_name else "it"
+                hooks = [h.strip("_") for h in _HOOKS if getattr(sub, h, None)]
+                if hooks:
+                    raise UnsupportedLayer(
+                        c, i, mod,
+                        f"{where} has registered hooks ({', '.join(hooks)}); a graph replays the "
+                        f"layer's kernels, never the hooks' Python code: remove the hooks before "
+                        f"capture",
+                    )
                 if (
                     getattr(sub, "training", False)
                     and getattr(sub, "track_running_stats", False)
@@ -299,7 +327,6 @@ def _check_modules(chunks: Sequence[Sequence[Any]]) -> None:
                     and hasattr(sub, "momentum")
                     and sub.momentum is None
                 ):
-                    where = f"its submodule {sub_name!r} ({type(sub).__name__})" if sub_name else "it"
                     raise UnsupportedLayer(
                         c, i, mod,
                         f"{where} has momentum=None: its cumulative "
@@ -364,9 +391,13 @@ def _split_chunks(callables: Sequence[Any], v: int) -> list[list[Any]]:
 
 
 def _chunk_samples(sample_args: Sequence[Any], chunks: list[list[Any]]) -> list[tuple[Any, ...]]:
-    """The sample inputs of each chunk's first layer (per-layer tuples accepted, as torch's)."""
+    """The sample inputs of each chunk's first layer: a tuple per chunk, a tuple per layer (as
+    torch's), or, for one chunk, a flat tuple of tensors (the first layer's inputs: ``(x,
+    mask)`` for two layers is one sample of two inputs, not a sample per layer)."""
     total = sum(len(c) for c in chunks)
     v = len(chunks)
+    if v == 1 and sample_args and not any(isinstance(a, (tuple, list)) for a in sample_args):
+        return [tuple(sample_args)]  # the inputs of the one chunk's first layer, not one per layer
     if len(sample_args) == total and total != v:
         out, i = [], 0
         for c in chunks:
@@ -375,8 +406,6 @@ def _chunk_samples(sample_args: Sequence[Any], chunks: list[list[Any]]) -> list[
         return out
     if len(sample_args) == v:
         return [_as_tuple(a) for a in sample_args]
-    if v == 1 and len(sample_args) >= 1 and not isinstance(sample_args[0], (tuple, list)):
-        return [tuple(sample_args)]
     raise ValueError(
         f"sample_args: expected one tuple per layer ({total}) or per chunk ({v}), got "
         f"{len(sample_args)}"
@@ -666,9 +695,10 @@ class _Layer:
         self.single_output = True
         #: Every output is an input or a view of one: the layer's graphs launch nothing.
         self.launches_nothing = False
-        #: ``module.training`` at capture (None for a callable without it): the graphs replay
-        #: what the layer did in that mode (dropout, batch statistics).
-        self.training: bool | None = _training(module)
+        #: The module and its submodules, and ``training`` of each at capture (empty for a
+        #: callable that is not a module): the graphs replay what the layer did in those modes
+        #: (dropout, batch statistics).
+        self.modes: tuple[tuple[Any, ...], tuple[bool, ...]] = _modes(module)
         self.grad_bufs: tuple[Any, ...] = ()
         #: A scalar that requires grad, passed to the replay Function so that autograd runs its
         #: backward even when no input requires grad (parameters are not Function inputs: their
@@ -676,9 +706,19 @@ class _Layer:
         self.anchor: Any = None
 
 
-def _training(module: Any) -> bool | None:
-    mode = getattr(module, "training", None)
-    return mode if isinstance(mode, bool) else None
+def _modes(module: Any) -> tuple[tuple[Any, ...], tuple[bool, ...]]:
+    """The module and its submodules, and the training mode of each."""
+    modules = getattr(module, "modules", None)
+    every = tuple(modules()) if callable(modules) else (module,)
+    mods = tuple(m for m in every if isinstance(getattr(m, "training", None), bool))
+    return mods, tuple(m.training for m in mods)
+
+
+def _mode_changed(lay: "_Layer") -> Any:
+    """The first of the layer's modules whose training mode differs from the capture's, or
+    None."""
+    mods, flags = lay.modes
+    return next((m for m, f in zip(mods, flags) if m.training != f), None)
 
 
 class GraphedSchedule:
@@ -938,13 +978,16 @@ class _GraphedCall:
             # e.g. evaluation): run the layer eagerly, as torch.cuda.make_graphed_callables
             # does when the training mode differs from the capture's; no slot is claimed.
             return lay.module(*args)
-        if lay.training is not None and _training(lay.module) != lay.training:
-            mode = "training" if lay.training else "eval"
+        changed = _mode_changed(lay)
+        if changed is not None:
+            mode = "eval" if changed.training else "training"
+            which = "" if changed is lay.module else f" ({type(changed).__name__}, a submodule)"
             raise FailedPrecondition(
-                f"layer {lay.index} of chunk {lay.chunk} was captured in {mode} mode and is "
-                f"called in the other one with gradients enabled; its graphs replay the "
-                f"captured mode (dropout, batch statistics): switch the module back, evaluate "
-                f"under torch.no_grad() (the layers then run eagerly), or capture again"
+                f"layer {lay.index} of chunk {lay.chunk} was captured with a module{which} in "
+                f"{mode} mode and is called with it in the other one, gradients enabled; its "
+                f"graphs replay the captured mode (dropout, batch statistics): switch the module "
+                f"back, evaluate under torch.no_grad() (the layers then run eagerly), or capture "
+                f"again"
             )
         owners = self.owner._owner[lay.chunk]
         holder = owners[s]
@@ -1531,14 +1574,18 @@ def _warm_chunk(
             fws = max(0, torch.cuda.max_memory_allocated(device) - a1)
             del a0
         diff_in = [t for t in ins if t.requires_grad]
-        if not diff_in and not lay.params:
-            raise UnsupportedLayer(
-                lay.chunk, lay.index, lay.module,
-                "its outputs require grad through tensors that are neither its inputs nor its own "
-                "parameters (module.parameters()), which would get no gradient: make the layer a "
-                "torch.nn.Module that owns them",
-            )
         outs = [o for o in out if o.requires_grad]
+        if profile:
+            foreign = _foreign_leaf(outs, [*ins, *lay.params])
+            if foreign is not None:
+                raise UnsupportedLayer(
+                    lay.chunk, lay.index, lay.module,
+                    f"its outputs depend on a tensor that requires grad (shape "
+                    f"{tuple(foreign.shape)}) and is neither one of its inputs nor one of its own "
+                    f"parameters (module.parameters()): the backward graphs would give it no "
+                    f"gradient. Make the layer a torch.nn.Module that owns it (e.g. holds the "
+                    f"module whose weight it shares), or pass it as an input",
+                )
         gouts = [torch.ones_like(o) for o in outs]
         if profile:
             torch.cuda.synchronize(device)
@@ -1581,6 +1628,29 @@ def _warm_chunk(
         x = tuple(o.detach().requires_grad_(o.requires_grad) for o in out)
         del out, outs
     return profs
+
+
+def _foreign_leaf(outs: list[Any], own: list[Any]) -> Any:
+    """A tensor that requires grad, that ``outs`` depend on, and that is not in ``own`` (the
+    layer's inputs and parameters), or None: found by walking the outputs' autograd graph to
+    its leaves (the gradient accumulators)."""
+    known = {id(t) for t in own}
+    seen: set[int] = set()
+    # Python objects of autograd nodes are made on access: every one visited is kept alive
+    # here, or another could be made at its freed address and wrongly count as seen
+    visited: list[Any] = []
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        visited.append(fn)
+        leaf = getattr(fn, "variable", None)  # a gradient accumulator's tensor
+        if leaf is not None and id(leaf) not in known:
+            return leaf
+        stack.extend(nxt for nxt, _ in getattr(fn, "next_functions", ()) if nxt is not None)
+    return None
 
 
 def _layer_grads(

@@ -24,15 +24,17 @@ in eager mode. Cases:
   every replay draws the mask eager execution draws at the same point of the schedule, so the
   results match eager; replays of one graph (microbatches sharing a slot, same input) get
   different masks. Also: a dropout layer switched to eval mode is refused with gradients
-  enabled and runs eagerly under ``torch.no_grad()``;
+  enabled and runs eagerly under ``torch.no_grad()``, and so is a layer one of whose
+  submodules alone was switched;
 * ``batchnorm``: ``BatchNorm1d`` in train mode: its running statistics and batch count, updated
   in place by every forward replay, match eager's after the schedule, and capture leaves them as
   it found them;
 * ``refusals``: what capture refuses, each with ``UnsupportedLayer`` (or ``InvalidArgument``)
   naming the layer: a layer returning ``None``, a layer whose outputs need no grad, an input no
   output uses without ``allow_unused_input``, a buffer replaced by the forward, ``BatchNorm``
-  with ``momentum=None``, a sample on the CPU, and (last: it fails a capture midway) a forward
-  that reads a value on the host; then a capture and replay in the same process still work.
+  with ``momentum=None``, a hook on a submodule, a parameter the layer uses but does not own, a
+  sample on the CPU, and (last: it fails a capture midway) a forward that reads a value on the
+  host; then a capture and replay in the same process still work.
 
 Each (pool kind, case) runs in a process of its own, as in ``test_poison.py``; the child prints
 one ``RESULT`` line per schedule (``refusals``: per check) with the largest differences, and
@@ -336,9 +338,24 @@ def _models() -> dict[str, Callable[[int], Model]]:
                 bad.append("under no_grad in eval mode the layers did not run as eager")
             if any(o is not None for row in gs.slots_in_use() for o in row):
                 bad.append(f"slots taken under no_grad: {gs.slots_in_use()}")
-        finally:
             for lay in ch:
                 lay.train()
+            # a submodule switched on its own (the GELU inside a Sequential layer)
+            c, i, sub = next((c, i, m) for c, layers in enumerate(model.chunks)
+                             for i, lay in enumerate(layers) for name, m in lay.named_modules() if name)
+            sub.eval()
+            try:
+                gs.chunk(c, 0)[i](*model.inputs(c, 0))
+                bad.append("a submodule switched to eval mode was not noticed")
+            except FailedPrecondition as e:
+                if "submodule" not in str(e):
+                    bad.append(f"a submodule's mode change refused without naming it: {e}")
+            finally:
+                sub.train()
+        finally:
+            for layers in model.chunks:
+                for lay in layers:
+                    lay.train()
         return bad
 
     def dropout(v: int) -> Model:
@@ -612,6 +629,22 @@ def _refusals(kind: str) -> list[dict[str, Any]]:  # pragma: no cover
             y = self.lin(x)
             return y * 2 if y.sum().item() > 0 else y
 
+    class Tied(nn.Module):
+        """Uses another module's weight without owning it (weight tying done wrong)."""
+
+        def __init__(self, other: Any) -> None:
+            super().__init__()
+            self.lin = nn.Linear(H, H)
+            self.other = [other]  # a list: not registered as a submodule
+
+        def forward(self, x: Any) -> Any:
+            return self.lin(x) @ self.other[0].weight
+
+    def hooked() -> Any:
+        block = nn.Sequential(nn.Linear(H, H), nn.GELU()).to(DEVICE)
+        block[1].register_forward_hook(lambda mod, args, out: None)
+        return block
+
     def x() -> Any:
         return torch.randn(B, S, H, device=DEVICE).requires_grad_()
 
@@ -629,6 +662,11 @@ def _refusals(kind: str) -> list[dict[str, Any]]:  # pragma: no cover
          lambda: ([nn.Linear(H, H).to(DEVICE), nn.BatchNorm1d(H, momentum=None).to(DEVICE)],
                   (torch.randn(B, H, device=DEVICE),)),
          UnsupportedLayer, 1, ["momentum=None", "float momentum"]),
+        ("hook on a submodule", lambda: ([nn.Linear(H, H).to(DEVICE), hooked()], (x(),)),
+         UnsupportedLayer, 1, ["submodule '1' (GELU)", "hooks"]),
+        ("parameter not owned",
+         lambda: ([nn.Linear(H, H).to(DEVICE), Tied(nn.Linear(H, H).to(DEVICE)).to(DEVICE)], (x(),)),
+         UnsupportedLayer, 1, ["neither one of its inputs nor one of its own parameters"]),
         ("sample on the cpu", lambda: ([nn.Linear(H, H).to(DEVICE)], (torch.randn(B, H),)),
          InvalidArgument, -1, ["sample_args", "cpu"]),
         # last: the capture fails midway, which leaves torch's allocator as a failed capture does
@@ -735,5 +773,5 @@ def test_layers_match_eager(kind: str, case: str) -> None:
         for x in results if not x.get("ok")
     ]
     assert not failed, "\n".join(failed) + "\n" + rc.detail(r)
-    want = 8 if case == "refusals" else len(SCHEDULES)
+    want = 10 if case == "refusals" else len(SCHEDULES)
     assert r.returncode == 0 and len(results) == want, rc.detail(r)
