@@ -301,7 +301,7 @@ mod tests {
     }
 
     /// A budget the caller gives is used whole on a list that does not reach its bound; the
-    /// default one is capped by the list's size (8 µs per buffer, at least 60 ms).
+    /// default one is capped by the list's size (8 µs per buffer + 5 ms, at least 60 ms).
     #[test]
     fn a_budget_given_is_used_whole_and_the_default_is_capped() {
         let list = graphpool_planner::workload::random_uniform_sizes(3000, 2);
