@@ -373,6 +373,33 @@ def test_a_layer_whose_submodule_changed_mode_is_refused() -> None:
     assert _mode_changed(lay) is outer
 
 
+class _Node:
+    """A stand-in autograd node: ``next_functions`` as torch gives them, ``variable`` on a
+    gradient accumulator."""
+
+    def __init__(self, *nexts: "_Node | None", variable: Any = None) -> None:
+        self.next_functions = tuple((n, 0) for n in nexts)
+        if variable is not None:
+            self.variable = variable
+
+
+def test_a_tensor_the_layer_does_not_own_is_found_at_the_graphs_leaves() -> None:
+    """The walk from the outputs reaches every gradient accumulator, through shared nodes and
+    ``None`` edges, and reports a leaf that is neither an input nor a parameter."""
+    from graphpool.capture import _foreign_leaf
+
+    x, w, shared_w = _T(), _T((8, 8)), _T((8, 8))
+    acc_x, acc_w, acc_shared = _Node(variable=x), _Node(variable=w), _Node(variable=shared_w)
+    mm = _Node(acc_x, acc_w)
+    # a residual: the sum reads the matmul twice (a diamond) and x again; one edge is None
+    out = SimpleNamespace(grad_fn=_Node(mm, _Node(mm, None), acc_x))
+    assert _foreign_leaf([out], [x, w]) is None
+    tied = SimpleNamespace(grad_fn=_Node(_Node(mm, acc_shared)))
+    assert _foreign_leaf([out, tied], [x, w]) is shared_w
+    assert _foreign_leaf([out, tied], [x, w, shared_w]) is None
+    assert _foreign_leaf([SimpleNamespace(grad_fn=None)], []) is None
+
+
 def test_layer_outputs_must_be_tensors_one_of_which_requires_grad() -> None:
     from graphpool.capture import UnsupportedLayer, _Layer, _layer_outputs
 
