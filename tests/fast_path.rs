@@ -383,16 +383,6 @@ async fn fast_path_leaks_no_fds_on_either_side() {
     assert!(back.is_some(), "daemon fds {} > baseline {baseline}", d.open_fds());
 }
 
-/// Whether the daemon closed `s` (end of stream, or reset) within `within`.
-fn closed_within(s: &mut std::os::unix::net::UnixStream, within: Duration) -> bool {
-    use std::io::Read;
-    s.set_read_timeout(Some(within)).unwrap();
-    match s.read(&mut [0u8; 64]) {
-        Ok(n) => n == 0,
-        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
-    }
-}
-
 #[tokio::test]
 async fn the_fd_socket_bounds_connections_per_uid_and_drops_stalled_frames() {
     use std::io::Write;
