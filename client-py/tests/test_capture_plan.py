@@ -454,6 +454,23 @@ def test_capture_failures_of_host_work_are_refused_naming_the_layer() -> None:
         assert _capture_refusal(lay, "forward", other) is None, other
 
 
+def test_reentrant_checkpointing_is_recognised_by_its_refusal_of_autograd_grad() -> None:
+    """torch's ``use_reentrant=True`` checkpoint and checkpoint functions built like it refuse
+    ``torch.autograd.grad``; the warm-up turns that into an :class:`UnsupportedLayer` that says
+    to pass ``use_reentrant=False``."""
+    from graphpool.capture import _reentrant_checkpoint
+
+    assert _reentrant_checkpoint(RuntimeError(
+        "When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing "
+        "an `inputs` parameter to .backward(). To resolve this error, you can either set "
+        "use_reentrant=False, or call .backward() without passing the `inputs` argument."))
+    assert _reentrant_checkpoint(RuntimeError(
+        "Checkpointing is not compatible with .grad(), please use .backward() if possible"))
+    assert not _reentrant_checkpoint(RuntimeError("One of the differentiated Tensors appears to "
+                                                  "not have been used in the graph"))
+    assert not _reentrant_checkpoint(RuntimeError("checkpoint file not found"))
+
+
 STANDIN_TORCH = """
 import sys, types
 
@@ -467,7 +484,7 @@ class _Cuda(types.ModuleType):
         return call
 
 torch = types.ModuleType("torch")
-torch.is_autocast_enabled = lambda: False
+torch.is_autocast_enabled = lambda device_type="cuda": False
 torch.is_grad_enabled = lambda: True
 torch.cuda = _Cuda("torch.cuda")
 sys.modules["torch"] = torch
@@ -492,8 +509,8 @@ class Layer:
 
 def test_make_graphed_callables_refuses_before_any_cuda_call() -> None:
     """Bad samples and layers are refused before capture touches CUDA (a stand-in torch whose
-    every torch.cuda call fails); a callable called in another training mode than it was
-    captured in is refused before it replays."""
+    every torch.cuda call fails); a callable called in another training mode, or another
+    autocast state, than it was captured in is refused before it replays."""
     code = STANDIN_TORCH + textwrap.dedent(
         """
         sched = Schedule.one_f_one_b(2, 0, 4)
@@ -520,6 +537,28 @@ def test_make_graphed_callables_refuses_before_any_cuda_call() -> None:
         except errors.FailedPrecondition as e:
             print("FailedPrecondition", "training mode" in str(e) and "no_grad" in str(e))
         print("slots", gs.slots_in_use())
+        lay.module.training = True
+
+        # captured without autocast, called under it (and the reverse)
+        torch.is_autocast_enabled = lambda device_type: True
+        torch.get_autocast_dtype = lambda device_type: "torch.bfloat16"
+        try:
+            gs[0, 0](T())
+        except errors.FailedPrecondition as e:
+            print("FailedPrecondition", "captured without autocast" in str(e),
+                  "called under torch.autocast(dtype=bfloat16)" in str(e))
+        torch.float16 = "torch.float16"
+        gs16 = capture.GraphedSchedule(sched, [[lay]], [], capture.CaptureStats(autocast="float16"))
+        try:
+            gs16[0, 0](T())
+        except errors.FailedPrecondition as e:
+            print("FailedPrecondition", "captured under torch.autocast(dtype=float16)" in str(e))
+        torch.is_autocast_enabled = lambda device_type: False
+        try:
+            gs16[0, 0](T())
+        except errors.FailedPrecondition as e:
+            print("FailedPrecondition", "called without autocast" in str(e))
+        print("slots", gs.slots_in_use(), gs16.slots_in_use())
         """
     )
     r = run_python(code)
@@ -530,4 +569,8 @@ def test_make_graphed_callables_refuses_before_any_cuda_call() -> None:
         "cuda calls: []",
         "FailedPrecondition True",
         "slots [[None, None]]",
+        "FailedPrecondition True True",
+        "FailedPrecondition True",
+        "FailedPrecondition True",
+        "slots [[None, None]] [[None, None]]",
     ]

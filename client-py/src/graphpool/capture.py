@@ -53,7 +53,16 @@ naming the layer and what to change, before any graph is used):
 * the training mode a layer and each of its submodules were captured in: calling it with any
   of them in the other mode and gradients enabled raises
   :class:`~graphpool.errors.FailedPrecondition` (under ``torch.no_grad()`` the layer runs
-  eagerly, in whatever mode it is in).
+  eagerly, in whatever mode it is in);
+* mixed precision: capture under ``torch.autocast("cuda", ...)`` captures the casts (autocast's
+  weight cache is switched off for the warm-up and the capture, so every cast is made at each
+  replay, from the current weights); the callables must then be called under the same autocast
+  dtype, and a callable captured without autocast must be called without it (otherwise, with
+  gradients enabled, :class:`~graphpool.errors.FailedPrecondition`);
+* activation checkpointing with ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``
+  inside a layer: the recomputation is captured into the layer's backward graph. Reentrant
+  checkpointing (``use_reentrant=True``) is refused: its backward cannot run under
+  ``torch.autograd.grad``.
 
 Not supported: host synchronization in a forward or backward (``.item()``, ``.cpu()``,
 data-dependent shapes such as ``nonzero()``, Python control flow on tensor values; refused when
@@ -180,6 +189,10 @@ class CaptureStats:
     #: Device memory outside the allocator that the warm-up took (library handles of the
     #: capture stream, kernels loaded on first use).
     warmup_outside_bytes: int = 0
+    #: The dtype CUDA autocast cast to during capture (``"bfloat16"``, ``"float16"``), or
+    #: ``None``: the callables replay that precision and must be called under the same
+    #: autocast state.
+    autocast: str | None = None
     #: CUDA device, free device memory and allocator reserve when the capture began (the
     #: baseline of :meth:`GraphedSchedule.capture_overhead`).
     device: int = 0
@@ -714,6 +727,46 @@ def _modes(module: Any) -> tuple[tuple[Any, ...], tuple[bool, ...]]:
     return mods, tuple(m.training for m in mods)
 
 
+def _autocast_dtype() -> Any:
+    """The dtype CUDA autocast casts to in this thread (a ``torch.dtype``), or None where it
+    is off."""
+    import torch
+
+    try:
+        return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+    except (TypeError, AttributeError):  # torch before 2.4: no per-device-type forms
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
+def _autocast_name(dtype: Any) -> str:
+    return "without autocast" if dtype is None else (
+        f"under torch.autocast(dtype={str(dtype).replace('torch.', '')})"
+    )
+
+
+@contextlib.contextmanager
+def _uncached_autocast(dtype: Any) -> Any:
+    """Autocast's weight cache off for the warm-up and the capture, under a caller's
+    ``torch.autocast``: a cached cast would be captured as a constant (the graphs would read
+    the weight of the step that filled the cache, never an updated one), its memory would be
+    given back to the pools when the autocast region ends while the graphs still use it, and a
+    cast cached by an eager forward holds that forward's gradient accumulators, whose stream
+    breaks the backward's capture. Every cast is then made inside the graph, at each replay.
+    """
+    import torch
+
+    if dtype is None:
+        yield
+        return
+    torch.clear_autocast_cache()
+    was = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(was)
+
+
 def _mode_changed(lay: "_Layer") -> Any:
     """The first of the layer's modules whose training mode differs from the capture's, or
     None."""
@@ -738,7 +791,8 @@ class GraphedSchedule:
     With gradients disabled (``torch.no_grad()``, ``torch.inference_mode()``: evaluation), a
     callable runs its layer eagerly instead, outside the pools, and takes no slot: no backward
     would ever run to free it. With gradients enabled, a module called in another training
-    mode than the one it was captured in raises ``graphpool.FailedPrecondition``.
+    mode than the one it was captured in, or under another ``torch.autocast`` state, raises
+    ``graphpool.FailedPrecondition``.
     """
 
     def __init__(self, schedule: Schedule, layers: list[list[_Layer]], pools: list[Any], stats: CaptureStats):
@@ -748,6 +802,12 @@ class GraphedSchedule:
         self._layers = layers
         self._pools = pools  # kept alive with the graphs
         self._flat = [lay for chunk in layers for lay in chunk]
+        #: What CUDA autocast cast to at capture (a ``torch.dtype``), or None.
+        self._autocast: Any = None
+        if stats.autocast is not None:
+            import torch
+
+            self._autocast = getattr(torch, stats.autocast)
         self._owner: list[list[int | None]] = [
             [None] * n for n in schedule.slots_per_chunk
         ]
@@ -989,6 +1049,15 @@ class _GraphedCall:
                 f"back, evaluate under torch.no_grad() (the layers then run eagerly), or capture "
                 f"again"
             )
+        amp = _autocast_dtype()
+        if amp != self.owner._autocast:
+            raise FailedPrecondition(
+                f"layer {lay.index} of chunk {lay.chunk} was captured "
+                f"{_autocast_name(self.owner._autocast)} and is called {_autocast_name(amp)}, "
+                f"gradients enabled; its graphs replay the captured precision: call it as it was "
+                f"captured, evaluate under torch.no_grad() (the layers then run eagerly), or "
+                f"capture again"
+            )
         owners = self.owner._owner[lay.chunk]
         holder = owners[s]
         if lay.first:
@@ -1226,8 +1295,7 @@ def make_graphed_callables(
     if pool is not None:
         raise ValueError("pool=: schedule-aware capture makes its own pools, one per lifetime class")
     budget_bytes = parse_size(budget) if budget is not None else None
-    if torch.is_autocast_enabled():
-        raise RuntimeError("capture with autocast enabled is not supported; capture outside it")
+    amp = _autocast_dtype()
     v = schedule.virtual_chunks
     chunks = _split_chunks(callables, v)
     samples = _chunk_samples(sample_args, chunks)
@@ -1235,7 +1303,10 @@ def make_graphed_callables(
     _check_samples(samples)
     _check_modules(chunks)
     device = torch.cuda.current_device()
-    stats = CaptureStats(slots_per_chunk=schedule.slots_per_chunk)
+    stats = CaptureStats(
+        slots_per_chunk=schedule.slots_per_chunk,
+        autocast=None if amp is None else str(amp).replace("torch.", ""),
+    )
     layers = [
         [_Layer(c, i, mod, schedule.slots_per_chunk[c], i == 0, i == len(ch) - 1) for i, mod in enumerate(ch)]
         for c, ch in enumerate(chunks)
@@ -1251,7 +1322,7 @@ def make_graphed_callables(
     torch.cuda.synchronize()
     buffers = _snapshot_buffers(layers)  # what the warm-up's forwards change, put back after
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), _uncached_autocast(amp):
         try:
             for c, ch in enumerate(layers):
                 # profiled on the last iteration (at least the second: the first on a new stream
@@ -1375,8 +1446,9 @@ def make_graphed_callables(
             if expandable_segments:
                 settings("expandable_segments:True")
             try:
-                _capture_all(schedule, layers, samples, fwd_pools, bwd_pool, pool_list, stats, stream,
-                             allow_unused_input, progress_every_s, device, reserved0)
+                with _uncached_autocast(amp):
+                    _capture_all(schedule, layers, samples, fwd_pools, bwd_pool, pool_list, stats,
+                                 stream, allow_unused_input, progress_every_s, device, reserved0)
             finally:
                 if expandable_segments:
                     settings("expandable_segments:False")
@@ -1597,7 +1669,20 @@ def _warm_chunk(
         # retain_graph: a saved output packed as itself is a cycle through autograd's C++ nodes
         # that only the backward's release of saved tensors breaks (measured: with
         # retain_graph=True, 0.69 GiB of warm-up tensors of the seed stage stayed allocated).
-        grads = _layer_grads(lay, outs, diff_in, gouts, allow_unused)
+        seeded: Any = _random_op_watch() if profile else contextlib.nullcontext()
+        with seeded:
+            grads = _layer_grads(lay, outs, diff_in, gouts, allow_unused)
+        if profile and seeded.ops:
+            raise UnsupportedLayer(
+                lay.chunk, lay.index, lay.module,
+                f"its backward draws random numbers ({', '.join(sorted(seeded.ops))}), as "
+                f"dropout inside an activation-checkpointed region does when the backward "
+                f"recomputes it: the recomputation restores the random state its forward drew "
+                f"from, which a backward graph cannot find once other microbatches' forwards "
+                f"replayed in between, so it would draw another mask and give wrong gradients. "
+                f"Keep random ops out of checkpointed regions (checkpoint the deterministic part "
+                f"only), or set their probability to 0",
+            )
         bws = 0
         if profile:
             torch.cuda.synchronize(device)
@@ -1630,6 +1715,27 @@ def _warm_chunk(
     return profs
 
 
+def _random_op_watch() -> Any:
+    """A context that records, in its ``ops``, the names of the random ops (aten ops tagged
+    ``nondeterministic_seeded``) run while it is entered, in autograd's backward threads too."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seeded = torch.Tag.nondeterministic_seeded
+
+    class Watch(TorchDispatchMode):  # type: ignore[misc, unused-ignore]
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: set[str] = set()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if seeded in func.tags:
+                self.ops.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    return Watch()
+
+
 def _foreign_leaf(outs: list[Any], own: list[Any]) -> Any:
     """A tensor that requires grad, that ``outs`` depend on, and that is not in ``own`` (the
     layer's inputs and parameters), or None: found by walking the outputs' autograd graph to
@@ -1653,6 +1759,13 @@ def _foreign_leaf(outs: list[Any], own: list[Any]) -> Any:
     return None
 
 
+def _reentrant_checkpoint(e: BaseException) -> bool:
+    """Whether ``e`` is a reentrant activation checkpoint refusing ``torch.autograd.grad``
+    (torch's ``use_reentrant=True`` checkpoint, and checkpoint functions built like it)."""
+    text = str(e).lower()
+    return "checkpoint" in text and ".grad()" in text
+
+
 def _layer_grads(
     lay: _Layer, outs: list[Any], diff_in: list[Any], gouts: list[Any], allow_unused: bool
 ) -> tuple[Any, ...]:
@@ -1665,6 +1778,15 @@ def _layer_grads(
     try:
         grads = torch.autograd.grad(outs, diff_in + list(lay.params), gouts, allow_unused=allow_unused)
     except RuntimeError as e:
+        if _reentrant_checkpoint(e):
+            raise UnsupportedLayer(
+                lay.chunk, lay.index, lay.module,
+                "it uses reentrant activation checkpointing (torch.utils.checkpoint with "
+                "use_reentrant=True, or a checkpoint function of that kind), whose backward "
+                "cannot run under torch.autograd.grad, with which each backward graph is "
+                "captured: pass use_reentrant=False (non-reentrant checkpointing is supported: "
+                "the recomputation is captured into the layer's backward graph)",
+            ) from e
         if "not have been used in the graph" not in str(e):
             raise
         raise UnsupportedLayer(

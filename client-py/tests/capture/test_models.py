@@ -29,12 +29,22 @@ in eager mode. Cases:
 * ``batchnorm``: ``BatchNorm1d`` in train mode: its running statistics and batch count, updated
   in place by every forward replay, match eager's after the schedule, and capture leaves them as
   it found them;
+* ``checkpointed``: activation checkpointing inside layers
+  (``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``) of deterministic MLPs, with
+  dropout after the checkpointed part (drawn by the forward graph only);
+* ``autocast``: the whole schedule, eager and graphed, and the capture under one
+  ``torch.autocast("cuda", dtype=torch.bfloat16)`` region whose weight cache is on and already
+  filled by the eager runs (bf16 linear outputs, fp32 layer norms). Also: a callable called
+  without autocast, or under another dtype, is refused with gradients enabled and runs eagerly
+  under ``torch.no_grad()``; the capture leaves the region's cache on;
 * ``refusals``: what capture refuses, each with ``UnsupportedLayer`` (or ``InvalidArgument``)
   naming the layer: a layer returning ``None``, a layer whose outputs need no grad, an input no
   output uses without ``allow_unused_input``, a buffer replaced by the forward, ``BatchNorm``
-  with ``momentum=None``, a hook on a submodule, a parameter the layer uses but does not own, a
-  sample on the CPU, and (last: it fails a capture midway) a forward that reads a value on the
-  host; then a capture and replay in the same process still work.
+  with ``momentum=None``, a hook on a submodule, a parameter the layer uses but does not own,
+  reentrant activation checkpointing, dropout inside a checkpointed region (its backward
+  recomputes it: a random op in the backward), sparse gradients, a sample on the CPU, and (last: it
+  fails a capture midway) a forward that reads a value on the host; then a capture and replay
+  in the same process still work.
 
 Each (pool kind, case) runs in a process of its own, as in ``test_poison.py``; the child prints
 one ``RESULT`` line per schedule (``refusals``: per check) with the largest differences, and
@@ -45,6 +55,7 @@ or CUDA.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -63,7 +74,12 @@ SCHEDULES = {
     "1f1b": ("one_f_one_b", (3, 0, 5)),  # three microbatches in flight, slots reused
     "interleaved": ("interleaved", (2, 0, 6, 2)),  # two chunks, slots [4, 2], reused
 }
-CASES = ["multi-io", "tokens-loss", "aliasing", "widths-dtypes", "dropout", "batchnorm", "refusals"]
+CASES = [
+    "multi-io", "tokens-loss", "aliasing", "widths-dtypes", "dropout", "batchnorm", "checkpointed",
+    "autocast", "refusals",
+]
+#: Cases run whole under ``torch.autocast("cuda", dtype=...)``, by case.
+AUTOCAST = {"autocast": "bfloat16"}
 KINDS = ["torch", "graphpool"]
 #: The smallest threshold of a relative difference, per dtype (eager's own noise may raise it).
 FLOOR = {"float32": 1e-3, "float64": 1e-3, "float16": 1e-2, "bfloat16": 2e-2}
@@ -380,6 +396,72 @@ def _models() -> dict[str, Callable[[int], Model]]:
         ]
         return Model([[lay.to(dev) for lay in ch] for ch in chunks], seeded_inputs(make))
 
+    # g) activation checkpointing, non-reentrant, of a deterministic part
+    class Checkpointed(nn.Module):
+        """x -> dropout(x + mlp(x)), the MLP recomputed in the backward, the dropout (``p``)
+        outside it."""
+
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.ln, self.fc1, self.fc2 = nn.LayerNorm(H), nn.Linear(H, 2 * H), nn.Linear(2 * H, H)
+            self.drop = nn.Dropout(p)
+
+        def mlp(self, x: Any) -> Any:
+            return self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+        def forward(self, x: Any) -> Any:
+            return self.drop(x + torch.utils.checkpoint.checkpoint(self.mlp, x, use_reentrant=False))
+
+    def checkpointed(v: int) -> Model:
+        def make(g: Any) -> tuple[Any, ...]:
+            return (torch.randn(B, S, H, device=dev, generator=g).requires_grad_(),)
+
+        chunks = [[Checkpointed(0.0), Checkpointed(0.25), nn.Linear(H, H)] for _ in range(v)]
+        return Model([[lay.to(dev) for lay in ch] for ch in chunks], seeded_inputs(make), seeded=True)
+
+    # h) autocast
+    def autocast_state(gs: Any, model: Model, eager: Any, graphed: Any) -> list[str]:
+        """Under the case's autocast region: the capture left its cache on; a call without
+        autocast or under another dtype is refused; under no_grad it runs eagerly."""
+        from graphpool.errors import FailedPrecondition
+
+        bad = []
+        if not torch.is_autocast_cache_enabled():
+            bad.append("autocast's weight cache is off after capture")
+        if gs.stats.autocast != "bfloat16":
+            bad.append(f"stats.autocast is {gs.stats.autocast!r}")
+        x = model.inputs(0, 0)[0].detach()
+        lay = model.chunks[0][0]
+        for other in (torch.autocast("cuda", enabled=False),
+                      torch.autocast("cuda", dtype=torch.float16)):
+            with other:
+                try:
+                    gs.chunk(0, 0)[0](x)
+                    bad.append("a callable captured under bf16 autocast replayed under another "
+                               "autocast state")
+                except FailedPrecondition as e:
+                    if "autocast" not in str(e) or "no_grad" not in str(e):
+                        bad.append(f"another autocast state refused without saying what to do: {e}")
+                with torch.no_grad():
+                    y, want = gs.chunk(0, 0)[0](x), lay(x)
+                if y.dtype != want.dtype or not torch.equal(y, want):
+                    bad.append(f"under no_grad the layer did not run eagerly: {y.dtype}, eager "
+                               f"{want.dtype}")
+        if any(o is not None for row in gs.slots_in_use() for o in row):
+            bad.append(f"slots taken by refused or no_grad calls: {gs.slots_in_use()}")
+        return bad
+
+    def autocast(v: int) -> Model:
+        def make(g: Any) -> tuple[Any, ...]:
+            return (torch.randn(B, S, H, device=dev, generator=g).requires_grad_(),)
+
+        chunks = [
+            [nn.Sequential(nn.Linear(H, 2 * H), nn.GELU()), nn.LayerNorm(2 * H), nn.Linear(2 * H, H)]
+            for _ in range(v)
+        ]
+        return Model([[lay.to(dev) for lay in ch] for ch in chunks], seeded_inputs(make),
+                     extra=[autocast_state])
+
     return {
         "multi-io": multi_io,
         "tokens-loss": tokens_loss,
@@ -387,6 +469,8 @@ def _models() -> dict[str, Callable[[int], Model]]:
         "widths-dtypes": widths_dtypes,
         "dropout": dropout,
         "batchnorm": batchnorm,
+        "checkpointed": checkpointed,
+        "autocast": autocast,
     }
 
 
@@ -640,6 +724,25 @@ def _refusals(kind: str) -> list[dict[str, Any]]:  # pragma: no cover
         def forward(self, x: Any) -> Any:
             return self.lin(x) @ self.other[0].weight
 
+    class Reentrant(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(H, H)
+
+        def forward(self, x: Any) -> Any:
+            return torch.utils.checkpoint.checkpoint(self.lin, x, use_reentrant=True)
+
+    class DropoutRecomputed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(H, H)
+
+        def part(self, x: Any) -> Any:
+            return torch.nn.functional.dropout(self.lin(x), 0.25, True)
+
+        def forward(self, x: Any) -> Any:
+            return torch.utils.checkpoint.checkpoint(self.part, x, use_reentrant=False)
+
     def hooked() -> Any:
         block = nn.Sequential(nn.Linear(H, H), nn.GELU()).to(DEVICE)
         block[1].register_forward_hook(lambda mod, args, out: None)
@@ -667,6 +770,14 @@ def _refusals(kind: str) -> list[dict[str, Any]]:  # pragma: no cover
         ("parameter not owned",
          lambda: ([nn.Linear(H, H).to(DEVICE), Tied(nn.Linear(H, H).to(DEVICE)).to(DEVICE)], (x(),)),
          UnsupportedLayer, 1, ["neither one of its inputs nor one of its own parameters"]),
+        ("reentrant checkpointing", lambda: ([nn.Linear(H, H).to(DEVICE), Reentrant().to(DEVICE)], (x(),)),
+         UnsupportedLayer, 1, ["use_reentrant=False"]),
+        ("dropout recomputed by checkpointing",
+         lambda: ([nn.Linear(H, H).to(DEVICE), DropoutRecomputed().to(DEVICE)], (x(),)),
+         UnsupportedLayer, 1, ["draws random numbers", "checkpointed"]),
+        ("sparse gradients",
+         lambda: ([nn.Embedding(VOCAB, H, sparse=True).to(DEVICE), nn.Linear(H, H).to(DEVICE)], (ids,)),
+         UnsupportedLayer, 0, ["sparse=False"]),
         ("sample on the cpu", lambda: ([nn.Linear(H, H).to(DEVICE)], (torch.randn(B, H),)),
          InvalidArgument, -1, ["sample_args", "cpu"]),
         # last: the capture fails midway, which leaves torch's allocator as a failed capture does
@@ -733,8 +844,11 @@ def _child_main(argv: list[str]) -> int:  # pragma: no cover - runs on a GPU mac
     ok = True
     for sched_name in SCHEDULES:
         rec: dict[str, Any] = {"kind": kind, "case": case, "schedule": sched_name}
+        amp = (torch.autocast("cuda", dtype=getattr(torch, AUTOCAST[case])) if case in AUTOCAST
+               else contextlib.nullcontext())
         try:
-            rec.update(_matches_eager(kind, case, sched_name))
+            with amp:
+                rec.update(_matches_eager(kind, case, sched_name))
             rec["ok"] = not rec["bad"]
             if rec["bad"]:
                 rec["error"] = f"{rec['bad_count']} differences from eager"
@@ -773,5 +887,5 @@ def test_layers_match_eager(kind: str, case: str) -> None:
         for x in results if not x.get("ok")
     ]
     assert not failed, "\n".join(failed) + "\n" + rc.detail(r)
-    want = 10 if case == "refusals" else len(SCHEDULES)
+    want = 13 if case == "refusals" else len(SCHEDULES)
     assert r.returncode == 0 and len(results) == want, rc.detail(r)
