@@ -277,6 +277,7 @@ class _Module:
         self._forward_hooks: dict[int, Any] = {}
         self._subs: list[tuple[str, Any]] = []
         self._bufs: list[tuple[str, Any]] = []
+        self._params: list[tuple[str, Any]] = []
         self.__dict__.update(attrs)
 
     def __call__(self, *args: Any) -> Any:
@@ -287,6 +288,10 @@ class _Module:
 
     def named_buffers(self) -> list[tuple[str, Any]]:
         return list(self._bufs)
+
+    def named_parameters(self, recurse: bool = True) -> list[tuple[str, Any]]:
+        assert not recurse, "capture reads each submodule's own parameters"
+        return list(self._params)
 
 
 def _batchnorm(momentum: float | None, training: bool = True) -> _Module:
@@ -319,14 +324,23 @@ def test_samples_that_are_not_gpu_tensors_are_refused() -> None:
 
 
 def test_layers_that_cannot_replay_as_eager_are_refused_before_capture() -> None:
-    """Hooks, a BatchNorm in train mode with momentum=None (itself or a submodule), and a layer
-    that is not callable are refused naming the chunk and layer; a BatchNorm with a float
-    momentum, or in eval mode, is fine."""
+    """Hooks (on modules, and gradient hooks on parameters), a BatchNorm in train mode with
+    momentum=None (itself or a submodule), data-parallel wrappers and a layer that is not
+    callable are refused naming the chunk and layer; a BatchNorm with a float momentum, or in
+    eval mode, and a parameter whose hooks were removed are fine."""
     from graphpool.capture import UnsupportedLayer, _check_modules
 
-    fine = [_Module(), _batchnorm(0.1), _batchnorm(None, training=False), lambda x: x]
+    unhooked = _T()
+    unhooked._backward_hooks = {}  # a hook registered, then removed
+    fine = [_Module(), _batchnorm(0.1), _batchnorm(None, training=False), lambda x: x,
+            _Module(_params=[("weight", unhooked), ("bias", _T())])]
     _check_modules([fine, [_Module(_subs=[("norm", _batchnorm(0.1))])]])
     hooked = _Module(_forward_hooks={0: print})
+    grad_hooked, accumulate_hooked = _T(), _T()
+    grad_hooked._backward_hooks = {0: print}
+    accumulate_hooked._post_accumulate_grad_hooks = {0: print}
+    DistributedDataParallel = type("DistributedDataParallel", (_Module,), {})
+    FullyShardedDataParallel = type("FullyShardedDataParallel", (_Module,), {})
     cases = [
         ([[_Module(), hooked]], 0, 1, "registered hooks \\(forward_hooks\\)"),
         ([[_Module()], [_batchnorm(None)]], 1, 0, "it has momentum=None.*float momentum"),
@@ -335,6 +349,16 @@ def test_layers_that_cannot_replay_as_eager_are_refused_before_capture() -> None
         ([[_Module(), object()]], 0, 1, "not callable"),
         ([[_Module(_subs=[("mlp.act", _Module(_forward_hooks={0: print}))])]], 0, 0,
          "its submodule 'mlp.act' \\(_Module\\) has registered hooks \\(forward_hooks\\)"),
+        ([[_Module(_params=[("weight", grad_hooked)])]], 0, 0,
+         "its parameter 'weight' has gradient hooks \\(register_hook\\), which would never "
+         "run.*all-reduce"),
+        ([[_Module(), _Module(_subs=[("fc", _Module(_params=[("bias", accumulate_hooked)]))])]], 0, 1,
+         "its parameter 'fc.bias' has gradient hooks \\(register_post_accumulate_grad_hook\\)"),
+        ([[DistributedDataParallel()]], 0, 0,
+         "it is a DistributedDataParallel: its gradient all-reduce .*\\.module"),
+        ([[_Module(_subs=[("block", FullyShardedDataParallel())])]], 0, 0,
+         "its submodule 'block' \\(FullyShardedDataParallel\\) is a FullyShardedDataParallel: "
+         "it gathers and frees its parameters"),
     ]
     for chunks, chunk, layer, words in cases:
         with pytest.raises(UnsupportedLayer, match=f"layer {layer} of chunk {chunk} .*{words}") as info:

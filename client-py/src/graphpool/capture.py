@@ -67,7 +67,11 @@ naming the layer and what to change, before any graph is used):
 Not supported: host synchronization in a forward or backward (``.item()``, ``.cpu()``,
 data-dependent shapes such as ``nonzero()``, Python control flow on tensor values; refused when
 the capture fails with it), keyword or non-tensor inputs, outputs that are not tensors (``None``,
-dicts), hooks registered on a layer's module or its submodules, sparse gradients, and a
+dicts), hooks registered on a layer's module or its submodules, gradient hooks on its
+parameters (their gradients are accumulated inside the backward graphs, never through
+autograd), data-parallel wrappers (``DistributedDataParallel``, whose all-reduce hooks would
+not run either: graph ``ddp.module``'s layers and all-reduce ``param.grad`` after the step's
+last backward; ``FullyShardedDataParallel``), sparse gradients, and a
 layer whose outputs depend on a tensor that requires grad and is neither its input nor its own
 parameter (a function using a module's parameters, a weight shared with a module the layer
 does not hold: only a layer's own parameters get gradients). Hooks registered for every
@@ -284,6 +288,29 @@ def _check_samples(samples: Sequence[tuple[Any, ...]]) -> None:
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 
+#: Tensor attributes holding a parameter's gradient hooks, by the method that registers them.
+_GRAD_HOOKS = (
+    ("register_hook", "_backward_hooks"),
+    ("register_post_accumulate_grad_hook", "_post_accumulate_grad_hooks"),
+)
+
+#: Data-parallel wrappers whose work runs in Python or autograd hooks around the forward and
+#: backward, which replays skip: why each cannot be a graphed layer, and what to do instead.
+_WRAPPERS = {
+    "DistributedDataParallel": (
+        "its gradient all-reduce runs from hooks on the parameters' gradient accumulators, "
+        "which never run for graphed layers (their backward graphs accumulate into param.grad "
+        "inside the graph): pass the layers of the module it wraps (.module) and all-reduce "
+        "param.grad once the last microbatch's backward has run"
+    ),
+    "FullyShardedDataParallel": (
+        "it gathers and frees its parameters in Python around every forward and backward, "
+        "which a replay does not run: graph layers whose parameters stay whole on each rank "
+        "(replicated, with param.grad all-reduced once the last microbatch's backward has run)"
+    ),
+}
+
+
 def _global_hooks() -> list[str]:
     """The kinds of module hooks registered for every module (``register_module_forward_hook``
     and its kin)."""
@@ -304,7 +331,9 @@ def _global_hooks() -> list[str]:
 def _check_modules(chunks: Sequence[Sequence[Any]]) -> None:
     """Refuses, before any CUDA call, layers whose graphs could not replay what eager execution
     does: a layer that is not callable, a module or submodule with registered hooks (a graph
-    replays the kernels, not the hooks' Python code), and a ``BatchNorm`` in train mode with
+    replays the kernels, not the hooks' Python code), a parameter with gradient hooks (its
+    gradient is accumulated inside the backward graph, never through autograd), a
+    data-parallel wrapper (DDP, FSDP), and a ``BatchNorm`` in train mode with
     ``momentum=None`` (its cumulative average reads the batch count on the host in every
     forward, which a capture cannot do). Hooks registered for every module are logged as a
     warning: the replays skip them too, but they are often a profiler's or a debugger's.
@@ -325,6 +354,9 @@ def _check_modules(chunks: Sequence[Sequence[Any]]) -> None:
             named = getattr(mod, "named_modules", None)
             for sub_name, sub in named() if callable(named) else ():
                 where = f"its submodule {sub_name!r} ({type(sub).__name__})" if sub_name else "it"
+                wrapper = _WRAPPERS.get(type(sub).__name__)
+                if wrapper is not None:
+                    raise UnsupportedLayer(c, i, mod, f"{where} is a {type(sub).__name__}: {wrapper}")
                 hooks = [h.strip("_") for h in _HOOKS if getattr(sub, h, None)]
                 if hooks:
                     raise UnsupportedLayer(
@@ -333,6 +365,19 @@ def _check_modules(chunks: Sequence[Sequence[Any]]) -> None:
                         f"layer's kernels, never the hooks' Python code: remove the hooks before "
                         f"capture",
                     )
+                params = getattr(sub, "named_parameters", None)
+                for p_name, p in params(recurse=False) if callable(params) else ():
+                    kinds = [how for how, attr in _GRAD_HOOKS if getattr(p, attr, None)]
+                    if kinds:
+                        name = f"{sub_name}.{p_name}" if sub_name else p_name
+                        raise UnsupportedLayer(
+                            c, i, mod,
+                            f"its parameter {name!r} has gradient hooks ({', '.join(kinds)}), "
+                            f"which would never run: the backward graphs accumulate its gradient "
+                            f"into param.grad inside the graph, not through autograd. Remove "
+                            f"them, and act on param.grad once the last microbatch's backward "
+                            f"has run (a data-parallel all-reduce, gradient clipping)",
+                        )
                 if (
                     getattr(sub, "training", False)
                     and getattr(sub, "track_running_stats", False)

@@ -40,11 +40,11 @@ in eager mode. Cases:
 * ``refusals``: what capture refuses, each with ``UnsupportedLayer`` (or ``InvalidArgument``)
   naming the layer: a layer returning ``None``, a layer whose outputs need no grad, an input no
   output uses without ``allow_unused_input``, a buffer replaced by the forward, ``BatchNorm``
-  with ``momentum=None``, a hook on a submodule, a parameter the layer uses but does not own,
-  reentrant activation checkpointing, dropout inside a checkpointed region (its backward
-  recomputes it: a random op in the backward), sparse gradients, a sample on the CPU, and (last: it
-  fails a capture midway) a forward that reads a value on the host; then a capture and replay
-  in the same process still work.
+  with ``momentum=None``, a hook on a submodule, a gradient hook on a parameter, a parameter
+  the layer uses but does not own, reentrant activation checkpointing, dropout inside a
+  checkpointed region (its backward recomputes it: a random op in the backward), sparse
+  gradients, a sample on the CPU, and (last: it fails a capture midway) a forward that reads a
+  value on the host; then a capture and replay in the same process still work.
 
 Each (pool kind, case) runs in a process of its own, as in ``test_poison.py``; the child prints
 one ``RESULT`` line per schedule (``refusals``: per check) with the largest differences, and
@@ -743,6 +743,11 @@ def _refusals(kind: str) -> list[dict[str, Any]]:  # pragma: no cover
         def forward(self, x: Any) -> Any:
             return torch.utils.checkpoint.checkpoint(self.part, x, use_reentrant=False)
 
+    def grad_hooked() -> Any:
+        lin = nn.Linear(H, H).to(DEVICE)
+        lin.weight.register_hook(lambda g: g * 2)
+        return lin
+
     def hooked() -> Any:
         block = nn.Sequential(nn.Linear(H, H), nn.GELU()).to(DEVICE)
         block[1].register_forward_hook(lambda mod, args, out: None)
@@ -767,6 +772,8 @@ def _refusals(kind: str) -> list[dict[str, Any]]:  # pragma: no cover
          UnsupportedLayer, 1, ["momentum=None", "float momentum"]),
         ("hook on a submodule", lambda: ([nn.Linear(H, H).to(DEVICE), hooked()], (x(),)),
          UnsupportedLayer, 1, ["submodule '1' (GELU)", "hooks"]),
+        ("gradient hook on a parameter", lambda: ([nn.Linear(H, H).to(DEVICE), grad_hooked()], (x(),)),
+         UnsupportedLayer, 1, ["parameter 'weight'", "register_hook"]),
         ("parameter not owned",
          lambda: ([nn.Linear(H, H).to(DEVICE), Tied(nn.Linear(H, H).to(DEVICE)).to(DEVICE)], (x(),)),
          UnsupportedLayer, 1, ["neither one of its inputs nor one of its own parameters"]),
@@ -887,5 +894,5 @@ def test_layers_match_eager(kind: str, case: str) -> None:
         for x in results if not x.get("ok")
     ]
     assert not failed, "\n".join(failed) + "\n" + rc.detail(r)
-    want = 13 if case == "refusals" else len(SCHEDULES)
+    want = 14 if case == "refusals" else len(SCHEDULES)
     assert r.returncode == 0 and len(results) == want, rc.detail(r)
