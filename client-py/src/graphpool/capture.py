@@ -1714,7 +1714,7 @@ def _warm_chunk(
         # retain_graph: a saved output packed as itself is a cycle through autograd's C++ nodes
         # that only the backward's release of saved tensors breaks (measured: with
         # retain_graph=True, 0.69 GiB of warm-up tensors of the seed stage stayed allocated).
-        seeded: Any = _random_op_watch() if profile else contextlib.nullcontext()
+        seeded: Any = _random_op_watch(device) if profile else contextlib.nullcontext()
         with seeded:
             grads = _layer_grads(lay, outs, diff_in, gouts, allow_unused)
         if profile and seeded.ops:
@@ -1760,13 +1760,23 @@ def _warm_chunk(
     return profs
 
 
-def _random_op_watch() -> Any:
-    """A context that records, in its ``ops``, the names of the random ops (aten ops tagged
-    ``nondeterministic_seeded``) run while it is entered, in autograd's backward threads too."""
+def _random_op_watch(device: int) -> Any:
+    """A context that records, in its ``ops``, the names of the ops that drew from ``device``'s
+    CUDA generator while it was entered, in autograd's backward threads too: ops tagged
+    ``nondeterministic_seeded`` that moved the generator's offset. Not the ones that carry the
+    tag but draw nothing, such as the attention backward kernels, which replay their forward's
+    dropout from the seed and offset it saved, or dropout with probability 0."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seeded = torch.Tag.nondeterministic_seeded
+    offset = getattr(torch.cuda.default_generators[device], "get_offset", None)
+
+    def read() -> Any:
+        try:
+            return offset() if offset is not None else None
+        except RuntimeError:  # a torch that will not tell: nothing is refused
+            return None
 
     class Watch(TorchDispatchMode):  # type: ignore[misc, unused-ignore]
         def __init__(self) -> None:
@@ -1774,9 +1784,13 @@ def _random_op_watch() -> Any:
             self.ops: set[str] = set()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if seeded in func.tags:
+            if seeded not in func.tags:
+                return func(*args, **(kwargs or {}))
+            before = read()
+            out = func(*args, **(kwargs or {}))
+            if before is not None and read() != before:
                 self.ops.add(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
+            return out
 
     return Watch()
 
