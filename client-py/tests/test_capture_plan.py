@@ -495,6 +495,53 @@ def test_reentrant_checkpointing_is_recognised_by_its_refusal_of_autograd_grad()
     assert not _reentrant_checkpoint(RuntimeError("checkpoint file not found"))
 
 
+def test_capture_under_autocast_turns_its_weight_cache_off_and_back() -> None:
+    """Under a caller's autocast the warm-up and the capture run with autocast's weight cache
+    cleared and off (a cached cast would be captured as a constant); the caller's setting is
+    back afterwards, after a failure too. Without autocast nothing is touched."""
+    code = textwrap.dedent(
+        """
+        import sys, types
+        calls = []
+        torch = types.ModuleType("torch")
+        state = {"cache": True}
+        torch.clear_autocast_cache = lambda: calls.append("clear")
+        torch.is_autocast_cache_enabled = lambda: state["cache"]
+        def set_cache(on):
+            calls.append(f"set {on}")
+            state["cache"] = on
+        torch.set_autocast_cache_enabled = set_cache
+        sys.modules["torch"] = torch
+
+        from graphpool.capture import _uncached_autocast
+
+        with _uncached_autocast(None):
+            print("none", calls, state["cache"])
+        with _uncached_autocast("bf16"):
+            print("inside", calls, state["cache"])
+        print("after", state["cache"])
+        try:
+            with _uncached_autocast("bf16"):
+                raise RuntimeError("capture failed")
+        except RuntimeError:
+            print("after a failure", state["cache"])
+        state["cache"] = False
+        with _uncached_autocast("bf16"):
+            pass
+        print("off before, off after", state["cache"])
+        """
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "none [] True",
+        "inside ['clear', 'set False'] False",
+        "after True",
+        "after a failure True",
+        "off before, off after False",
+    ]
+
+
 STANDIN_TORCH = """
 import sys, types
 
