@@ -49,6 +49,7 @@
 //! `layers[2].outputs[0].shape`, whether the parser found the fault (a string where a number
 //! belongs, a missing key) or the planner did (an unknown dtype, tensors past 2^64 bytes).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -689,55 +690,49 @@ impl Column {
     }
 }
 
-/// Splits one CSV record into fields (RFC 4180: a field may be quoted, `""` inside quotes
-/// is a quote), each trimmed of surrounding blanks. A malformed record gives the position of
-/// the field at fault (0-based) and what is wrong.
-fn split_record(line: &str) -> Result<Vec<String>, (usize, String)> {
-    let mut fields = Vec::new();
-    let mut chars = line.chars().peekable();
+/// Splits one CSV record into `fields` (cleared first; RFC 4180: a field may be quoted, `""`
+/// inside quotes is a quote), each trimmed of surrounding blanks. Unquoted fields borrow from
+/// `line`, so that a list of a million rows is not a few million small strings. A malformed
+/// record gives the position of the field at fault (0-based) and what is wrong.
+fn split_record<'a>(line: &'a str, fields: &mut Vec<Cow<'a, str>>) -> Result<(), (usize, String)> {
+    const BLANKS: [char; 2] = [' ', '\t'];
+    fields.clear();
+    let mut rest = line;
     loop {
-        while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
-            chars.next();
-        }
-        let mut field = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            loop {
+        rest = rest.trim_start_matches(BLANKS);
+        if let Some(quoted) = rest.strip_prefix('"') {
+            let mut field = String::new();
+            let mut chars = quoted.char_indices();
+            rest = loop {
                 match chars.next() {
-                    Some('"') if chars.peek() == Some(&'"') => {
+                    Some((k, '"')) if quoted[k + 1..].starts_with('"') => {
                         chars.next();
                         field.push('"');
                     }
-                    Some('"') => break,
-                    Some(c) => field.push(c),
+                    Some((k, '"')) => break quoted[k + 1..].trim_start_matches(BLANKS),
+                    Some((_, c)) => field.push(c),
                     None => return Err((fields.len(), "a quoted field is not closed on its line".into())),
                 }
-            }
-            while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
-                chars.next();
-            }
-            if chars.peek().is_some_and(|c| *c != ',') {
+            };
+            if !rest.is_empty() && !rest.starts_with(',') {
                 return Err((fields.len(), "text after a closing quote; quote the whole field".into()));
             }
+            fields.push(Cow::Owned(field));
         } else {
-            while let Some(&c) = chars.peek() {
-                if c == ',' {
-                    break;
-                }
-                if c == '"' {
-                    return Err((
-                        fields.len(),
-                        "a quote inside an unquoted field; quote the field and double the quote".into(),
-                    ));
-                }
-                field.push(c);
-                chars.next();
+            let end = rest.find(',').unwrap_or(rest.len());
+            let field = &rest[..end];
+            if field.contains('"') {
+                return Err((
+                    fields.len(),
+                    "a quote inside an unquoted field; quote the field and double the quote".into(),
+                ));
             }
-            field.truncate(field.trim_end().len());
+            fields.push(Cow::Borrowed(field.trim_end()));
+            rest = &rest[end..];
         }
-        fields.push(field);
-        if chars.next().is_none() {
-            return Ok(fields);
+        match rest.strip_prefix(',') {
+            Some(after) => rest = after,
+            None => return Ok(()),
         }
     }
 }
@@ -757,7 +752,8 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
         lines.by_ref().find(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#')).ok_or_else(
             || err(1, "header", "the file is empty; start with the header buffer,start,end,size".into()),
         )?;
-    let names = split_record(header).map_err(|(_, m)| err(header_line, "header", m))?;
+    let mut names = Vec::new();
+    split_record(header, &mut names).map_err(|(_, m)| err(header_line, "header", m))?;
     let mut columns: Vec<Column> = Vec::with_capacity(names.len());
     for name in &names {
         let column = Column::parse(name).ok_or_else(|| {
@@ -791,16 +787,19 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
     let listed = columns.iter().map(|c| c.name()).collect::<Vec<_>>().join(",");
     // The column at the `k`th field of a line (the last column for fields past it).
     let column_at = |k: usize| columns[k.min(columns.len() - 1)].name();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut buffers = Vec::new();
-    let mut lines_of = Vec::new();
+    // Rows at most: sized once, not grown (and rehashed) a million rows long.
+    let rows = text.bytes().filter(|&b| b == b'\n').count() + 1;
+    let mut seen: HashMap<Cow<'_, str>, usize> = HashMap::with_capacity(rows);
+    let mut buffers = Vec::with_capacity(rows);
+    let mut lines_of = Vec::with_capacity(rows);
     let mut offsets = offset_at.map(|_| Vec::new());
+    let mut fields = Vec::with_capacity(columns.len());
     for (line, raw) in lines {
         let trimmed = raw.trim();
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
-        let fields = split_record(raw).map_err(|(k, m)| err(line, column_at(k), m))?;
+        split_record(raw, &mut fields).map_err(|(k, m)| err(line, column_at(k), m))?;
         if fields.len() != columns.len() {
             return Err(err(
                 line,
@@ -812,11 +811,11 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
                 ),
             ));
         }
-        let name = fields[buffer_at].as_str();
+        let name = fields[buffer_at].clone();
         if name.is_empty() {
             return Err(err(line, "buffer", "is empty; give every buffer a name".into()));
         }
-        if let Some(first) = seen.insert(name.to_string(), line) {
+        if let Some(first) = seen.insert(name.clone(), line) {
             return Err(err(line, "buffer", format!("duplicate name {name:?} (first on line {first})")));
         }
         let int = |k: usize, column: Column, what: &str| {
@@ -859,7 +858,7 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
             list.push(int(k, Column::Offset, "byte offset")?);
         }
         buffers.push(NamedBuffer {
-            name: name.to_string(),
+            name: name.into_owned(),
             start,
             end,
             size,
@@ -1111,6 +1110,22 @@ mod tests {
         assert!(e.to_string().contains("appears twice"), "{e}");
         let e = csv("buffer,start,size\n").unwrap_err();
         assert!(e.to_string().contains("no \"end\" column"), "{e}");
+    }
+
+    #[test]
+    fn records_split_into_trimmed_fields_borrowed_unless_quoted() {
+        let mut f = Vec::new();
+        let split = |line: &'static str, f: &mut Vec<Cow<'static, str>>| split_record(line, f);
+        split(" a ,\tb\t, \"c, \"\"d\"\"\" ,", &mut f).unwrap();
+        assert_eq!(f, ["a", "b", "c, \"d\"", ""]);
+        assert!(matches!(f[0], Cow::Borrowed(_)) && matches!(f[2], Cow::Owned(_)));
+        split("ünï,\"çödé\",", &mut f).unwrap();
+        assert_eq!(f, ["ünï", "çödé", ""], "the vector is cleared first; multibyte text kept");
+        split("", &mut f).unwrap();
+        assert_eq!(f, [""]);
+        assert_eq!(split("a,\"b\" c", &mut f).unwrap_err().0, 1);
+        assert_eq!(split("a,b,\"c", &mut f).unwrap_err().0, 2);
+        assert_eq!(split("a,b\"c", &mut f).unwrap_err().0, 1);
     }
 
     #[test]
