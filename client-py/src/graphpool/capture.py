@@ -1769,13 +1769,16 @@ def _random_op_watch(device: int) -> Any:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    seeded = torch.Tag.nondeterministic_seeded
+    # A torch without the tag or the offset cannot tell: nothing is refused.
+    seeded = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
     offset = getattr(torch.cuda.default_generators[device], "get_offset", None)
+    if seeded is None:
+        offset = None
 
     def read() -> Any:
         try:
             return offset() if offset is not None else None
-        except RuntimeError:  # a torch that will not tell: nothing is refused
+        except RuntimeError:
             return None
 
     class Watch(TorchDispatchMode):  # type: ignore[misc, unused-ignore]
@@ -1784,7 +1787,8 @@ def _random_op_watch(device: int) -> Any:
             self.ops: set[str] = set()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if seeded not in func.tags:
+            # (higher-order operators carry no tags)
+            if offset is None or seeded not in getattr(func, "tags", ()):
                 return func(*args, **(kwargs or {}))
             before = read()
             out = func(*args, **(kwargs or {}))
