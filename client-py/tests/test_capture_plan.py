@@ -478,6 +478,31 @@ def test_capture_failures_of_host_work_are_refused_naming_the_layer() -> None:
         assert _capture_refusal(lay, "forward", other) is None, other
 
 
+def test_a_failed_capture_body_is_abandoned_and_host_work_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward and backward captures share one body guard: it begins the capture into the
+    pool, leaves a capture that succeeded open for the caller to end, and abandons one that
+    failed, raising host work as UnsupportedLayer (the original as its cause) and any other
+    error as it is."""
+    from graphpool import capture
+
+    abandoned: list[Any] = []
+    monkeypatch.setattr(capture, "_abandon_capture", lambda g, pool: abandoned.append((g, pool)))
+    g = SimpleNamespace(begun=[], capture_begin=lambda pool: g.begun.append(pool))
+    lay = capture._Layer(0, 2, _Module(), 1, False, False)
+    with capture._capturing(g, "pool", lay, "forward"):
+        pass
+    assert g.begun == ["pool"] and abandoned == []
+    host = RuntimeError("operation not permitted when stream is capturing")
+    with pytest.raises(capture.UnsupportedLayer, match="layer 2 of chunk 0 .*its backward cannot be captured") as info:
+        with capture._capturing(g, "pool", lay, "backward"):
+            raise host
+    assert info.value.__cause__ is host and abandoned == [(g, "pool")]
+    with pytest.raises(ValueError, match="shapes"):
+        with capture._capturing(g, "pool", lay, "forward"):
+            raise ValueError("shapes cannot be multiplied")
+    assert len(abandoned) == 2
+
+
 def test_reentrant_checkpointing_is_recognised_by_its_refusal_of_autograd_grad() -> None:
     """torch's ``use_reentrant=True`` checkpoint and checkpoint functions built like it refuse
     ``torch.autograd.grad``; the warm-up turns that into an :class:`UnsupportedLayer` that says

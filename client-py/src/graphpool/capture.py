@@ -1990,18 +1990,11 @@ def _capture_forward(
     import torch
 
     g = torch.cuda.CUDAGraph()
-    g.capture_begin(pool=pool_id)
-    try:
+    with _capturing(g, pool_id, lay, "forward"):
         if x is None:  # the chunk's input: a static buffer in the slot's pool
             x = tuple(torch.empty_like(a).requires_grad_(a.requires_grad) for a in sample)
         with torch.enable_grad():
             raw = lay.module(*x)
-    except BaseException as e:
-        _abandon_capture(g, pool_id)
-        refusal = _capture_refusal(lay, "forward", e)
-        if refusal is None:
-            raise
-        raise refusal from e
     out = _as_tuple(raw)
     # a layer that only returns its inputs or views of them launches no kernel
     in_storage = {t.untyped_storage().data_ptr() for t in x}
@@ -2039,8 +2032,7 @@ def _capture_backward(
     ins = lay.static_in[s]
     diff_in = [t for t in ins if t.requires_grad]
     g = torch.cuda.CUDAGraph()
-    g.capture_begin(pool=pool_id)
-    try:
+    with _capturing(g, pool_id, lay, "backward"):
         # the output gradients the graph reads: the next layer's input gradients, else static
         # buffers of this pool (the chunk's last layer, or outputs the next layer does not use)
         bufs = tuple(given[i] if given[i] is not None else torch.empty_like(static_out[i]) for i in want)
@@ -2052,12 +2044,6 @@ def _capture_backward(
         if pg:
             torch._foreach_add_([b for b, _ in pg], [gr for _, gr in pg])
         del grads, pg
-    except BaseException as e:
-        _abandon_capture(g, pool_id)
-        refusal = _capture_refusal(lay, "backward", e)
-        if refusal is None:
-            raise
-        raise refusal from e
     _end_capture(g, empty=lay.launches_nothing and not lay.params)
     lay.bwd[s] = g
     # weak aliases: the blocks go back to the backward pool once the next graph has read them
@@ -2080,6 +2066,23 @@ def _end_capture(g: Any, empty: bool) -> None:
         if empty:
             warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
         g.capture_end()
+
+
+@contextlib.contextmanager
+def _capturing(g: Any, pool_id: Any, lay: _Layer, kind: str) -> Any:
+    """Begins capturing ``g`` into the pool ``pool_id`` for the body (not ending it: the caller
+    does, once it knows whether the graph is empty). A body that fails abandons the capture;
+    its error is raised as :class:`UnsupportedLayer` where it is work a graph cannot replay
+    (:func:`_capture_refusal`; ``kind``: ``"forward"`` or ``"backward"``), as it is otherwise."""
+    g.capture_begin(pool=pool_id)
+    try:
+        yield
+    except BaseException as e:
+        _abandon_capture(g, pool_id)
+        refusal = _capture_refusal(lay, kind, e)
+        if refusal is None:
+            raise
+        raise refusal from e
 
 
 def _abandon_capture(g: Any, pool_id: Any) -> None:
