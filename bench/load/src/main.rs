@@ -5,7 +5,7 @@
 //!
 //!   graphpool-load [--daemon PATH] [--seconds S] [--json OUT] [--runs rr:1,rr:8,rr:64,mixed:64]
 //!
-//! Modes: `rr` = allocate + release round trips (issue 2's figure) the way a rank makes them
+//! Modes: `rr` = allocate + release round trips (the rank's allocation latency) the way a rank makes them
 //! (the shim): on the fd socket's fast path, the grant and its fd in one message, then the
 //! release; `mixed` = random allocate / release (fast path) / fetch-fd / PlanCapture (gRPC;
 //! skipped, and said so, where the daemon answers UNIMPLEMENTED). `rr-grpc` and `mixed-grpc`:
