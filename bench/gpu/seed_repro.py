@@ -356,9 +356,9 @@ def pool_report(gs: Any) -> dict[str, Any]:
 
 
 def capture_pool_id(pool: Any) -> Any:
-    from graphpool import capture
+    from graphpool.capture.memory import _pool_id
 
-    return capture._pool_id(pool)
+    return _pool_id(pool)
 
 
 # ------------------------------------------------------------------------------------ parent

@@ -170,7 +170,8 @@ def test_plan_through_a_client_names_the_session(daemon: object, client: graphpo
 def test_graphed_schedule_indices_do_not_wrap_around() -> None:
     """``gs[layer, microbatch]``, ``layer()`` and ``chunk()`` refuse negative and too-large
     indices, naming the argument, instead of picking another layer or microbatch."""
-    from graphpool.capture import CaptureStats, GraphedSchedule, _Layer
+    from graphpool.capture import CaptureStats, GraphedSchedule
+    from graphpool.capture.layers import _Layer
     from graphpool.schedule import Schedule
 
     schedule = Schedule.one_f_one_b(pp_size=2, pp_rank=0, num_microbatches=4)
@@ -202,7 +203,8 @@ class _Pool:
 def test_graphed_schedule_close_releases_every_pool_when_one_fails() -> None:
     """A pool whose release fails (the daemon gone, say) does not keep the others: every pool
     is released, then the first error is raised."""
-    from graphpool.capture import CaptureStats, GraphedSchedule, _Layer
+    from graphpool.capture import CaptureStats, GraphedSchedule
+    from graphpool.capture.layers import _Layer
 
     schedule = Schedule.one_f_one_b(pp_size=2, pp_rank=0, num_microbatches=4)
     released: list[str] = []
@@ -225,7 +227,8 @@ def test_graphed_call_inputs_are_checked_against_the_capture() -> None:
     tests/gpu/test_capture_calls.py checks the same on real graphs)."""
     from types import SimpleNamespace
 
-    from graphpool.capture import _check_inputs, _Layer
+    from graphpool.capture.layers import _Layer
+    from graphpool.capture.refusals import _check_inputs
 
     def t(shape: tuple[int, ...], dtype: str = "torch.float32") -> Any:
         return SimpleNamespace(shape=shape, dtype=dtype)
@@ -310,7 +313,7 @@ def test_unsupported_layer_is_an_invalid_argument_naming_the_layer() -> None:
 def test_samples_that_are_not_gpu_tensors_are_refused() -> None:
     """A chunk input that is not a tensor, or a tensor off the GPU, is refused naming the chunk
     and the input, before anything runs."""
-    from graphpool.capture import _check_samples
+    from graphpool.capture.refusals import _check_samples
 
     _check_samples([(_T(),), (_T(), _T((2,), requires_grad=False))])
     for samples, words in [
@@ -328,7 +331,8 @@ def test_layers_that_cannot_replay_as_eager_are_refused_before_capture() -> None
     momentum=None (itself or a submodule), data-parallel wrappers and a layer that is not
     callable are refused naming the chunk and layer; a BatchNorm with a float momentum, or in
     eval mode, and a parameter whose hooks were removed are fine."""
-    from graphpool.capture import UnsupportedLayer, _check_modules
+    from graphpool.capture import UnsupportedLayer
+    from graphpool.capture.refusals import _check_modules
 
     unhooked = _T()
     unhooked._backward_hooks = {}  # a hook registered, then removed
@@ -369,7 +373,7 @@ def test_layers_that_cannot_replay_as_eager_are_refused_before_capture() -> None
 def test_a_flat_tuple_of_tensors_is_the_first_layers_inputs() -> None:
     """For one chunk, ``(x, mask)`` is the first layer's two inputs even when the chunk has two
     layers (not a sample per layer); tuples per layer and per chunk keep their meaning."""
-    from graphpool.capture import _chunk_samples
+    from graphpool.capture.layers import _chunk_samples
 
     x, mask, y = _T(), _T((2,), requires_grad=False), _T()
     assert _chunk_samples((x, mask), [["l0", "l1"]]) == [(x, mask)]
@@ -383,7 +387,8 @@ def test_a_flat_tuple_of_tensors_is_the_first_layers_inputs() -> None:
 def test_a_layer_whose_submodule_changed_mode_is_refused() -> None:
     """A call with gradients enabled checks the training mode of the layer's module and of
     every submodule against the capture's, and names a submodule that changed alone."""
-    from graphpool.capture import _Layer, _mode_changed
+    from graphpool.capture.layers import _Layer
+    from graphpool.capture.modes import _mode_changed
 
     inner = _Module()
     outer = _Module(_subs=[("drop", inner)])
@@ -410,7 +415,7 @@ class _Node:
 def test_a_tensor_the_layer_does_not_own_is_found_at_the_graphs_leaves() -> None:
     """The walk from the outputs reaches every gradient accumulator, through shared nodes and
     ``None`` edges, and reports a leaf that is neither an input nor a parameter."""
-    from graphpool.capture import _foreign_leaf
+    from graphpool.capture.refusals import _foreign_leaf
 
     x, w, shared_w = _T(), _T((8, 8)), _T((8, 8))
     acc_x, acc_w, acc_shared = _Node(variable=x), _Node(variable=w), _Node(variable=shared_w)
@@ -425,7 +430,9 @@ def test_a_tensor_the_layer_does_not_own_is_found_at_the_graphs_leaves() -> None
 
 
 def test_layer_outputs_must_be_tensors_one_of_which_requires_grad() -> None:
-    from graphpool.capture import UnsupportedLayer, _Layer, _layer_outputs
+    from graphpool.capture import UnsupportedLayer
+    from graphpool.capture.layers import _Layer
+    from graphpool.capture.refusals import _layer_outputs
 
     lay = _Layer(0, 2, _Module(), 1, False, False)
     y, mask = _T(), _T(requires_grad=False)
@@ -442,7 +449,9 @@ def test_layer_outputs_must_be_tensors_one_of_which_requires_grad() -> None:
 
 
 def test_a_buffer_the_forward_replaces_is_refused() -> None:
-    from graphpool.capture import UnsupportedLayer, _check_buffers_kept, _Layer, _layer_buffers
+    from graphpool.capture import UnsupportedLayer
+    from graphpool.capture.layers import _Layer, _layer_buffers
+    from graphpool.capture.refusals import _check_buffers_kept
 
     count, stats = _T((1,)), _T((8,))
     mod = _Module(_bufs=[("count", count), ("norm.running_mean", stats)])
@@ -459,7 +468,8 @@ def test_capture_failures_of_host_work_are_refused_naming_the_layer() -> None:
     """A capture that fails because the layer synchronizes with the host becomes an
     UnsupportedLayer saying what to change; any other failure (out of memory, an invalidated
     capture, the layer's own error) is raised as it is."""
-    from graphpool.capture import _capture_refusal, _Layer
+    from graphpool.capture.layers import _Layer
+    from graphpool.capture.refusals import _capture_refusal
 
     lay = _Layer(1, 4, _Module(), 1, False, False)
     e = _capture_refusal(lay, "forward", RuntimeError(
@@ -484,21 +494,23 @@ def test_a_failed_capture_body_is_abandoned_and_host_work_refused(monkeypatch: p
     failed, raising host work as UnsupportedLayer (the original as its cause) and any other
     error as it is."""
     from graphpool import capture
+    from graphpool.capture import record
+    from graphpool.capture.layers import _Layer
 
     abandoned: list[Any] = []
-    monkeypatch.setattr(capture, "_abandon_capture", lambda g, pool: abandoned.append((g, pool)))
+    monkeypatch.setattr(record, "_abandon_capture", lambda g, pool: abandoned.append((g, pool)))
     g = SimpleNamespace(begun=[], capture_begin=lambda pool: g.begun.append(pool))
-    lay = capture._Layer(0, 2, _Module(), 1, False, False)
-    with capture._capturing(g, "pool", lay, "forward"):
+    lay = _Layer(0, 2, _Module(), 1, False, False)
+    with record._capturing(g, "pool", lay, "forward"):
         pass
     assert g.begun == ["pool"] and abandoned == []
     host = RuntimeError("operation not permitted when stream is capturing")
     with pytest.raises(capture.UnsupportedLayer, match="layer 2 of chunk 0 .*its backward cannot be captured") as info:
-        with capture._capturing(g, "pool", lay, "backward"):
+        with record._capturing(g, "pool", lay, "backward"):
             raise host
     assert info.value.__cause__ is host and abandoned == [(g, "pool")]
     with pytest.raises(ValueError, match="shapes"):
-        with capture._capturing(g, "pool", lay, "forward"):
+        with record._capturing(g, "pool", lay, "forward"):
             raise ValueError("shapes cannot be multiplied")
     assert len(abandoned) == 2
 
@@ -507,7 +519,7 @@ def test_reentrant_checkpointing_is_recognised_by_its_refusal_of_autograd_grad()
     """torch's ``use_reentrant=True`` checkpoint and checkpoint functions built like it refuse
     ``torch.autograd.grad``; the warm-up turns that into an :class:`UnsupportedLayer` that says
     to pass ``use_reentrant=False``."""
-    from graphpool.capture import _reentrant_checkpoint
+    from graphpool.capture.refusals import _reentrant_checkpoint
 
     assert _reentrant_checkpoint(RuntimeError(
         "When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing "
@@ -538,7 +550,7 @@ def test_capture_under_autocast_turns_its_weight_cache_off_and_back() -> None:
         torch.set_autocast_cache_enabled = set_cache
         sys.modules["torch"] = torch
 
-        from graphpool.capture import _uncached_autocast
+        from graphpool.capture.modes import _uncached_autocast
 
         with _uncached_autocast(None):
             print("none", calls, state["cache"])
@@ -587,6 +599,7 @@ sys.modules["torch"] = torch
 sys.modules["torch.cuda"] = torch.cuda
 
 from graphpool import capture, errors
+from graphpool.capture.layers import _Layer
 from graphpool.schedule import Schedule
 
 class T:
@@ -625,7 +638,7 @@ def test_make_graphed_callables_refuses_before_any_cuda_call() -> None:
         print(refused([Layer(), bn], (T(),)))
         print("cuda calls:", cuda_calls)
 
-        lay = capture._Layer(0, 0, Layer(), 2, True, True)
+        lay = _Layer(0, 0, Layer(), 2, True, True)
         gs = capture.GraphedSchedule(sched, [[lay]], [], capture.CaptureStats())
         lay.module.training = False
         try:

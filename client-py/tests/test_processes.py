@@ -431,7 +431,8 @@ class _ParentOnly:
 def test_graphed_schedule_close_in_child_only_drops_references() -> None:
     """``GraphedSchedule.close()`` in a forked child leaves the parent's graphs and pools
     alone (no graph reset, no pool release); the parent closes them as usual."""
-    from graphpool.capture import CaptureStats, GraphedSchedule, _Layer
+    from graphpool.capture import CaptureStats, GraphedSchedule
+    from graphpool.capture.layers import _Layer
     from graphpool.schedule import Schedule
 
     schedule = Schedule.one_f_one_b(pp_size=2, pp_rank=0, num_microbatches=4)

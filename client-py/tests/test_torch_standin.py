@@ -289,14 +289,15 @@ def test_auto_pools_fall_back_only_when_no_daemon_or_shim() -> None:
     bypassed); ``pools="graphpool"`` raises the absence too."""
     out = _run(
         """
-        from graphpool import capture, errors
+        from graphpool import errors
+        from graphpool.capture.memory import _daemon_pool_factory
 
         def probe(exc, required=False):
             def refuse(**kw):
                 raise exc
             _shim.configure = refuse
             try:
-                f = capture._daemon_pool_factory(0, None, None, required=required)
+                f = _daemon_pool_factory(0, None, None, required=required)
                 return "torch pools" if f is None else "factory"
             except Exception as e:
                 return type(e).__name__
