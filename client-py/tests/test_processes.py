@@ -248,7 +248,7 @@ def test_forked_child_does_not_unmap_device_memory(monkeypatch: pytest.MonkeyPat
     device segment in the child drops its fd only, without calling the CUDA driver (which
     would act on the parent's behalf, or fail) and without releasing the parent's grant."""
     from graphpool import segments
-    from graphpool.client import GrantInfo
+    from graphpool.info import GrantInfo
 
     def no_driver() -> object:
         raise AssertionError("the CUDA driver was called in a forked child")
@@ -288,7 +288,7 @@ def test_map_device_in_a_forked_child_is_refused(monkeypatch: pytest.MonkeyPatch
     nor the CUDA driver on an inherited segment: ``map_device()`` is FailedPrecondition saying
     why, whether the parent had mapped the segment or not, and the driver is never called."""
     from graphpool import segments
-    from graphpool.client import GrantInfo
+    from graphpool.info import GrantInfo
 
     def no_driver() -> object:
         raise AssertionError("the CUDA driver was called in a forked child")

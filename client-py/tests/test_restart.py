@@ -12,7 +12,7 @@ import pytest
 
 import graphpool
 from gp_helpers import Daemon, RestartableDaemon, run_python
-from graphpool.client import Reattached, ReconnectPolicy
+from graphpool.session import Reattached, ReconnectPolicy
 
 MiB = 1 << 20
 

@@ -29,27 +29,7 @@ import os as _os
 from typing import Any
 
 from ._native import native_path as _native_path
-from .client import (
-    Client,
-    DetachResult,
-    DeviceInfo,
-    DeviceLimit,
-    DeviceUsage,
-    GrantInfo,
-    JobLimit,
-    JobUsage,
-    Limits,
-    RankLimit,
-    RankUsage,
-    Reattached,
-    ReconnectPolicy,
-    Session,
-    SessionInfo,
-    Status,
-    Usage,
-    __version__,
-    default_socket_path,
-)
+from .client import Client, __version__, default_socket_path
 from .errors import (
     CapacityExceeded,
     DaemonUnavailable,
@@ -60,7 +40,22 @@ from .errors import (
     NotFound,
     PermissionDenied,
 )
+from .info import (
+    DeviceInfo,
+    DeviceLimit,
+    DeviceUsage,
+    GrantInfo,
+    JobLimit,
+    JobUsage,
+    Limits,
+    RankLimit,
+    RankUsage,
+    SessionInfo,
+    Status,
+    Usage,
+)
 from .segments import CudaError, DeviceMapping, Segment
+from .session import DetachResult, Reattached, ReconnectPolicy, Session
 from .units import format_size, parse_size
 
 __all__ = [

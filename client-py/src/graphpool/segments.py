@@ -29,7 +29,7 @@ from .errors import FailedPrecondition, GraphpoolError, DaemonUnavailable, error
 from .units import format_size
 
 if TYPE_CHECKING:
-    from .client import GrantInfo
+    from .info import GrantInfo
 
 __all__ = [
     "HANDLE_CUDA",

@@ -45,7 +45,8 @@ import torch
 
 from . import _shim
 from ._fork import ForkSafeLock, park
-from .client import Client, Session
+from .client import Client
+from .session import Session
 from .errors import GraphpoolError, InvalidArgument
 from .units import format_size, parse_size
 

@@ -1,4 +1,5 @@
-"""A graphed layer: its module, its slots' graphs and static tensors, and how calls split into chunks."""
+"""A graphed layer (its module, its slots' graphs and static tensors) and how the callables and
+samples split into model chunks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Where captured graphs' memory comes from: daemon-backed or plain torch pools, and raw views of it."""
+"""Where captured graphs' memory comes from: daemon-backed or plain torch pools, and raw views
+of it."""
 
 from __future__ import annotations
 

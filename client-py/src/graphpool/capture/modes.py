@@ -1,4 +1,5 @@
-"""The modes a layer is captured in (training mode, autocast) and whether a call still matches them."""
+"""The modes a layer is captured in (training mode, autocast) and whether a call still matches
+them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What a layer may not do under capture, found before any graph is used, and the errors that say so."""
+"""What a layer may not do under capture, found before any graph is used, and the error that
+says so."""
 
 from __future__ import annotations
 

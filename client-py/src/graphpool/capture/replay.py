@@ -1,4 +1,5 @@
-"""The captured schedule at run time: one callable per (layer, microbatch) that replays its slot's graphs."""
+"""The captured schedule at run time: one callable per (layer, microbatch) that replays its
+slot's graphs."""
 
 from __future__ import annotations
 
