@@ -14,7 +14,7 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 
 
 def _is_tensor(x: Any) -> bool:
-    """Whether ``x`` is a tensor (duck-typed, so that the checks below need no torch)."""
+    """Whether ``x`` is a tensor (duck-typed, so that the checks of `refusals.py` need no torch)."""
     return all(hasattr(x, a) for a in ("shape", "dtype", "requires_grad", "detach"))
 
 
