@@ -4,9 +4,10 @@
 #   bash fuzz/run.sh short          # CI: ~15 s per target, ~60 s of fuzzing in total
 #   bash fuzz/run.sh long [SECONDS] # report: SECONDS per target (default 120)
 #
-# The machine has only a stable toolchain: cargo-fuzz runs there with RUSTC_BOOTSTRAP=1
-# (for the -Z flags it passes) and without a sanitizer (-s none); coverage instrumentation
-# (sancov) and libFuzzer work the same. Debug assertions and overflow checks are on (-a).
+# Needs a stable toolchain and cargo-fuzz (installed when missing), no nightly: cargo-fuzz runs
+# with RUSTC_BOOTSTRAP=1 (for the -Z flags it passes) and without a sanitizer (-s none);
+# coverage instrumentation (sancov) and libFuzzer work the same. Debug assertions and overflow
+# checks are on (-a). Builds go to FUZZ_TARGET_DIR (default fuzz/target, ignored by git).
 # Crashes are written to fuzz/artifacts/<target>/ and make this script fail; replay one with
 #   RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -a <target> fuzz/artifacts/<target>/<file>
 set -euo pipefail
@@ -21,7 +22,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked
 fi
 export RUSTC_BOOTSTRAP=1
-tdir=${FUZZ_TARGET_DIR:-/tmp/target-fuzz}
+tdir=${FUZZ_TARGET_DIR:-$PWD/fuzz/target}
 targets=(grpc_requests fd_socket plan_input plan_files)
 flags=(-s none -a --target-dir "$tdir")
 cargo fuzz build "${flags[@]}"

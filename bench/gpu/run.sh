@@ -3,11 +3,12 @@
 #   1. bench/gpu/cuda_backend.py  (grant imported in another process, latency, daemon memory)
 #   2. a graphpoold --backend cuda on a socket under /tmp, then bench/gpu/shim_latency.py
 #   3. the GPU pytest suite (client-py/tests/gpu) against that daemon
-# Binaries come from $GRAPHPOOL_BIN_DIR (default <repo>/.carry): graphpoold and
-# libgraphpool_shim.so, built elsewhere with `cargo build --release -p graphpool --bins` and
-# `cargo build --release -p graphpool-shim`. Results go to $OUT (default /tmp/graphpool-bench-out):
-# env.txt, cuda_backend.json, shim_latency.json, gpu_tests.json, pytest.log, graphpoold.log,
-# run.log; a short table is printed last.
+# Binaries come from $GRAPHPOOL_BIN_DIR, the directory holding graphpoold, graphpool and
+# libgraphpool_shim.so (default <repo>/.carry, ignored by git), built elsewhere with
+# `cargo build --release -p graphpool --bins` and `cargo build --release -p graphpool-shim`.
+# Results go to $OUT (default /tmp/graphpool-bench-out): env.txt, cuda_backend.json,
+# shim_latency.json, gpu_tests.json, pytest.log, graphpoold.log, run.log; a short table is
+# printed last.
 #
 # STAGES (default "backend shim tests seed poison") picks what runs; SEED_ARGS adds arguments to
 # the seed reproduction (bench/gpu/seed_repro.py), e.g. SEED_ARGS="--m 8,128 --deadline 200".
