@@ -351,7 +351,7 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
 /// Plans the coarse instance `c` within `share` and keeps it when it is lower.
 pub(super) fn solve_coarse(c: &Coarse, share: Duration, opts: &PlaceOptions, best: &mut Incumbent) {
     let sub = PlaceOptions { time_budget: share, scaled_budget_per_item: None, ..opts.clone() };
-    if let Ok(cp) = place(&c.buffers, &sub)
+    if let Ok(cp) = place_for(&c.buffers, &sub, PlanFor::Footprint, Mirror::Never)
         && cp.footprint < best.high
     {
         let off = (0..c.member.len())

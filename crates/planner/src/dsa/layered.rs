@@ -190,7 +190,7 @@ pub(super) fn plan_skeleton(
         })
         .collect();
     let sub = PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..opts.clone() };
-    let plan = place_for(&buffers, &sub, plan_for).ok()?;
+    let plan = place_for(&buffers, &sub, plan_for, Mirror::Never).ok()?;
     Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tail })
 }
 
