@@ -616,6 +616,53 @@ class Layer:
 """
 
 
+def test_a_later_layer_takes_only_the_previous_layers_outputs() -> None:
+    """The layers of a chunk are captured as a chain (a later layer's static input is the
+    previous layer's static output, the same memory): a later layer called with anything but
+    those outputs as returned (``norm(h)``, a copy, a view in another layout) is refused before
+    anything replays, instead of being copied over the previous layer's output. Stand-in
+    torch (the GPU test tests/gpu/test_capture_calls.py checks the same on real graphs)."""
+    code = STANDIN_TORCH + textwrap.dedent(
+        """
+        class P(T):
+            def __init__(self, ptr, stride=(8, 1)):
+                super().__init__()
+                self.ptr, self.strides = ptr, stride
+            def data_ptr(self):
+                return self.ptr
+            def stride(self):
+                return self.strides
+
+        sched = Schedule.one_f_one_b(2, 0, 4)
+        first = _Layer(0, 0, Layer(), 2, True, False)
+        second = _Layer(0, 1, Layer(), 2, False, True)
+        gs = capture.GraphedSchedule(sched, [[first, second]], [], capture.CaptureStats())
+        h = P(1000)  # layer 0's output in slot 0 (what its callable returned)
+        second.static_in[0] = (h,)
+        gs._owner[0][0] = 0  # microbatch 0's forward of layer 0 ran
+        for given in (P(2000), P(1000, stride=(1, 2))):  # norm(h) or a copy; a transposed view
+            try:
+                gs[1, 0](given)
+            except errors.InvalidArgument as e:
+                print(type(e).__name__, e.field, "layer 1 of chunk 0" in str(e),
+                      "exactly as returned" in str(e))
+        try:
+            gs[1, 0](P(1000))
+        except AttributeError as e:  # past the checks: the stand-in torch cannot replay
+            print("replays:", "autograd" in str(e))
+        print("slots", gs.slots_in_use())
+        """
+    )
+    r = run_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "InvalidArgument args True True",
+        "InvalidArgument args True True",
+        "replays: True",
+        "slots [[0, None]]",
+    ]
+
+
 def test_make_graphed_callables_refuses_before_any_cuda_call() -> None:
     """Bad samples and layers are refused before capture touches CUDA (a stand-in torch whose
     every torch.cuda call fails); a callable called in another training mode, or another

@@ -70,6 +70,39 @@ def test_capacity_details() -> None:
         assert part in text, text
 
 
+def test_device_memory_refusal() -> None:
+    """``device-memory``: the device has no physical memory left for the request."""
+    detail = pb.ErrorDetail(
+        capacity=pb.CapacityRefusal(
+            requested_bytes=64 << 20, free_bytes=48 << 20, limit="device-memory", limit_bytes=1 << 30
+        )
+    )
+    e = error_from_rpc(FakeCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "device-memory: no", detail))
+    assert isinstance(e, graphpool.CapacityExceeded) and e.limit == "device-memory"
+    assert "device-memory limit of 1 GiB leaves 48 MiB free" in str(e) and "no physical memory" in str(e)
+
+
+def test_fd_socket_unavailable_names_its_daemon(tmp_path: Any) -> None:
+    """An fd socket that cannot be reached is not a socket to start graphpoold on: the message
+    says it is the daemon's fd socket, names that daemon's gRPC socket and how to check it."""
+    from graphpool.segments import FdChannel
+
+    fd_path, grpc_path = str(tmp_path / "graphpool-fd.sock"), str(tmp_path / "g.sock")
+    with pytest.raises(graphpool.DaemonUnavailable) as ei:
+        FdChannel(fd_path, daemon_socket=grpc_path).fetch(1, 2)
+    e = ei.value
+    assert (e.socket_path, e.fd_socket, e.daemon_socket) == (fd_path, True, grpc_path)
+    msg = str(e)
+    assert f"fd socket {fd_path} of the daemon at {grpc_path} is not reachable" in msg, msg
+    assert f"graphpool --socket {grpc_path} health" in msg, msg
+    assert "graphpoold --socket" not in msg and "GRAPHPOOL_SOCKET" not in msg, msg
+    # Without the daemon's socket known, it still does not give the fd socket as one.
+    msg = str(graphpool.DaemonUnavailable(fd_path, "refused", fd_socket=True))
+    assert "graphpoold --socket" not in msg and "`graphpool health`" in msg, msg
+    plain = graphpool.DaemonUnavailable(grpc_path, "refused")
+    assert not plain.fd_socket and plain.daemon_socket == grpc_path
+
+
 def test_field_violation() -> None:
     detail = pb.ErrorDetail(field=pb.FieldViolation(field="job_id", description="too long"))
     e = error_from_rpc(FakeCall(grpc.StatusCode.INVALID_ARGUMENT, "job_id: too long", detail))

@@ -367,6 +367,28 @@ def test_segment_release_in_child_while_a_parent_thread_holds_its_lock(
         assert s.grants() == []
 
 
+def test_session_close_in_child_while_a_parent_thread_holds_its_events(
+    client: graphpool.Client, job_id: str
+) -> None:
+    """A session's events hold locks, which a thread of the parent may hold at fork time (the
+    session's thread waits on them): close() in the child does not touch them (the session is
+    the parent's), and the child's copies are new, so nothing there hangs on them."""
+    s = client.attach(job_id, rank=0)
+    try:
+
+        def in_child() -> None:
+            assert s.close() == graphpool.DetachResult(0, 0)
+            s._stop.set()
+            s._attached.wait(0.1)
+
+        with _held_by_another_thread(s._stop._cond), _held_by_another_thread(s._attached._cond):
+            out = run_in_fork(in_child, timeout=5)
+        assert out == "ok"
+        assert s.alive and any(x.session_id == s.session_id for x in client.status().sessions)
+    finally:
+        s.close()
+
+
 def test_fd_channel_in_child_while_a_parent_thread_holds_its_lock(
     client: graphpool.Client, job_id: str
 ) -> None:

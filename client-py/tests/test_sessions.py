@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import graphpool
+import graphpool.client
 from gp_helpers import Daemon, run_python
 
 MiB = 1 << 20
@@ -496,3 +504,176 @@ def test_health_is_false_when_the_daemon_does_not_answer(daemon_bin: Path) -> No
     finally:
         c.close()
         d.stop()
+
+
+def _until(cond: Callable[[], bool], timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_release_goes_over_grpc_when_only_the_fd_socket_fails(
+    client: graphpool.Client, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release whose fd socket fails while the daemon and the session's stream are fine is
+    sent again at once over gRPC: the grant is released when release() returns, not left
+    charged until some later call."""
+    with client.attach(job_id, rank=0) as s:
+        seg, other = s.allocate("2MiB"), s.allocate("4MiB")
+
+        def broken(*args: object, **kwargs: object) -> int:
+            raise graphpool.DaemonUnavailable(s.fd_socket, "fd socket: [Errno 13] Permission denied")
+
+        monkeypatch.setattr(s._fds, "release", broken)
+        seg.release()
+        assert [g.grant_id for g in s.grants()] == [other.grant_id]
+        assert s.release(other.grant_id) == 4 * MiB
+        assert s.grants() == [] and s.held == ()
+        assert s.alive and not s.reconnecting
+
+
+def test_release_that_no_socket_answers_raises_and_is_retried(
+    client: graphpool.Client, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When neither the fd socket nor the gRPC socket answers the release while the session's
+    stream stays open (a daemon that accepts connections but does not answer), release()
+    raises instead of reporting a release that did not happen; the session's next
+    allocate() releases the grant."""
+    with client.attach(job_id, rank=0) as s:
+        seg = s.allocate("2MiB")
+
+        def broken(*args: object, **kwargs: object) -> int:
+            raise graphpool.DaemonUnavailable(s.fd_socket, "fd socket: timed out")
+
+        def silent(*args: object, **kwargs: object) -> int:
+            raise graphpool.DaemonUnavailable(client.socket_path, "no answer to ReleaseSegment within 10 s")
+
+        monkeypatch.setattr(s._fds, "release", broken)
+        monkeypatch.setattr(client, "release_segment", silent)
+        with pytest.raises(graphpool.DaemonUnavailable, match=f"grant {seg.grant_id} .*was not released") as ei:
+            seg.release()
+        assert "timed out" in str(ei.value) and "no answer to ReleaseSegment" in str(ei.value)
+        assert seg.released and s.held == ()
+        monkeypatch.undo()
+        assert [g.grant_id for g in s.grants()] == [seg.grant_id]  # still charged
+        s.allocate("2MiB").release()  # releases it first
+        assert s.grants() == []
+
+
+def test_an_interrupted_attach_leaves_no_session(
+    client: graphpool.Client, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt in attach() after the daemon attached (between the first event and
+    the session's construction) cancels the stream, so the daemon ends its side, and lets the
+    session's thread go instead of leaving it waiting forever."""
+
+    class InterruptedQueue(queue.Queue[Any]):
+        def get(self, block: bool = True, timeout: float | None = None) -> Any:
+            super().get(block, timeout)  # the attached event has arrived
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(graphpool.client, "queue", SimpleNamespace(Queue=InterruptedQueue, Empty=queue.Empty))
+    with pytest.raises(KeyboardInterrupt):
+        client.attach(job_id, rank=0)
+    monkeypatch.undo()
+    name = f"graphpool-session-{job_id}-0"
+    assert _until(lambda: not any(t.name == name for t in threading.enumerate())), "the thread is still waiting"
+    assert _until(lambda: not any(x.job_id == job_id for x in client.status().sessions)), "the daemon kept it"
+    with client.attach(job_id, rank=0) as s:  # the client works as before
+        assert s.alive
+
+
+def test_close_while_another_thread_allocates(client: graphpool.Client, job_id: str) -> None:
+    """close() racing an allocate() of another thread: the session still ends (it is not left
+    attached by an error about the segments changing under it), and the allocation that lost
+    the race raises FailedPrecondition, its grant gone with the session."""
+    s = client.attach(job_id, rank=0)
+    held = s.allocate("2MiB")
+    go, done = threading.Event(), threading.Event()
+    real = s._fds.allocate
+    result: list[object] = []
+
+    def slow(*args: Any) -> Any:
+        go.wait(10)  # until close() is under way
+        return real(*args)
+
+    def other() -> None:
+        try:
+            result.append(s.allocate("2MiB"))
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            result.append(e)
+        done.set()
+
+    s._fds.allocate = slow  # type: ignore[method-assign]
+    t = threading.Thread(target=other)
+    t.start()
+
+    class Racing(weakref.WeakValueDictionary[int, Any]):
+        """Lets the other thread's allocation land while close() goes over the segments."""
+
+        def values(self) -> Iterator[Any]:  # type: ignore[override]
+            for v in super().values():
+                go.set()
+                done.wait(0.5)  # it lands now, unless close() keeps it out meanwhile
+                yield v
+
+    racing = Racing()
+    racing.update(s._segments)
+    s._segments = racing
+    s.close()
+    t.join(10)
+    assert len(result) == 1 and isinstance(result[0], graphpool.FailedPrecondition), result
+    assert not s.alive and held.released
+    assert _until(lambda: not any(x.job_id == job_id for x in client.status().sessions)), "still attached"
+    assert client.usage().job(job_id) is None
+
+
+def test_low_level_calls_check_their_fields(client: graphpool.Client, job_id: str) -> None:
+    """The low-level calls refuse malformed arguments with InvalidArgument naming the field,
+    not protobuf's bare ValueError/TypeError/AttributeError."""
+    from graphpool._proto.graphpool.v1 import plan_pb2
+
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: client.allocate_segment(-1, "2MiB"), "session_id"),
+        (lambda: client.allocate_segment(1, "2MiB", label=3), "label"),  # type: ignore[arg-type]
+        (lambda: client.release_segment(1, "7"), "grant_id"),  # type: ignore[arg-type]
+        (lambda: client.release_segment(None, 7), "session_id"),  # type: ignore[arg-type]
+        (lambda: client.detach(1 << 64), "session_id"),
+        (lambda: client.plan_capture(1, {"time_budget_ms": 5}), "input"),
+        (lambda: client.plan_capture(1, plan_pb2.PlanInput(), reserve="yes"), "reserve"),  # type: ignore[arg-type]
+        (lambda: client.grants(job_id=5), "job_id"),  # type: ignore[arg-type]
+        (lambda: client.set_limits(jobs={7: "1GiB"}), "jobs[0].job_id"),  # type: ignore[dict-item]
+        (lambda: client.set_limits(ranks={"job": "1GiB"}), "ranks[0]"),  # type: ignore[dict-item]
+        (lambda: client.set_limits(ranks={("job", -1): "1GiB"}), "ranks[0].rank"),
+        (lambda: client.set_limits(devices={0: "1GiB", 1.5: "1GiB"}), "devices[1].device_index"),  # type: ignore[dict-item]
+    ]
+    for call, field in cases:
+        with pytest.raises(graphpool.InvalidArgument) as ei:
+            call()
+        assert ei.value.field == field, (field, ei.value)
+    with client.attach(job_id, rank=0) as s:
+        with pytest.raises(graphpool.InvalidArgument) as ei:
+            s.plan_capture("not a plan")
+        assert ei.value.field == "input" and s.alive
+
+
+def test_fd_socket_errors_name_the_fd_socket_and_its_daemon(
+    client: graphpool.Client, job_id: str, tmp_path: Path
+) -> None:
+    """An unreachable fd socket is reported as the daemon's fd socket, with the gRPC socket of
+    its daemon and how to check it, not as a socket to start graphpoold on."""
+    with client.attach(job_id, rank=0) as s:
+        missing = str(tmp_path / "fd.sock")
+        s._fds.close()
+        s._fds.path = missing
+        with pytest.raises(graphpool.DaemonUnavailable) as ei:
+            s.allocate("2MiB")
+        e = ei.value
+        assert e.socket_path == missing and e.fd_socket and e.daemon_socket == client.socket_path
+        msg = str(e)
+        assert f"fd socket {missing} of the daemon at {client.socket_path}" in msg, msg
+        assert f"graphpool --socket {client.socket_path} health" in msg, msg
+        assert "graphpoold --socket" not in msg and "GRAPHPOOL_SOCKET" not in msg, msg

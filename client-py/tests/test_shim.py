@@ -95,3 +95,26 @@ def test_a_released_session_ends_with_its_last_segment(daemon: Daemon, job_id: s
         job_id,
     )
     assert out == "ok"
+
+
+def test_unreachable_daemon_names_the_socket_the_shim_tried(tmp_path: object) -> None:
+    """configure() without a socket connects where GRAPHPOOL_SOCKET says: its refusal, and
+    the shim's later errors, name that socket, not an empty path."""
+    out = _run(
+        """
+        import os, sys
+        os.environ["GRAPHPOOL_SOCKET"] = sys.argv[1]
+        import graphpool
+        from graphpool import _shim
+
+        try:
+            _shim.configure(socket=None, job_id="j", rank=0, local_rank=0, device=0,
+                            daemon_device="0", budget_bytes=0, reserve_budget=False)
+        except graphpool.DaemonUnavailable as e:
+            print(e.socket_path == sys.argv[1], f"not reachable at {sys.argv[1]} (" in str(e))
+        e = _shim.error_from_shim({"kind": "unavailable", "message": "graphpool shim: restarting"})
+        print(type(e).__name__, e.socket_path == sys.argv[1])
+        """,
+        f"{tmp_path}/missing/g.sock",
+    )
+    assert out.splitlines() == ["True True", "DaemonUnavailable True"]

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import textwrap
 
-from gp_helpers import Daemon, run_python
+import pytest
 
-STANDIN = '''
+from gp_helpers import Daemon, run_python
+from graphpool._native import native_path
+
+#: The stand-in torch (its CUDA calls recorded in ``calls``), then graphpool imported.
+TORCH = '''
 import contextlib, gc, os, signal, sys, threading, types
 
 PARENT = os.getpid()
@@ -53,7 +57,10 @@ sys.modules["torch.cuda"] = cuda
 
 import graphpool
 from graphpool import _shim
+'''
 
+#: The stand-in shim: its device sessions in ``sessions``, its configure calls in ``configured``.
+SHIM = '''
 sessions = {}  # device -> session info, as the shim keeps them
 ended = set()  # devices whose session ended (the daemon did not come back)
 configured = []  # keyword arguments of each configure
@@ -76,7 +83,10 @@ _shim.keep_device = lambda device: device in sessions and device not in ended
 _shim.alloc_failures = lambda: 0
 _shim.last_alloc_error = lambda: None
 _shim.loaded_path = lambda: "libgraphpool_shim.so"
+'''
 
+#: graphpool.torch imported as ``gpt``, and ``in_child``.
+POOLS = '''
 import graphpool.torch as gpt
 
 def in_child(fn):
@@ -100,9 +110,12 @@ def in_child(fn):
     return out
 '''
 
+#: Stand-ins for torch and the shim.
+STANDIN = TORCH + SHIM + POOLS
 
-def _run(code: str, *args: str) -> str:
-    r = run_python(STANDIN + textwrap.dedent(code), *args)
+
+def _run(code: str, *args: str, standin: str = STANDIN) -> str:
+    r = run_python(standin + textwrap.dedent(code), *args)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
@@ -361,3 +374,101 @@ def test_pools_of_a_device_share_one_budget() -> None:
         """
     )
     assert out == "ok"
+
+
+@pytest.mark.skipif(native_path() is None, reason="the native shim is not installed")
+def test_a_refused_pool_leaves_the_device_session_to_end(daemon: Daemon, job_id: str) -> None:
+    """A pool refused because it asks the device's open session for another budget does not
+    keep that session: when the last pool was released while torch still held a segment (a
+    graph alive), the session still ends with that segment's free. Stand-in torch, the real
+    shim (host backend)."""
+    out = _run(
+        """
+        MIB = 1 << 20
+        sock, job = sys.argv[1], sys.argv[2]
+        first = gpt.MemPool(0, budget="64MiB", job_id=job, rank=0, socket=sock, daemon_device="0")
+        p = _shim.alloc(2 * MIB, 0)  # a segment torch still holds (a graph is alive)
+        first.release()  # the last pool: the session ends with that segment's free
+        for kwargs in ({"budget": "128MiB"}, {"budget": "64MiB", "rank": 1}):
+            try:
+                gpt.MemPool(0, **{"job_id": job, "rank": 0, **kwargs}, socket=sock, daemon_device="0")
+            except graphpool.GraphpoolError as e:
+                print("refused:", type(e).__name__)
+        assert _shim.session_info(0) is not None, "ended before its last segment's free"
+        _shim.free(p, 2 * MIB, 0)
+        print("after the free:", _shim.session_info(0))
+        import time
+        client = graphpool.Client(sock)
+        deadline = time.monotonic() + 3.0
+        while True:  # the daemon sees the session's stream end
+            left = [s.session_id for s in client.status().sessions if s.job_id == job]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        print("daemon sessions:", left)
+        # A pool asking the same values keeps the session, as before.
+        again = gpt.MemPool(0, budget="64MiB", job_id=job, rank=0, socket=sock, daemon_device="0")
+        p = _shim.alloc(2 * MIB, 0)
+        second = gpt.MemPool(0, budget="64MiB", job_id=job, rank=0, socket=sock, daemon_device="0")
+        again.release()
+        _shim.free(p, 2 * MIB, 0)
+        assert _shim.session_info(0) is not None, "second still uses it"
+        second.release()
+        print("released:", _shim.session_info(0))
+        """,
+        daemon.socket,
+        job_id,
+        standin=TORCH + POOLS,
+    )
+    assert out.splitlines() == [
+        "refused: InvalidArgument",
+        "refused: GraphpoolError",
+        "after the free: None",
+        "daemon sessions: []",
+        "released: None",
+    ]
+
+
+def test_release_drops_the_session_reference_when_cuda_fails() -> None:
+    """A pool whose release() fails in CUDA (a sticky error of an earlier kernel, say) still
+    gives up its reference to the device's session: it is the last pool, so the session
+    ends; the error is raised."""
+    out = _run(
+        """
+        pool = gpt.MemPool(0, budget=None, job_id="j", rank=0)
+
+        def broken(*args):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        cuda.synchronize = broken
+        try:
+            pool.release()
+        except RuntimeError as e:
+            print("raised:", "illegal memory access" in str(e))
+        print("sessions:", sessions)
+        pool.release()  # idempotent
+        """
+    )
+    assert out.splitlines() == ["raised: True", "sessions: {}"]
+
+
+def test_rank_and_local_rank_from_the_environment() -> None:
+    """``$RANK`` and ``$LOCAL_RANK`` are the defaults when set to integers, 0 included
+    (``LOCAL_RANK=0`` on device 1 is local rank 0, not the device index)."""
+    out = _run(
+        """
+        def made(env, device=1):
+            for k in ("RANK", "LOCAL_RANK"):
+                os.environ.pop(k, None)
+            os.environ.update(env)
+            pool = gpt.MemPool(device, budget=None, job_id="j")
+            pool.release()
+            return (configured[-1]["rank"], configured[-1]["local_rank"])
+
+        print(made({"RANK": "3", "LOCAL_RANK": "0"}))
+        print(made({"RANK": " 5 ", "LOCAL_RANK": "2"}))
+        print(made({"RANK": "x", "LOCAL_RANK": ""}))
+        print(made({}))
+        """
+    )
+    assert out.splitlines() == ["(3, 0)", "(5, 2)", "(0, 1)", "(0, 1)"]

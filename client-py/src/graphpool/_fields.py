@@ -31,3 +31,11 @@ def _text(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"{field} must be a str, not {value!r}", field=field)
     return value
+
+
+def _flag(field: str, value: object) -> bool:
+    """A bool request field (``reserve``, ``summary_only``): protobuf would raise a bare
+    ``TypeError`` for anything else (or take ``1`` as true); it is ``InvalidArgument``."""
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{field} must be a bool, not {value!r}", field=field)
+    return value

@@ -25,6 +25,7 @@ from typing import Any
 from ._fork import ForkSafeLock
 from ._native import SHIM_ENV, native_path
 from ._proto.graphpool.v1 import graphpool_pb2 as pb
+from .client import default_socket_path
 from .errors import (
     CapacityExceeded,
     DaemonUnavailable,
@@ -56,6 +57,8 @@ __all__ = [
 _lock = ForkSafeLock()
 _lib: ctypes.CDLL | None = None
 _path: str | None = None
+# The daemon socket of the latest configure (None: none yet): what the shim's errors name.
+_socket: str | None = None
 
 
 class ShimError(GraphpoolError):
@@ -177,8 +180,13 @@ def last_alloc_error() -> dict[str, Any] | None:
     return _error_dict(raw)
 
 
-def error_from_shim(d: dict[str, Any] | None, *, socket: str = "") -> GraphpoolError:
-    """The package exception for a shim error dict."""
+def error_from_shim(d: dict[str, Any] | None, *, socket: str | None = None) -> GraphpoolError:
+    """The package exception for a shim error dict. ``socket`` is the daemon socket a
+    ``DaemonUnavailable`` names: by default the one the shim was last configured with, else
+    :func:`graphpool.client.default_socket_path` (where the shim connects when configured
+    without one)."""
+    if socket is None:
+        socket = _socket or default_socket_path()
     if not d:
         return ShimError("graphpool shim: the operation failed without an error message")
     kind = str(d.get("kind", ""))
@@ -246,6 +254,9 @@ def configure(
             raise InvalidArgument(f"{name} must be an int between {lo} and {hi}, not {value!r}", field=name)
     if not isinstance(job_id, str):
         raise InvalidArgument(f"job_id must be a str, not {job_id!r}", field="job_id")
+    global _socket
+    # Where the shim connects: the socket given, else the default, found as the shim finds it.
+    _socket = os.path.abspath(socket) if socket else default_socket_path()
     lib = load()
     rc = lib.graphpool_shim_configure(
         socket.encode() if socket else None,
@@ -258,7 +269,7 @@ def configure(
         1 if reserve_budget else 0,
     )
     if rc != 0:
-        raise error_from_shim(last_error(), socket=socket or "")
+        raise error_from_shim(last_error(), socket=_socket)
 
 
 def stats(device: int) -> tuple[int, int] | None:

@@ -19,10 +19,11 @@ from typing import Any
 
 import grpc
 
-from ._fields import _size_bytes, _text, _uint
+from ._fields import _flag, _size_bytes, _text, _uint
 from ._fork import park
 from ._proto.graphpool.v1 import graphpool_pb2 as pb
 from ._proto.graphpool.v1 import graphpool_pb2_grpc as pb_grpc
+from ._proto.graphpool.v1 import plan_pb2 as plan_pb
 from .errors import (
     DaemonUnavailable,
     FailedPrecondition,
@@ -320,59 +321,82 @@ class Client:
             daemon=True,
         )
         thread.start()
+        session: Session | None = None
         try:
-            ev = first.get(timeout=self.timeout)
-        except queue.Empty:
-            call.cancel()
-            # An answer arriving after this finds no session: let the thread end instead of
-            # waiting for one forever.
+            try:
+                ev = first.get(timeout=self.timeout)
+            except queue.Empty:
+                raise DaemonUnavailable(
+                    self.socket_path, f"no answer to Attach within {self.timeout:g} s"
+                ) from None
+            if isinstance(ev, BaseException):
+                raise ev
+            a = ev.attached
+            session = Session(
+                client=self,
+                call=call,
+                thread=thread,
+                session_id=a.session_id,
+                job_id=job_id,
+                rank=rank,
+                local_rank=local_rank,
+                device=DeviceInfo._from(a.device),
+                daemon_instance=a.daemon_instance,
+                fd_socket=a.fd_socket,
+                reserved=a.reserved_bytes,
+                budget=budget_bytes,
+                adopted=tuple(GrantInfo._from(g) for g in a.adopted),
+                request=req,
+                reconnect=reconnect,
+            )
+            holder.append(session)
+            self._sessions.add(session)
             ready.set()
-            raise DaemonUnavailable(self.socket_path, f"no answer to Attach within {self.timeout:g} s") from None
-        if isinstance(ev, BaseException):
-            raise ev
-        a = ev.attached
-        session = Session(
-            client=self,
-            call=call,
-            thread=thread,
-            session_id=a.session_id,
-            job_id=job_id,
-            rank=rank,
-            local_rank=local_rank,
-            device=DeviceInfo._from(a.device),
-            daemon_instance=a.daemon_instance,
-            fd_socket=a.fd_socket,
-            reserved=a.reserved_bytes,
-            budget=budget_bytes,
-            adopted=tuple(GrantInfo._from(g) for g in a.adopted),
-            request=req,
-            reconnect=reconnect,
-        )
-        holder.append(session)
-        self._sessions.add(session)
-        ready.set()
+        except BaseException:
+            # No session comes out of this (no answer in time, a refusal, or an interruption
+            # such as KeyboardInterrupt while waiting): cancelling the stream ends the daemon's
+            # side, if it attached, and the thread is let go instead of waiting for a session
+            # forever (or, having seen the session, sees it closed and ends it).
+            holder.clear()
+            if session is not None:
+                session._closed = True
+                self._sessions.discard(session)
+                _SESSIONS.discard(session)
+            call.cancel()
+            ready.set()
+            raise
         return session
 
     # -- low-level calls naming a session ------------------------------------------------------
 
     def allocate_segment(self, session_id: int, size: int | str, label: str = "") -> GrantInfo:
         """Low level: ``AllocateSegment`` for any session id, without fetching the fd. Prefer
-        :meth:`Session.allocate`."""
-        req = pb.AllocateSegmentRequest(session_id=session_id, size_bytes=_size_bytes(size), label=label)
+        :meth:`Session.allocate`.
+
+        Raises:
+            InvalidArgument: a field is malformed (``.field`` says which), before any call.
+        """
+        req = pb.AllocateSegmentRequest(
+            session_id=_uint("session_id", session_id, 64), size_bytes=_size_bytes(size), label=_text("label", label)
+        )
         grant: pb.Grant = self._call("AllocateSegment", req)
         return GrantInfo._from(grant)
 
     def release_segment(self, session_id: int, grant_id: int) -> int:
         """Low level: ``ReleaseSegment``; returns the bytes released. Prefer
-        :meth:`Segment.release` or :meth:`Session.release`."""
-        resp: pb.ReleaseSegmentResponse = self._call(
-            "ReleaseSegment", pb.ReleaseSegmentRequest(session_id=session_id, grant_id=grant_id)
+        :meth:`Segment.release` or :meth:`Session.release`. A malformed id is
+        ``InvalidArgument`` naming it, before any call."""
+        req = pb.ReleaseSegmentRequest(
+            session_id=_uint("session_id", session_id, 64), grant_id=_uint("grant_id", grant_id, 64)
         )
+        resp: pb.ReleaseSegmentResponse = self._call("ReleaseSegment", req)
         return resp.bytes_released
 
     def detach(self, session_id: int) -> DetachResult:
-        """Low level: ends a session by id (``Detach``). Prefer :meth:`Session.close`."""
-        resp: pb.DetachResponse = self._call("Detach", pb.DetachRequest(session_id=session_id))
+        """Low level: ends a session by id (``Detach``). Prefer :meth:`Session.close`. A
+        malformed id is ``InvalidArgument`` naming it, before any call."""
+        req = pb.DetachRequest(session_id=_uint("session_id", session_id, 64))
+        resp: pb.DetachResponse = self._call("Detach", req)
         return DetachResult(grants_released=resp.grants_released, bytes_released=resp.bytes_released)
 
     def plan_capture(
@@ -381,9 +405,23 @@ class Client:
         """Low level: ``PlanCapture`` with a ``graphpool.v1.PlanInput`` message; returns the raw
         ``PlanCaptureResponse``. The call may take the client's timeout plus the input's
         ``time_budget_ms`` (a schedule that does not reach its bound is searched that long).
-        ``summary_only`` leaves ``Plan.buffers`` out of the response."""
+        ``summary_only`` leaves ``Plan.buffers`` out of the response.
+
+        Raises:
+            InvalidArgument: ``plan_input`` is not a ``PlanInput`` message, or another argument
+                is malformed (``.field`` says which), before any call.
+        """
+        if not isinstance(plan_input, plan_pb.PlanInput):
+            raise InvalidArgument(
+                f"plan_input must be a graphpool.v1.PlanInput message (graphpool.capture."
+                f"capture_plan_input builds one), not {type(plan_input).__name__}",
+                field="input",
+            )
         req = pb.PlanCaptureRequest(
-            session_id=session_id, input=plan_input, reserve=reserve, summary_only=summary_only
+            session_id=_uint("session_id", session_id, 64),
+            input=plan_input,
+            reserve=_flag("reserve", reserve),
+            summary_only=_flag("summary_only", summary_only),
         )
         budget = plan_input.time_budget_ms / 1000.0
         resp: pb.PlanCaptureResponse = self._call("PlanCapture", req, extra_time=budget)
@@ -402,7 +440,8 @@ class Client:
     def grants(self, job_id: str | None = None) -> list[GrantInfo]:
         """Every grant on the node (needs a uid on the daemon's allow-list), or those of
         ``job_id``."""
-        resp: pb.ListGrantsResponse = self._call("ListGrants", pb.ListGrantsRequest(session_id=0, job_id=job_id or ""))
+        req = pb.ListGrantsRequest(session_id=0, job_id=_text("job_id", job_id) if job_id is not None else "")
+        resp: pb.ListGrantsResponse = self._call("ListGrants", req)
         return [GrantInfo._from(g) for g in resp.grants]
 
     def health(self) -> bool:
@@ -437,6 +476,11 @@ class Client:
             devices: ``{index or "GPU-uuid": budget}``.
 
         Returns the limits now in force.
+
+        Raises:
+            InvalidArgument: a key or size is malformed (``.field`` names it as the daemon
+                would, e.g. ``"ranks[0].rank"``), before any call; or the daemon refused one.
+            PermissionDenied: this uid is not an admin.
         """
 
         def size(name: str, v: int | str) -> int:
@@ -450,15 +494,34 @@ class Client:
             req.default_rank_quota_bytes = size("default_rank_quota_bytes", default_rank_quota)
         if default_job_quota is not None:
             req.default_job_quota_bytes = size("default_job_quota_bytes", default_job_quota)
-        for job, q in (jobs or {}).items():
-            req.jobs.append(pb.JobLimit(job_id=job, quota_bytes=size("jobs.quota_bytes", q)))
-        for (job, rank), q in (ranks or {}).items():
-            req.ranks.append(pb.RankLimit(job_id=job, rank=rank, quota_bytes=size("ranks.quota_bytes", q)))
-        for dev, b in (devices or {}).items():
+        for i, (job, q) in enumerate((jobs or {}).items()):
+            req.jobs.append(
+                pb.JobLimit(job_id=_text(f"jobs[{i}].job_id", job), quota_bytes=size("jobs.quota_bytes", q))
+            )
+        for i, (key, q) in enumerate((ranks or {}).items()):
+            if not isinstance(key, tuple) or len(key) != 2:
+                raise InvalidArgument(
+                    f"ranks keys must be (job_id, rank) pairs, not {key!r}", field=f"ranks[{i}]"
+                )
+            job, rank = key
+            req.ranks.append(
+                pb.RankLimit(
+                    job_id=_text(f"ranks[{i}].job_id", job),
+                    rank=_uint(f"ranks[{i}].rank", rank, 32),
+                    quota_bytes=size("ranks.quota_bytes", q),
+                )
+            )
+        for i, (dev, b) in enumerate((devices or {}).items()):
             d = pb.DeviceLimit(budget_bytes=size("devices.budget_bytes", b))
             if isinstance(dev, str):
                 d.device_uuid = dev
             else:
-                d.device_index = dev
+                try:
+                    d.device_index = _uint(f"devices[{i}].device_index", dev, 32)
+                except InvalidArgument:
+                    raise InvalidArgument(
+                        f"devices keys must be a device index or a UUID (\"GPU-...\"), not {dev!r}",
+                        field=f"devices[{i}].device_index",
+                    ) from None
             req.devices.append(d)
         return Limits._from(self._call("SetLimits", req, admin=True))

@@ -124,24 +124,57 @@ class DaemonUnavailable(GraphpoolError, ConnectionError):
     closed the connection (its log says why, e.g. the uid already holds as many connections as
     it may), or it did not answer within the client's timeout.
 
+    The socket is the daemon's gRPC socket, or (``fd_socket``) the fd socket a session was
+    told to fetch segment fds on (``Session.fd_socket``): a socket the daemon opens next to
+    its gRPC socket, which the message does not tell to start a daemon on.
+
     Attributes:
         socket_path: the socket path that was tried.
+        reason: why it failed (``""`` if not known).
+        fd_socket: whether ``socket_path`` is the daemon's fd socket, not its gRPC socket.
+        daemon_socket: the daemon's gRPC socket: ``socket_path`` itself unless ``fd_socket``;
+            for an fd socket, the gRPC socket of the daemon that named it (``""`` if not
+            known).
     """
 
     grpc_code = grpc.StatusCode.UNAVAILABLE
 
-    def __init__(self, socket_path: str, reason: str = "", *, code: grpc.StatusCode | None = None) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        reason: str = "",
+        *,
+        code: grpc.StatusCode | None = None,
+        fd_socket: bool = False,
+        daemon_socket: str = "",
+    ) -> None:
         why = f" ({reason})" if reason else ""
-        message = (
-            f"graphpoold is not reachable at {socket_path}{why}. Start the daemon "
-            f"(`systemctl start graphpoold`, or `graphpoold --socket {socket_path}`), or point "
-            "GRAPHPOOL_SOCKET (or graphpool.Client(socket=...)) at the socket it listens on. If it "
-            "is running, its log says why it closed the connection (for example, too many "
-            "connections from this uid)."
-        )
+        if fd_socket:
+            of = f" of the daemon at {daemon_socket}" if daemon_socket else ""
+            health = f"graphpool --socket {daemon_socket} health" if daemon_socket else "graphpool health"
+            message = (
+                f"graphpoold's fd socket {socket_path}{of} is not reachable{why}. The daemon opens "
+                f"this socket itself and named it when the session attached, to hand out segment "
+                f"fds on it. Check that the daemon is still running (`{health}`, or "
+                f"`systemctl status graphpoold`) and that this process may connect to the fd "
+                "socket (its permissions and group; the same filesystem as the daemon's, e.g. "
+                "the directory mounted into the container). If the daemon is running, its log "
+                "says why it closed the connection."
+            )
+        else:
+            daemon_socket = socket_path
+            message = (
+                f"graphpoold is not reachable at {socket_path}{why}. Start the daemon "
+                f"(`systemctl start graphpoold`, or `graphpoold --socket {socket_path}`), or point "
+                "GRAPHPOOL_SOCKET (or graphpool.Client(socket=...)) at the socket it listens on. If it "
+                "is running, its log says why it closed the connection (for example, too many "
+                "connections from this uid)."
+            )
         super().__init__(message, code=code)
         self.socket_path = socket_path
         self.reason = reason
+        self.fd_socket = fd_socket
+        self.daemon_socket = daemon_socket
 
 
 class CapacityExceeded(GraphpoolError, MemoryError):
@@ -151,7 +184,9 @@ class CapacityExceeded(GraphpoolError, MemoryError):
         requested: bytes asked for.
         free: bytes the limit that bit still allows.
         limit: which limit bit: ``"device-budget"``, ``"job-quota"``, ``"rank-quota"``,
-            ``"session-budget"`` or ``"session-grants"`` (``""`` if the daemon did not say).
+            ``"session-budget"``, ``"session-grants"`` (its figures count grants, not bytes)
+            or ``"device-memory"`` (the device has no physical memory left for the request:
+            memory that no grant accounts for fills it); ``""`` if the daemon did not say.
         limit_bytes: the size of that limit.
         device_uuid: the device of the request.
         top_holders: the largest holders under that limit, largest first.
@@ -204,6 +239,11 @@ _HINTS = {
     "job-quota": "Ask an admin to raise the job quota (graphpool limits), or free memory in other ranks of the job",
     "device-budget": "The GPU's graphpool budget is used up by the holders above; wait for them or lower the request",
     "session-grants": "This session holds too many grants; ask for fewer, larger segments",
+    "device-memory": (
+        "The GPU has no physical memory left for it: memory that no grant accounts for (other "
+        "processes, or allocations outside graphpool) fills it; free some, or lower the device's "
+        "graphpool budget to what is really free"
+    ),
 }
 
 _BY_CODE: dict[grpc.StatusCode, type[GraphpoolError]] = {

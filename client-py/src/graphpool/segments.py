@@ -57,11 +57,18 @@ class FdChannel:
     fetches the socket carries the fast path of ``AllocateSegment`` (grant and fd in one
     exchange) and ``ReleaseSegment``, answered exactly as the gRPC calls would be. Thread-safe;
     reconnects after a failure and after ``fork``.
+
+    Args:
+        path: the fd socket.
+        timeout: seconds to wait for each exchange.
+        daemon_socket: the gRPC socket of the daemon that named ``path`` (for the messages of
+            its errors), ``""`` if not known.
     """
 
-    def __init__(self, path: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, path: str, *, timeout: float = 10.0, daemon_socket: str = "") -> None:
         self.path = path
         self.timeout = timeout
+        self.daemon_socket = daemon_socket
         self._sock: socket.socket | None = None
         self._pid = 0
         self._lock = ForkSafeLock()
@@ -76,9 +83,12 @@ class FdChannel:
             s.connect(self.path)
         except OSError as e:
             s.close()
-            raise DaemonUnavailable(self.path, f"fd socket: {e.strerror or e}") from e
+            raise self._unreachable(f"fd socket: {e.strerror or e}") from e
         self._sock, self._pid = s, os.getpid()
         return s
+
+    def _unreachable(self, reason: str) -> DaemonUnavailable:
+        return DaemonUnavailable(self.path, reason, fd_socket=True, daemon_socket=self.daemon_socket)
 
     def close(self) -> None:
         """Closes the connection (only in the process that opened it)."""
@@ -142,7 +152,7 @@ class FdChannel:
                 sock.close()
                 self._sock = None
                 if isinstance(e, OSError):
-                    raise DaemonUnavailable(self.path, f"fd socket: {e}") from e
+                    raise self._unreachable(f"fd socket: {e}") from e
                 raise GraphpoolError(f"fd socket {self.path}: {e}") from e
         resp = pb.FdResponse()
         try:
@@ -153,7 +163,11 @@ class FdChannel:
         if not resp.ok:
             _close_all(fds)
             detail = resp.error if resp.HasField("error") else None
-            raise error_from_code(resp.code, resp.message or f"the daemon refused {what}", self.path, detail)
+            # A refusal comes from the daemon itself: one it sends as UNAVAILABLE (shutting down)
+            # names its gRPC socket, the one to start a daemon on.
+            raise error_from_code(
+                resp.code, resp.message or f"the daemon refused {what}", self.daemon_socket or self.path, detail
+            )
         return resp, fds
 
 
@@ -337,6 +351,15 @@ class Segment:
         If a ``memoryview`` of :meth:`map` is still alive, the mapping stays until it is
         dropped (the memory stays valid until then). When unmapping fails (a ``CudaError``),
         the fd is closed and the grant released all the same, then the error is raised.
+
+        While the daemon is away (the session re-attaches after a restart), the release is
+        local: the re-attach does not declare the grant. When the fd socket fails while the
+        daemon is there, the release goes again at once over gRPC.
+
+        Raises:
+            DaemonUnavailable: the daemon answered on none of its sockets while the session's
+                stream stayed open (a daemon that does not answer): the grant was not released;
+                the session's next ``allocate()`` releases it, ``close()`` with the session.
         """
         unmap_error: Exception | None = None
         with self._lock:

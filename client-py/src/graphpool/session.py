@@ -20,7 +20,14 @@ import grpc
 from ._proto.graphpool.v1 import graphpool_pb2 as pb
 from ._fields import _size_bytes, _text, _uint
 from ._fork import park
-from .errors import DaemonUnavailable, FailedPrecondition, GraphpoolError, InvalidArgument, error_from_rpc
+from .errors import (
+    DaemonUnavailable,
+    FailedPrecondition,
+    GraphpoolError,
+    InvalidArgument,
+    NotFound,
+    error_from_rpc,
+)
 from .info import DeviceInfo, GrantInfo, Limits
 from .segments import FdChannel, Segment
 
@@ -150,6 +157,15 @@ def _listening(path: str) -> bool:
         s.close()
 
 
+def _renewed(event: threading.Event) -> threading.Event:
+    """A new event in the state of ``event`` (for a forked child: see
+    :meth:`Session._abandon_in_child`)."""
+    fresh = threading.Event()
+    if event.is_set():
+        fresh.set()
+    return fresh
+
+
 def _read_events(
     call: Any,
     first: queue.Queue[pb.SessionEvent | BaseException],
@@ -245,7 +261,8 @@ class Session:
         self._call_obj = call
         self._thread = thread
         self._pid = os.getpid()
-        self._fds = FdChannel(fd_socket, timeout=client.timeout)
+        self._fds = FdChannel(fd_socket, timeout=client.timeout, daemon_socket=client.socket_path)
+        # Guarded by `_state`: close() snapshots it while another thread may allocate.
         self._segments: weakref.WeakValueDictionary[int, Segment] = weakref.WeakValueDictionary()
         self._closed = False
         self._end_reason: str | None = None
@@ -536,7 +553,7 @@ class Session:
             self.reserved = a.reserved_bytes
             self.device = DeviceInfo._from(a.device)
             self.adopted = adopted
-            self._fds = FdChannel(a.fd_socket, timeout=self.client.timeout)
+            self._fds = FdChannel(a.fd_socket, timeout=self.client.timeout, daemon_socket=self.client.socket_path)
             self._draining = None
             for gid in unadopted:
                 if self._held.pop(gid, None) is not None:
@@ -583,10 +600,15 @@ class Session:
 
     def _abandon_in_child(self) -> None:
         # The thread and the stream stayed in the parent; forget them here without closing.
+        # Every lock is renewed, the events' too (an Event holds a lock, which a thread of
+        # the parent may have held at fork time: the session's thread waits on both events);
+        # is_set() reads a flag without taking it.
         if self._pid != os.getpid():
             park(self._call_obj)
             self._lock = threading.Lock()
             self._state = threading.Lock()
+            self._attached = _renewed(self._attached)
+            self._stop = _renewed(self._stop)
 
     def _check(self) -> None:
         if self._pid != os.getpid():
@@ -626,6 +648,24 @@ class Session:
                 self._check()
                 raise self._unavailable()
 
+    def _moved(self, gen: int) -> bool:
+        """Whether the session is no longer the attachment of generation ``gen``: it
+        re-attaches (or did), ended, or was closed."""
+        return (
+            gen != self._generation
+            or self._reconnecting_since is not None
+            or self._end_reason is not None
+            or self._closed
+        )
+
+    def _wait_moved(self, gen: int, seconds: float) -> bool:
+        """Waits up to ``seconds`` for the session's thread to see its stream end (after a
+        call found the daemon unreachable); returns :meth:`_moved`."""
+        until = time.monotonic() + seconds
+        while not self._moved(gen) and time.monotonic() < until:
+            time.sleep(0.01)
+        return self._moved(gen)
+
     def _with_session(self, op: Callable[[int], Any]) -> Any:
         """Runs ``op(session_id)``; when it fails because the daemon went away (or the call
         reached a new daemon before this session re-attached), waits for the re-attach and
@@ -640,11 +680,7 @@ class Session:
                     raise
                 if isinstance(e, DaemonUnavailable) and gen == self._generation:
                     # The stream's end may not have been seen yet: give the thread a moment.
-                    t = time.monotonic() + min(1.0, max(0.0, deadline - time.monotonic()))
-                    while gen == self._generation and self._reconnecting_since is None:
-                        if time.monotonic() >= t or self._end_reason is not None or self._closed:
-                            break
-                        time.sleep(0.01)
+                    self._wait_moved(gen, min(1.0, max(0.0, deadline - time.monotonic())))
                 moved = gen != self._generation or self._reconnecting_since is not None
                 if not moved:
                     # The session is not re-attaching: it ended meanwhile (say so), or the
@@ -682,12 +718,27 @@ class Session:
         grant, fd, resp = self._with_session(grant_with_fd)
         seg = Segment(grant, fd, resp.handle_kind or grant.handle_kind, self._release_segment)
         with self._state:
-            self._held[grant.grant_id] = grant
-        self._segments[grant.grant_id] = seg
+            closed = self._closed
+            if not closed:
+                self._held[grant.grant_id] = grant
+                self._segments[grant.grant_id] = seg
+        if closed:
+            # close() ran meanwhile: the daemon released the grant with the session.
+            seg._forget()
+            self._check()
         return seg
 
     def _release_grant(self, grant_id: int) -> int:
-        """Releases a grant in the daemon, across a daemon restart; returns the bytes."""
+        """Releases a grant in the daemon, across a daemon restart; returns the bytes.
+
+        The release goes on the fd socket. When that socket is unreachable while the session's
+        stream is up (the daemon is there; its fd socket failed), it goes again at once over
+        gRPC. A release while the daemon is away is local: the grant leaves the grants the
+        session holds, so its re-attach does not declare it (or, declared already, releases
+        it right after). When neither socket answers and the session does not see its stream
+        end within a second (a daemon that accepts connections but does not answer), the
+        release is kept for the session's next ``allocate()`` (``close()`` ends the session,
+        and the grant with it) and ``DaemonUnavailable`` is raised: nothing was released."""
         with self._state:
             info = self._held.pop(grant_id, None)
             unadopted = grant_id in self._unadopted
@@ -701,19 +752,49 @@ class Session:
             return info.size
         try:
             return self._fds.release(sid, grant_id)
-        except GraphpoolError as e:
+        except DaemonUnavailable as e:
+            if info is None:
+                raise
+            fd_error = e
+        except GraphpoolError:
             if info is None or self._policy is None:
                 raise
-            if isinstance(e, DaemonUnavailable) and gen == self._generation:
-                with self._state:
-                    self._pending_release.add(grant_id)
-                return info.size
-            if gen != self._generation or self._reconnecting_since is not None:
+            # A refusal of a grant this session holds: a new daemon answered (the old one's
+            # session is unknown there) before the session saw the old one go?
+            if self._wait_moved(gen, min(1.0, self.client.timeout)):
                 return info.size  # the new daemon never gets it declared, or _install releases it
             raise
+        if self._moved(gen):
+            return info.size  # the daemon went away meanwhile: local, as above
+        # The session's stream is up, so the daemon may well be there: only its fd socket
+        # failed. Nothing will retry soon, so the release goes again now, over gRPC.
+        try:
+            return self.client.release_segment(sid, grant_id)
+        except NotFound:
+            # Gone from the daemon: the fd socket's exchange released it before failing (or a
+            # new daemon, which never heard of the session, answered: local, as above).
+            return info.size
+        except GraphpoolError as e:
+            if self._wait_moved(gen, min(1.0, self.client.timeout)):
+                return info.size  # the daemon went away: local, as above
+            if not isinstance(e, DaemonUnavailable):
+                raise
+            grpc_error = e
+        with self._state:
+            if self.session_id == sid and self._reconnecting_since is None:
+                self._pending_release.add(grant_id)
+        raise DaemonUnavailable(
+            self.client.socket_path,
+            f"grant {grant_id} of session {sid} was not released: the daemon answered neither on "
+            f"its fd socket ({fd_error.reason or fd_error}) nor on its gRPC socket "
+            f"({grpc_error.reason or grpc_error}), while the session's stream stayed open; the "
+            f"session's next allocate() releases it (close() releases it with the session)",
+            code=grpc_error.code,
+        ) from grpc_error
 
     def _release_segment(self, grant_id: int) -> None:
-        self._segments.pop(grant_id, None)
+        with self._state:
+            self._segments.pop(grant_id, None)
         if self._closed or self._end_reason is not None or self._pid != os.getpid():
             return
         self._release_grant(grant_id)
@@ -727,10 +808,14 @@ class Session:
             NotFound: no such grant (e.g. released already).
             PermissionDenied: the grant belongs to another session.
             InvalidArgument: ``grant_id`` is not a grant id (an int of 64 bits).
+            DaemonUnavailable: the daemon answered on none of its sockets while the session's
+                stream stayed open (a hung daemon): nothing was released; the session's next
+                ``allocate()`` releases it, ``close()`` with the session.
         """
         self._check()
         _uint("grant_id", grant_id, 64)
-        seg = self._segments.pop(grant_id, None)
+        with self._state:
+            seg = self._segments.pop(grant_id, None)
         unmap_error: Exception | None = None
         if seg is not None:
             try:
@@ -791,18 +876,24 @@ class Session:
             if self._closed:
                 return DetachResult(0, 0)
             self._closed = True
-        self._stop.set()
+        # Under the lock: another thread may be adding the segment it just allocated (it then
+        # sees the session closed, see allocate()).
+        with self._state:
+            segments = list(self._segments.values())
+            self._segments.clear()
         unmap_error: Exception | None = None
-        for seg in list(self._segments.values()):
+        for seg in segments:
             try:
                 seg._forget()
             except Exception as e:  # the session must end all the same
                 unmap_error = unmap_error or e
-        self._segments.clear()
+        del segments
         if self._pid != os.getpid():
+            # The session, its thread and its events are the parent's: nothing else here.
             if unmap_error is not None:
                 raise unmap_error
             return DetachResult(0, 0)
+        self._stop.set()
         result = DetachResult(0, 0)
         if self._end_reason is None and self._reconnecting_since is None:
             try:

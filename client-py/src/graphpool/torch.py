@@ -86,12 +86,16 @@ def _pluggable_allocator() -> Any:
     return _allocator
 
 
-def _env_int(*names: str) -> int | None:
-    for n in names:
-        v = os.environ.get(n)
-        if v is not None and v.strip().lstrip("-").isdigit():
-            return int(v)
-    return None
+def _env_int(name: str) -> int | None:
+    """The integer value of environment variable ``name``; None when it is unset or not an
+    integer."""
+    v = os.environ.get(name)
+    if v is None:
+        return None
+    try:
+        return int(v.strip())
+    except ValueError:
+        return None
 
 
 def _default_job_id() -> str:
@@ -167,7 +171,8 @@ class MemPool:
             ask the budget and ``reserve_budget`` it was opened with.
         job_id: the job (default: ``$GRAPHPOOL_JOB_ID``, ``$SLURM_JOB_ID``,
             ``$TORCHELASTIC_RUN_ID``, else ``pid-<pid>``).
-        rank / local_rank: default ``$RANK`` / ``$LOCAL_RANK``, else 0 / the device index.
+        rank / local_rank: default ``$RANK`` / ``$LOCAL_RANK`` (when set to an integer), else
+            0 / the device index.
         reserve_budget: admit the whole budget now, so that capture cannot be refused later
             up to it; raises ``CapacityExceeded`` at once if it does not fit.
         socket: the daemon's socket (default ``$GRAPHPOOL_SOCKET`` or the system socket).
@@ -213,8 +218,11 @@ class MemPool:
         self.budget_bytes = parse_size(budget) if budget else 0
         self.reserve_budget = bool(reserve_budget)
         self.job_id = job_id or _default_job_id()
-        self.rank = rank if rank is not None else (_env_int("RANK") or 0)
-        self.local_rank = local_rank if local_rank is not None else (_env_int("LOCAL_RANK") or index)
+        env_rank, env_local_rank = _env_int("RANK"), _env_int("LOCAL_RANK")
+        self.rank = rank if rank is not None else (env_rank if env_rank is not None else 0)
+        if local_rank is None:
+            local_rank = env_local_rank if env_local_rank is not None else index
+        self.local_rank = local_rank
         if isinstance(client, Session):
             client = client.client
         if socket is None and client is not None:
@@ -236,7 +244,15 @@ class MemPool:
             is_open = _shim.keep_device(index)
             owner = _owners.get(index)
             if is_open and owner is not None:
-                self._check_shares(owner)
+                try:
+                    self._check_shares(owner)
+                except BaseException:
+                    # Refused: keep_device must not have kept the session for this pool. With
+                    # no pool of the device left, its end is given back (at once, or with the
+                    # last segment torch frees).
+                    if _sessions.get(index, 0) == 0:
+                        _shim.release_device(index)
+                    raise
             if not is_open:
                 _shim.configure(
                     socket=self.socket,
@@ -393,10 +409,15 @@ class MemPool:
             park(pool)  # destroying it would call CUDA in the child
             return
         del pool
-        gc.collect()
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        self._drop_session_ref()
+        try:
+            gc.collect()
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        finally:
+            # The pool is gone whatever CUDA said (a sticky error of an earlier kernel, say):
+            # its reference to the device's session goes with it, or the session would
+            # outlive every pool.
+            self._drop_session_ref()
 
     def _drop_session_ref(self) -> None:
         MemPool._finalize(self.device)

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
+import graphpool  # noqa: E402
 from graphpool.capture import GraphedSchedule, make_graphed_callables  # noqa: E402
 from graphpool.schedule import Schedule  # noqa: E402
 
@@ -68,4 +69,41 @@ def test_inputs_that_do_not_match_the_capture_are_refused(
     assert gs.slots_in_use() == [[None, None]]
     y = gs[1, 0](gs[0, 0](X[0]))  # the matching input still replays
     torch.autograd.backward(y, torch.ones_like(y))
+    assert gs.slots_in_use() == [[None, None]]
+
+
+def test_a_later_layer_takes_only_the_previous_layers_outputs(
+    captured: tuple[GraphedSchedule, list[Any], list[Any]],
+) -> None:
+    """Layer 1's static input is layer 0's static output (the same memory): called with
+    anything but layer 0's output as returned (``norm(h)``, a copy), it is refused before it
+    replays, and ``h`` keeps its value instead of becoming that input. Called with ``h``, a
+    residual around it (``y = g[1, m](h) + h``) gives eager's outputs and gradients."""
+    gs, layers, X = captured
+    params = [p for lay in layers for p in lay.parameters()]
+    for p in params:
+        p.grad = None
+    xe = X[0].detach().clone().requires_grad_()
+    he = layers[0](xe)
+    ye = layers[1](he) + he
+    ye.backward(torch.ones_like(ye))
+    want = [xe.grad.clone()] + [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+
+    x = X[0].detach().clone().requires_grad_()
+    h = gs[0, 0](x)
+    before = h.detach().clone()
+    for bad in (torch.nn.functional.layer_norm(h, (64,)), h.clone(), h.detach().clone()):
+        with pytest.raises(graphpool.InvalidArgument, match="exactly as returned") as ei:
+            gs[1, 0](bad)
+        assert ei.value.field == "args"
+    assert torch.equal(h, before), "layer 0's output was overwritten"
+    assert gs.slots_in_use() == [[0, None]]
+    y = gs[1, 0](h) + h
+    assert torch.allclose(y, ye, rtol=1e-4, atol=1e-5)
+    y.backward(torch.ones_like(y))
+    got = [x.grad] + [p.grad for p in params]
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), (g - w).abs().max()
     assert gs.slots_in_use() == [[None, None]]

@@ -32,10 +32,15 @@ Layers it supports (each checked; what it cannot graph is refused with :class:`U
 naming the layer and what to change, before any graph is used):
 
 * any number of tensor inputs and outputs: a layer returns a tensor or a tuple (or list) of
-  tensors, which are the next layer's positional inputs, in order. Inputs and outputs of any
-  dtype and shape, and any mix of them (integer token ids, boolean or float masks, bf16 and fp32,
-  a width that changes from layer to layer, a scalar loss); an output may be the very tensor
-  the layer received, or a view of it (identity, ``view``/``reshape``, ``transpose``);
+  tensors, which are the next layer's positional inputs, in order (the layers of a chunk are
+  captured as a chain, the next layer's static input being this layer's static output: at run
+  time a layer that is not its chunk's first must be called with the previous layer's outputs
+  exactly as its callable returned them, anything else is refused with
+  :class:`~graphpool.errors.InvalidArgument`; work between two layers belongs inside a layer).
+  Inputs and outputs of any dtype and shape, and any mix of them (integer token ids, boolean or
+  float masks, bf16 and fp32, a width that changes from layer to layer, a scalar loss); an
+  output may be the very tensor the layer received, or a view of it (identity,
+  ``view``/``reshape``, ``transpose``);
 * outputs that do not require grad (a mask passed through, integer outputs, statistics
   computed under ``detach``) come back from the replay not requiring grad, as in eager mode; at
   least one output of every layer must require grad (the backward of a chunk's first layer is

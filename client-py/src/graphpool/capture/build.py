@@ -61,6 +61,18 @@ def make_graphed_callables(
             ``schedule.virtual_chunks`` chunks), or one sequence per chunk. Layer ``l``'s outputs
             are layer ``l + 1``'s positional inputs (a tensor or a tuple of tensors). The
             module's documentation lists the kinds of layers supported and refused.
+
+            The layers of a chunk are captured as a chain: layer ``l + 1``'s static input is
+            layer ``l``'s static output, the same memory, so nothing is copied between them. At
+            run time, ``graphed[l + 1, m]`` must therefore be called with the outputs of
+            ``graphed[l, m]`` exactly as they were returned: a copy, a view in another layout or
+            the result of an op on them (``g[l + 1, m](norm(h)) + h``) would be copied over
+            layer ``l``'s output, which the caller may still hold and layer ``l``'s backward may
+            read, and is refused with ``graphpool.InvalidArgument`` (``field="args"``) before
+            anything runs. Work between two layers (a norm, a residual add) belongs inside a
+            layer: wrap it with the layer in one module, or capture the layers after it as a
+            chunk of their own or in another capture. A chunk's first layer takes any input of
+            the captured shapes and dtypes (it is copied into the slot's static input).
         sample_args: inputs of the first layer of each chunk (a tuple per chunk), or, as with
             ``torch.cuda.make_graphed_callables``, a tuple per layer (only each chunk's first
             is used; later layers' inputs are the earlier layers' static outputs).

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import InvalidArgument
 from .layers import _as_tuple, _is_tensor, _layer_buffers
+from .memory import _same_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from .layers import _Layer
@@ -230,6 +231,39 @@ def _check_inputs(lay: _Layer, slot: int, args: tuple[Any, ...]) -> None:
                 f"input {i} of {where}: expected shape {tuple(st.shape)} and dtype {st.dtype} "
                 f"(as captured from {source}), got shape {tuple(shape)} and dtype {dtype}; the "
                 f"graphs replay at the captured shapes: capture again for other shapes"
+            )
+
+
+def _check_chained(lay: _Layer, slot: int, microbatch: int, args: tuple[Any, ...]) -> None:
+    """Refuses inputs of a chunk's later layer that are not the previous layer's outputs as
+    its callable returned them for this microbatch.
+
+    The layers of a chunk are captured as a chain: layer ``l``'s static input *is* layer
+    ``l - 1``'s static output (the same memory: nothing is copied between the layers). Any
+    other tensor would have to be copied into that memory, overwriting the output of layer
+    ``l - 1`` that the caller may still hold (``h`` in ``y = g[l, m](norm(h)) + h`` would
+    become ``norm(h)``) and that the backward of layer ``l - 1`` may read. Gradients need no
+    such rule: a layer's output gradient buffer is the next layer's input gradient, which is
+    dead once autograd has read it, so the replay copies whatever autograd passes into it.
+
+    Raises:
+        graphpool.InvalidArgument: ``field="args"``, naming the input and saying what to do.
+    """
+    for i, (a, st) in enumerate(zip(args, lay.static_in[slot])):
+        if not _same_memory(a, st):
+            prev = lay.index - 1
+            raise InvalidArgument(
+                f"input {i} of layer {lay.index} of chunk {lay.chunk} (microbatch {microbatch}) "
+                f"is not output {i} of layer {prev} as its callable returned it for this "
+                f"microbatch. The layers of a chunk are captured as a chain: layer "
+                f"{lay.index}'s static input is layer {prev}'s static output, the same memory, "
+                f"so another tensor would be copied over that output, which you may still hold "
+                f"and layer {prev}'s backward may read. Call layer {lay.index} with layer "
+                f"{prev}'s outputs exactly as returned (not a copy, a view in another layout, or "
+                f"the result of an op on them). To run an op between two layers (a norm, a "
+                f"residual add), make it part of a layer (a module that does both), or capture "
+                f"the layers after it as a chunk of their own or in another capture",
+                field="args",
             )
 
 

@@ -13,7 +13,7 @@ from ..errors import FailedPrecondition
 from ..schedule import _index
 from .memory import _outside, _pool_id, _release_pools, _same_memory, _storage_at
 from .modes import _autocast_dtype, _autocast_name, _mode_changed
-from .refusals import _check_inputs
+from .refusals import _check_chained, _check_inputs
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..schedule import Schedule
@@ -87,6 +87,14 @@ class GraphedSchedule:
     require grad when captured do not require grad. Every callable checks its inputs against
     the captured ones (their number: ``TypeError``; each one's shape and dtype: ``ValueError``)
     before anything runs; a chunk's first layer does so before it takes the slot.
+
+    The layers of a chunk are captured as a chain: a later layer's static input is the previous
+    layer's static output, the same memory. So ``graphed[l, m]`` for a layer that is not its
+    chunk's first must be called with the outputs of ``graphed[l - 1, m]`` exactly as they were
+    returned; anything else (a copy, a transposed view, ``norm(h)``) would be copied over the previous
+    layer's output and is refused with ``graphpool.InvalidArgument`` (``field="args"``) before
+    anything runs. Work between two layers belongs inside a layer. A chunk's first layer
+    copies whatever it is given into its slot's static input.
 
     With gradients disabled (``torch.no_grad()``, ``torch.inference_mode()``: evaluation), a
     callable runs its layer eagerly instead, outside the pools, and takes no slot: no backward
@@ -382,6 +390,7 @@ class _GraphedCall:
             )
         else:
             _check_inputs(lay, s, args)
+            _check_chained(lay, s, self.mb, args)
         out = _replay_fn().apply(self, lay.anchor, *args)
         return out[0] if lay.single_output else out
 
@@ -402,6 +411,8 @@ def _replay_fn() -> Any:
             ctx: Any, call: _GraphedCall, anchor: Any, *inputs: Any
         ) -> Any:
             lay, s = call.lay, call.slot
+            # Only a chunk's first layer copies: a later layer's inputs are its static inputs
+            # (the previous layer's static outputs), as _check_chained made sure.
             for src, dst in zip(inputs, lay.static_in[s]):
                 if not _same_memory(src, dst):
                     dst.copy_(src)
