@@ -23,7 +23,7 @@ pub enum ClientError {
     /// The socket could not be reached.
     #[error(
         "cannot reach graphpoold at {path}: {source}; start it with `graphpoold` or point GRAPHPOOL_SOCKET / --socket at its socket \
-         (if it runs, its log says why it closed the connection, e.g. too many connections from this uid)"
+         (if it runs, its log says why it closed the connection: this uid is not on its allow-list, or holds too many connections)"
     )]
     Connect {
         /// The socket path.

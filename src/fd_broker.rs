@@ -14,11 +14,11 @@
 //! small machine a gRPC call (HTTP/2 framing, a task hop on each side) costs several times
 //! what the daemon does for the request.
 //!
-//! Connections are guarded: a peer not on the allow-list is dropped at accept, one uid holds
-//! at most [`crate::conn_limit::per_uid_cap`] at once (the gRPC socket has the same cap and
-//! keeps its own count), and a frame whose first byte has arrived must be whole within
-//! [`FRAME_TIMEOUT`] (a connection may wait idle between frames as long as it likes: a rank
-//! keeps one open for its session's life).
+//! Connections are guarded: a peer not on the allow-list is dropped at accept, as on the gRPC
+//! socket ([`crate::conn_limit`]); one uid holds at most [`crate::conn_limit::per_uid_cap`] at
+//! once (the gRPC socket has the same cap and keeps its own count); and a frame whose first
+//! byte has arrived must be whole within [`FRAME_TIMEOUT`] (a connection may wait idle between
+//! frames as long as it likes: a rank keeps one open for its session's life).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -31,7 +31,7 @@ use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tonic::Status;
 
-use crate::conn_limit::{ConnLimit, per_uid_cap};
+use crate::conn_limit::{ConnLimit, Warnings, per_uid_cap};
 use crate::ledger::{Peer, SharedSegment};
 use crate::service::Shared;
 use crate::service::graphpool::grant_proto;
@@ -47,6 +47,7 @@ pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 /// Serves the fd socket until `shutdown` fires.
 pub async fn serve(listener: UnixListener, shared: Shared, shutdown: Shutdown) {
     let limit = ConnLimit::new(Transport::FdSocket, per_uid_cap(shared.ledger.guards()));
+    let mut accept_failures = Warnings::default();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -55,13 +56,15 @@ pub async fn serve(listener: UnixListener, shared: Shared, shutdown: Shutdown) {
         let (stream, _) = match accepted {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "fd socket accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if let Some(unlogged) = accept_failures.due(Instant::now()) {
+                    tracing::warn!(error = %e, unlogged, "fd socket accept failed");
+                }
+                tokio::time::sleep(crate::server::ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };
-        // Who it is, before anything is read: a peer not on the allow-list (logged by
-        // `authorize`) or past its uid's connections is dropped at once.
+        // Who it is, before anything is read: a peer not on the allow-list or past its uid's
+        // connections is dropped at once (and logged, within the rate limit).
         let peer = match crate::peer::peer_of(&stream) {
             Ok(p) => p,
             Err(e) => {
@@ -69,10 +72,9 @@ pub async fn serve(listener: UnixListener, shared: Shared, shutdown: Shutdown) {
                 continue;
             }
         };
-        if shared.authorize(peer).is_err() {
-            continue;
-        }
-        let Some(slot) = limit.admit_or_refuse(peer.uid, Some(peer.pid), &shared.metrics) else {
+        let Some(slot) =
+            limit.admit_peer(&shared.access, peer.uid, peer.gid, Some(peer.pid), &shared.metrics)
+        else {
             continue;
         };
         let (shared, shutdown) = (shared.clone(), shutdown.clone());

@@ -298,11 +298,29 @@ fn hostname() -> String {
 }
 
 /// Serves `GET /metrics` (and `GET /healthz`) on `addr` until `shutdown` fires.
+///
+/// An accept that fails (the daemon is out of fds, say) is logged, at most once every
+/// [`crate::conn_limit::WARNING_INTERVAL`], and the next one waits
+/// [`crate::server::ACCEPT_ERROR_PAUSE`]: the connection that could not be taken stays
+/// queued, so accepting again at once would fail again at once.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, ledger: Arc<Ledger>, shutdown: Shutdown) {
+    let mut accept_failures = crate::conn_limit::Warnings::default();
     loop {
-        let (mut conn, _) = tokio::select! {
-            a = listener.accept() => match a { Ok(c) => c, Err(_) => continue },
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
             _ = shutdown.wait() => return,
+        };
+        let mut conn = match accepted {
+            Ok((conn, _)) => conn,
+            Err(e) => {
+                if let Some(unlogged) = accept_failures.due(std::time::Instant::now()) {
+                    tracing::warn!(error = %e, unlogged, "metrics listener accept failed");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(crate::server::ACCEPT_ERROR_PAUSE) => continue,
+                    _ = shutdown.wait() => return,
+                }
+            }
         };
         let (metrics, ledger) = (metrics.clone(), ledger.clone());
         tokio::spawn(async move {

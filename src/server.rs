@@ -20,8 +20,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::Stream;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 
-use crate::config::Config;
-use crate::conn_limit::{ConnLimit, Slot, per_uid_cap};
+use crate::config::{AccessConfig, Config};
+use crate::conn_limit::{ConnLimit, Slot, Warnings, per_uid_cap};
 use crate::error::DaemonError;
 use crate::ledger::{EndReason, Ledger};
 use crate::metrics::Metrics;
@@ -90,11 +90,17 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let grpc_shutdown = shutdown.clone();
     let incoming = GrpcIncoming {
         listener: grpc_listener,
+        access: config.access.clone(),
         limit: ConnLimit::new(Transport::Grpc, per_uid_cap(&config.guards)),
         metrics: metrics.clone(),
         pause: None,
+        accept_failures: Warnings::default(),
     };
     let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(STREAMS_PER_CONNECTION))
+        .concurrency_limit_per_connection(CALLS_PER_CONNECTION)
+        .initial_stream_window_size(Some(STREAM_WINDOW_BYTES))
+        .initial_connection_window_size(Some(STREAMS_PER_CONNECTION * STREAM_WINDOW_BYTES))
         .add_service(health)
         .add_service(reflection)
         .add_service(
@@ -136,28 +142,62 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Pause after a failed accept (the daemon is out of fds, say) before the next one.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// Pause after a failed accept (the daemon is out of fds, say) before the next one, on each
+/// of the daemon's listeners: an accept that keeps failing would otherwise spin.
+pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
-/// The gRPC socket's connections, as tonic takes them. Each peer's uid (`SO_PEERCRED`) is
-/// read at accept and counted in `limit`: a connection past its uid's cap is closed at once,
-/// before any byte of it is read (see [`crate::conn_limit`]).
-///
-/// A peer not on the allow-list is accepted (and counted like any other), unlike on the fd
-/// socket: every call it makes is refused with `PERMISSION_DENIED` and a message that names
-/// the allow-list, which a connection closed at accept could not tell it.
+/// Streams one gRPC connection may have open at once (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`;
+/// a client queues the streams it opens beyond it). A client's connection holds the event
+/// stream of each of its sessions (`Attach`) for the session's life, plus its calls in
+/// flight; 128 leaves room for a process that attaches a session on every device of a node
+/// over one connection, while bounding what one connection can ask the daemon to hold (each
+/// stream's request headers, up to hyper's default limit of 16 KiB, and its unread data, up
+/// to [`STREAM_WINDOW_BYTES`]).
+pub const STREAMS_PER_CONNECTION: u32 = 128;
+
+/// Calls of one gRPC connection that the daemon serves at once; the connection's further
+/// calls wait, unread, until one of these has its response (tower's per-connection
+/// concurrency limit, whose permit is held from the start of a call until its response
+/// headers are ready: while the request message is read and decoded, and while the handler
+/// runs). A streaming response holds no permit once it has started, so the long-lived
+/// `Attach` streams do not count. Each call being read may buffer up to
+/// `guards.max_message_bytes` (16 MiB by default), and its decoded request may be larger
+/// still: a message made of empty repeated entries decodes to some forty times its size (an
+/// empty `LayerSpec` of a plan is 2 bytes on the wire and 80 in memory). So this bounds what
+/// one connection can make the daemon hold to 8 such requests, plus the unread data of the
+/// waiting streams ([`STREAM_WINDOW_BYTES`] each); how many connections a uid may hold is
+/// bounded by [`crate::conn_limit::per_uid_cap`]. 8 lets several sessions or threads of one
+/// process call at once; more wait their turn.
+pub const CALLS_PER_CONNECTION: usize = 8;
+
+/// HTTP/2 flow-control window of each stream of a gRPC connection: what a client may send on
+/// a stream that the daemon has not read yet (a call waiting for one of the
+/// [`CALLS_PER_CONNECTION`] places is not read at all). The connection's window is
+/// [`STREAMS_PER_CONNECTION`] times this (16 MiB), so that waiting streams holding their
+/// whole windows never leave the calls being served without window to receive their data.
+pub const STREAM_WINDOW_BYTES: u32 = 128 << 10;
+
+/// The gRPC socket's connections, as tonic takes them. Each peer's credentials
+/// (`SO_PEERCRED`) are read at accept, before any byte of the connection is: a peer not on the
+/// allow-list, or one past its uid's connection cap, is closed at once
+/// ([`ConnLimit::admit_peer`]); the others are counted in `limit`. A refused peer is not told
+/// why (nothing is read from it, and nothing is sent): the daemon's log says so, within the
+/// rate limit of [`crate::conn_limit`].
 #[derive(Debug)]
 struct GrpcIncoming {
     listener: UnixListener,
+    access: AccessConfig,
     limit: ConnLimit,
     metrics: Arc<Metrics>,
     /// Set after a failed accept: tonic polls again at once, so without it an accept that
     /// keeps failing would spin.
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The rate limit of the warnings about failed accepts.
+    accept_failures: Warnings,
 }
 
 impl GrpcIncoming {
-    /// Counts an accepted connection, or closes it (by dropping it).
+    /// Admits and counts an accepted connection, or closes it (by dropping it).
     fn admit(&self, stream: UnixStream) -> Option<GrpcConnection> {
         let cred = match stream.peer_cred() {
             Ok(c) => c,
@@ -167,7 +207,7 @@ impl GrpcIncoming {
             }
         };
         let pid = crate::peer::pid_of_ucred(&cred);
-        let slot = self.limit.admit_or_refuse(cred.uid(), pid, &self.metrics)?;
+        let slot = self.limit.admit_peer(&self.access, cred.uid(), cred.gid(), pid, &self.metrics)?;
         Some(GrpcConnection { stream, _slot: slot })
     }
 }
@@ -189,7 +229,9 @@ impl Stream for GrpcIncoming {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "gRPC socket accept failed");
+                    if let Some(unlogged) = this.accept_failures.due(Instant::now()) {
+                        tracing::warn!(error = %e, unlogged, "gRPC socket accept failed");
+                    }
                     this.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_ERROR_PAUSE)));
                 }
             }

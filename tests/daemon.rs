@@ -224,40 +224,56 @@ async fn sigkilled_client_is_reclaimed_within_a_second() {
     assert!(!m.contains("job_id=\"victim\""), "no stale series of the dead job:\n{m}");
 }
 
-/// Child side of the allow-list test: drops to an unprivileged uid, then asks for a session.
+/// Connections the allow-list child opens on each socket to see that refusals are not each
+/// logged.
+const REFUSED_CONNECTIONS: usize = 300;
+
+/// Child side of the allow-list test: drops to an unprivileged uid, then tries both sockets.
 #[test]
 fn child_outside_allow_list() {
     let Ok(socket) = std::env::var("GP_NOBODY_SOCKET") else { return };
     become_nobody();
+    let socket = std::path::PathBuf::from(socket);
+    let fd_socket = socket.with_file_name("graphpool-fd.sock");
+    // Both sockets close such a peer at accept, before reading anything: a connection that
+    // sends nothing is closed all the same.
+    for path in [&socket, &fd_socket] {
+        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        assert!(closed_within(&mut s, Duration::from_secs(5)), "{} kept the connection open", path.display());
+    }
+    // A gRPC client gets no answer: its request is never read, let alone served.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut c = graphpool::client::connect(std::path::Path::new(&socket)).await.unwrap();
-        let e = attach(&mut c, "sneaky", 0, "").await.err().expect("must be refused");
-        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
-        assert!(e.message().contains("allow-list"), "{e:?}");
-        let e = c.admin.set_limits(pb::SetLimitsRequest::default()).await.unwrap_err();
-        assert_eq!(e.code(), Code::PermissionDenied);
-        // The fd socket drops such a peer at accept: it cannot even hold a connection.
-        let fd_socket = std::path::Path::new(&socket).with_file_name("graphpool-fd.sock");
-        let mut s = std::os::unix::net::UnixStream::connect(fd_socket).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
-        let n = std::io::Read::read(&mut s, &mut [0u8; 16]);
-        assert!(
-            matches!(n, Ok(0)) || n.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-            "{n:?}"
-        );
-        println!("NOBODY-REFUSED");
+        let call = async {
+            let mut c = graphpool::client::connect(&socket).await.map_err(|e| e.to_string())?;
+            let req = pb::AttachRequest { job_id: "sneaky".into(), ..Default::default() };
+            c.graphpool.attach(req).await.map(|_| ()).map_err(|e| format!("{e:?}"))
+        };
+        match tokio::time::timeout(Duration::from_secs(5), call).await {
+            Ok(Err(e)) => assert!(!e.contains("PermissionDenied"), "the request was read: {e}"),
+            Ok(Ok(())) => panic!("a peer off the allow-list attached"),
+            Err(_) => panic!("the connection of a peer off the allow-list was kept open"),
+        }
     });
+    // Many more: the daemon closes each of them, and logs a few lines, not one per connection.
+    for _ in 0..REFUSED_CONNECTIONS {
+        for path in [&socket, &fd_socket] {
+            if let Ok(s) = std::os::unix::net::UnixStream::connect(path) {
+                drop(s);
+            }
+        }
+    }
+    println!("NOBODY-REFUSED");
 }
 
 #[tokio::test]
-async fn uid_not_on_allow_list_is_refused() {
+async fn uid_not_on_allow_list_is_refused_at_accept() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs root to run a child under another uid");
         return;
     }
-    let d = start("socket_mode = \"0666\"\n[access]\nallowed_uids = [4242]");
+    let d = start("socket_mode = \"0666\"\nlog_format = \"json\"\n[access]\nallowed_uids = [4242]");
     // Let the unprivileged child reach the socket inside the test's private directory.
     std::fs::set_permissions(d.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     run_child(
@@ -265,9 +281,37 @@ async fn uid_not_on_allow_list_is_refused() {
         &[("GP_NOBODY_SOCKET", d.socket.display().to_string())],
         &["NOBODY-REFUSED"],
     );
-    // The daemon keeps serving allowed peers.
+    // The daemon keeps serving allowed peers (root is always allowed).
     let mut c = d.clients().await;
-    attach(&mut c, "ok", 0, "").await.unwrap();
+    let _s = attach(&mut c, "ok", 0, "").await.unwrap();
+    let status = c.graphpool.get_status(pb::GetStatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(status.sessions.len(), 1, "only root's session: {status:?}");
+    // Each refusal at accept was dropped, not logged: at most one line per socket every 10 s
+    // (two if the child's connections spanned an interval), naming the uid and the socket.
+    let log = d.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"].as_str().is_some_and(|m| m.contains("not on the allow-list")))
+        .collect();
+    for socket in ["grpc", "fd-socket"] {
+        let on: Vec<_> = lines.iter().filter(|v| v["socket"] == socket).collect();
+        assert!(
+            (1..=2).contains(&on.len()),
+            "{socket}: {} lines for {} refusals:\n{log}",
+            on.len(),
+            REFUSED_CONNECTIONS
+        );
+        assert_eq!(on[0]["level"], "WARN");
+        assert_eq!(
+            (&on[0]["uid"], &on[0]["gid"], &on[0]["unlogged"]),
+            (&65534.into(), &65534.into(), &0.into())
+        );
+        assert!(on[0]["message"].as_str().unwrap().contains("closed at accept"), "{}", on[0]);
+    }
+    // All of them at accept: no request of the refused peer reached a handler.
+    assert_eq!(lines.len(), lines.iter().filter(|v| v["socket"].is_string()).count(), "{log}");
+    assert!(!log.contains("sneaky"), "the refused peer's request was read:\n{log}");
 }
 
 #[tokio::test]

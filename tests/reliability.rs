@@ -19,8 +19,10 @@ use std::time::Duration;
 use common::*;
 use faults::*;
 use graphpool::client::{ClientError, FdConnection, connect, error_detail};
+use graphpool::server::{CALLS_PER_CONNECTION, STREAMS_PER_CONNECTION};
 use graphpool_proto::v1 as pb;
 use tonic::Code;
+use tonic::codegen::{Bytes, http};
 
 const MIB: u64 = 1 << 20;
 
@@ -688,6 +690,120 @@ async fn grpc_connections_per_uid_are_capped_at_accept() {
     assert!(again.is_some(), "a closed connection's place was not freed within 2 s");
     assert!(!grpc_answers(&d.socket).await, "the cap holds again with four connections open");
     drop(s);
+}
+
+/// An HTTP/2 connection to the gRPC socket made with `h2` directly, with windows large
+/// enough that only the daemon's limits hold back what it sends.
+async fn raw_h2(socket: &Path) -> h2::client::SendRequest<Bytes> {
+    let io = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(1 << 30)
+        .initial_connection_window_size(1 << 30)
+        .handshake(io)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client.ready().await.unwrap()
+}
+
+/// A gRPC call's request headers.
+fn grpc_post(path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://graphpoold{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+/// Resident memory of process `pid`.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kib << 10
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_grpc_connection_gets_a_bounded_number_of_streams_and_calls() {
+    let d = start("");
+    // A client's long-lived Attach streams hold none of its connection's call places: more
+    // sessions than there are places on one connection, and its unary calls are still served.
+    let mut c = d.clients().await;
+    let mut sessions = Vec::new();
+    for rank in 0..CALLS_PER_CONNECTION as u32 + 4 {
+        sessions.push(attach(&mut c, "streams", rank, "").await.unwrap());
+    }
+    for s in &sessions {
+        allocate(&mut c, s, 2 * MIB).await.unwrap();
+    }
+    assert_eq!(granted_total(&mut c).await, 2 * MIB * sessions.len() as u64);
+
+    // The daemon announces its stream limit (seen by the client once a call has completed).
+    let mut h2c = raw_h2(&d.socket).await;
+    let (resp, mut body) = h2c.send_request(grpc_post("/graphpool.v1.Graphpool/GetStatus"), false).unwrap();
+    body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true).unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut resp = resp.into_body();
+    while resp.data().await.is_some() {}
+    let trailers = resp.trailers().await.unwrap().unwrap();
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(h2c.current_max_send_streams(), STREAMS_PER_CONNECTION as usize);
+
+    // One stream per place, each with most of a message just under the 16 MiB limit, never
+    // finished: the daemon reads only the calls it serves at once, so it holds a few of
+    // them, not all (unbounded, this is STREAMS_PER_CONNECTION × 16 MiB = 2 GiB).
+    let pid = d.pid();
+    let base = rss_bytes(pid);
+    let declared = (16 << 20) - 16;
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&(declared as u32).to_be_bytes());
+    let (prefix, most) = (Bytes::from(prefix), Bytes::from(vec![0u8; declared - 4096]));
+    let mut held = Vec::new();
+    for _ in 0..STREAMS_PER_CONNECTION {
+        h2c = h2c.ready().await.unwrap();
+        let (resp, mut body) =
+            h2c.send_request(grpc_post("/graphpool.v1.Graphpool/GetStatus"), false).unwrap();
+        body.send_data(prefix.clone(), false).unwrap();
+        body.send_data(most.clone(), false).unwrap();
+        held.push((resp, body));
+    }
+    let message = declared as u64;
+    let calls = CALLS_PER_CONNECTION as u64;
+    let reading = wait_until(Duration::from_secs(30), || async {
+        rss_bytes(pid).saturating_sub(base) >= (calls - 1) * message
+    })
+    .await;
+    assert!(
+        reading.is_some(),
+        "the daemon did not read the calls it serves: +{} MiB",
+        rss_bytes(pid).saturating_sub(base) >> 20
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let grown = rss_bytes(pid).saturating_sub(base);
+    assert!(
+        grown < calls * message + 128 * MIB,
+        "one connection made the daemon hold {} MiB ({} calls at once of {} MiB)",
+        grown >> 20,
+        calls,
+        message >> 20
+    );
+    // Meanwhile the daemon serves other connections: a new client, and the sessions' one.
+    let answer = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut other = d.clients().await;
+        other.graphpool.get_status(pb::GetStatusRequest {}).await.unwrap();
+        allocate(&mut c, &sessions[0], 2 * MIB).await.unwrap();
+    })
+    .await;
+    assert!(answer.is_ok(), "the daemon stopped serving other connections");
+    drop(held);
 }
 
 /// Keeps a session attached for the rest of the process (the guard test holds its slot).

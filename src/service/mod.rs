@@ -10,12 +10,13 @@ pub mod sessions;
 pub mod status;
 pub mod validate;
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use tonic::{Code, Request, Status};
 
 use crate::config::AccessConfig;
+use crate::conn_limit::UidWarnings;
 use crate::ledger::{Ledger, LedgerError, Peer};
 use crate::metrics::Metrics;
 
@@ -48,16 +49,25 @@ impl Shared {
         self.authorize(peer)
     }
 
-    /// Checks a peer (from `SO_PEERCRED` of its connection, on either socket) against the
-    /// allow-list.
+    /// Checks a peer (from `SO_PEERCRED` of its connection) against the allow-list.
+    ///
+    /// Both sockets close a connection of a peer not on the list at accept, before reading
+    /// anything from it ([`crate::conn_limit::ConnLimit::admit_peer`]), so a request that
+    /// reaches this check comes from a listed peer; the check stays so that no handler
+    /// depends on how its connection was accepted. A refusal here is logged like those at
+    /// accept: at most one line per uid every [`crate::conn_limit::WARNING_INTERVAL`].
     pub fn authorize(&self, peer: Peer) -> Result<Peer, Status> {
         if !self.access.allows(peer.uid, peer.gid) {
-            tracing::warn!(
-                pid = peer.pid,
-                uid = peer.uid,
-                gid = peer.gid,
-                "refused a peer not on the allow-list"
-            );
+            static WARNINGS: LazyLock<UidWarnings> = LazyLock::new(UidWarnings::default);
+            if let Some(unlogged) = WARNINGS.due(peer.uid, Instant::now()) {
+                tracing::warn!(
+                    pid = peer.pid,
+                    uid = peer.uid,
+                    gid = peer.gid,
+                    unlogged,
+                    "refused a peer not on the allow-list"
+                );
+            }
             return Err(Status::permission_denied(format!(
                 "uid {} gid {} is not on graphpoold's allow-list (access.allowed_uids / access.allowed_gids)",
                 peer.uid, peer.gid

@@ -121,8 +121,8 @@ class FailedPrecondition(GraphpoolError):
 
 class DaemonUnavailable(GraphpoolError, ConnectionError):
     """graphpoold cannot be reached: the socket is missing, nobody listens on it, the daemon
-    closed the connection (its log says why, e.g. the uid already holds as many connections as
-    it may), or it did not answer within the client's timeout.
+    closed the connection (its log says why: the uid is not on its allow-list, or already holds
+    as many connections as it may), or it did not answer within the client's timeout.
 
     The socket is the daemon's gRPC socket, or (``fd_socket``) the fd socket a session was
     told to fetch segment fds on (``Session.fd_socket``): a socket the daemon opens next to
@@ -159,7 +159,8 @@ class DaemonUnavailable(GraphpoolError, ConnectionError):
                 f"`systemctl status graphpoold`) and that this process may connect to the fd "
                 "socket (its permissions and group; the same filesystem as the daemon's, e.g. "
                 "the directory mounted into the container). If the daemon is running, its log "
-                "says why it closed the connection."
+                "says why it closed the connection: this uid is not on its allow-list, or holds "
+                "too many connections."
             )
         else:
             daemon_socket = socket_path
@@ -167,8 +168,8 @@ class DaemonUnavailable(GraphpoolError, ConnectionError):
                 f"graphpoold is not reachable at {socket_path}{why}. Start the daemon "
                 f"(`systemctl start graphpoold`, or `graphpoold --socket {socket_path}`), or point "
                 "GRAPHPOOL_SOCKET (or graphpool.Client(socket=...)) at the socket it listens on. If it "
-                "is running, its log says why it closed the connection (for example, too many "
-                "connections from this uid)."
+                "is running, its log says why it closed the connection: this uid is not on its "
+                "allow-list (access.allowed_uids / allowed_gids), or holds too many connections."
             )
         super().__init__(message, code=code)
         self.socket_path = socket_path
