@@ -245,6 +245,7 @@ impl ConnLimit {
         metrics: &Metrics,
     ) -> Option<Slot> {
         if !access.allows(uid, gid) {
+            metrics.peer_refused(self.transport.as_str());
             if let Some(unlogged) = self.unlisted.due(uid, Instant::now()) {
                 tracing::warn!(
                     socket = self.transport.as_str(),

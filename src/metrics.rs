@@ -93,6 +93,13 @@ impl Metrics {
         metrics::counter!("graphpool_connections_refused_total", "transport" => transport).increment(1);
     }
 
+    /// Records a connection closed at accept because its peer's uid and gid are not on the
+    /// allow-list (`access.allowed_uids` / `access.allowed_gids`); `transport` is `grpc` or
+    /// `fd-socket`.
+    pub fn peer_refused(&self, transport: &'static str) {
+        metrics::counter!("graphpool_peers_refused_total", "transport" => transport).increment(1);
+    }
+
     /// Exports the refusal, session-end and connection-refusal counters at 0 for every reason,
     /// device and transport before anything happens: a counter that first appears at 1 hides
     /// that first event from `rate()` and `increase()`, so a single refusal would never reach
@@ -108,6 +115,8 @@ impl Metrics {
         }
         for transport in [Transport::Grpc, Transport::FdSocket] {
             metrics::counter!("graphpool_connections_refused_total", "transport" => transport.as_str())
+                .increment(0);
+            metrics::counter!("graphpool_peers_refused_total", "transport" => transport.as_str())
                 .increment(0);
         }
     }
@@ -431,8 +440,10 @@ mod tests {
             assert!(text.lines().any(|l| l.starts_with(&series)), "{series}: {text}");
         }
         for transport in ["grpc", "fd-socket"] {
-            let series = format!("graphpool_connections_refused_total{{transport=\"{transport}\"}}");
-            assert!(text.lines().any(|l| l.starts_with(&series)), "{series}: {text}");
+            for counter in ["graphpool_connections_refused_total", "graphpool_peers_refused_total"] {
+                let series = format!("{counter}{{transport=\"{transport}\"}}");
+                assert!(text.lines().any(|l| l.starts_with(&series)), "{series}: {text}");
+            }
         }
     }
 

@@ -273,7 +273,8 @@ async fn uid_not_on_allow_list_is_refused_at_accept() {
         eprintln!("skipped: needs root to run a child under another uid");
         return;
     }
-    let d = start("socket_mode = \"0666\"\nlog_format = \"json\"\n[access]\nallowed_uids = [4242]");
+    let d =
+        start_with("socket_mode = \"0666\"\nlog_format = \"json\"\n[access]\nallowed_uids = [4242]", true);
     // Let the unprivileged child reach the socket inside the test's private directory.
     std::fs::set_permissions(d.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     run_child(
@@ -308,6 +309,17 @@ async fn uid_not_on_allow_list_is_refused_at_accept() {
             (&65534.into(), &65534.into(), &0.into())
         );
         assert!(on[0]["message"].as_str().unwrap().contains("closed at accept"), "{}", on[0]);
+    }
+    // Every refusal is counted, though few are logged; none of them counts as a uid past its
+    // connection cap.
+    let m = d.metrics_text().await;
+    for transport in ["grpc", "fd-socket"] {
+        let refused =
+            metric_value(&m, &format!("graphpool_peers_refused_total{{transport=\"{transport}\"}}"));
+        assert!(refused >= Some(REFUSED_CONNECTIONS as f64), "{transport}: {refused:?} refusals counted");
+        let capped =
+            metric_value(&m, &format!("graphpool_connections_refused_total{{transport=\"{transport}\"}}"));
+        assert_eq!(capped, Some(0.0), "{transport}");
     }
     // All of them at accept: no request of the refused peer reached a handler.
     assert_eq!(lines.len(), lines.iter().filter(|v| v["socket"].is_string()).count(), "{log}");
