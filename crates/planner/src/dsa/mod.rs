@@ -35,9 +35,9 @@
 //!    lists too large for the canonical search its plan is then **refined** as in a multilevel
 //!    scheme: the coarse buffers at its top split into their items, the others kept whole, and
 //!    the improvement stage run on that mixed instance beside the one on the items (before it
-//!    on one core; `refine_coarse`); with two cores or more, half of them plan the list's
-//!    **mirror image** (the clock run backwards) in the same way, and the lower plan is kept
-//!    (see `place_for`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a
+//!    on one core; `refine_coarse`); with four cores or more (two for smaller lists), half of
+//!    them plan the list's **mirror image** (the clock run backwards) in the same way, and
+//!    the lower plan is kept (see `place_for`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a
 //!    complete **canonical search** at the lower bound and above it (`crate::canonical`,
 //!    MiniMalloc-style inference, dominance and decomposition; 15% of what is left on lists of
 //!    single intervals; on lists with alias groups half of it, or a core of its own beside the
@@ -137,6 +137,15 @@ pub const COARSEN_MIN_FLOOR: f64 = 1.08;
 /// Tilings of 100k pieces, 10 seeds, 1 s, with 30% / 45% / 60%: ≤ 1.10 on 4 / 3 / 3 (shape
 /// of `workload::packed`), 3 / 6 / 6 (cuts at any byte), 1 / 2 / 1 (one step per piece).
 pub const COARSEN_SHARE: f64 = 0.45;
+
+/// On two or three cores, the mirror image of a list (see `place_for`) is planned beside it
+/// only up to this many items: each plan then has one core, and a coarse plan of a large
+/// list planned on one core loses more than the second direction gains. Tilings of 100k
+/// pieces (`workload::packed`, 2-core VM, 1 s, back to back with the build without): 14 of
+/// 20 seeds higher (mean 1.1130 against 1.1088), and 18 of 30 in another run; at 10k pieces
+/// the mirror image lowers most seeds on two cores (cut at halves: 14 of 20 lower, 6 higher;
+/// all 10 of another 10) and `packed` 100k on sixteen (7 of 10 lower, 1 higher).
+pub const MIRROR_TWO_CORES_MAX_ITEMS: usize = 20_000;
 
 /// Share of the budget kept back from the stages' deadline, for the step each is in when
 /// the deadline comes and for assembling the answer: 100k-piece tilings with a 1 s budget
@@ -551,15 +560,22 @@ enum PlanFor {
     Fill,
 }
 
+/// Whether a list of `items` that is coarsened and too large for the canonical search plans
+/// its mirror image beside it on `threads` cores (see [`place_for`]).
+fn mirrors_on(threads: usize, items: usize) -> bool {
+    threads >= 4 || (threads >= 2 && items <= MIRROR_TWO_CORES_MAX_ITEMS)
+}
+
 /// [`place`] for a plan whose footprint is `plan_for` to the caller.
 ///
-/// With `Mirror::Beside`, two cores or more, and a list that is coarsened and too large for
+/// With `Mirror::Beside`, four cores or more (two or more up to
+/// [`MIRROR_TWO_CORES_MAX_ITEMS`] items), and a list that is coarsened and too large for
 /// the canonical search (tilings), half the cores plan the list's mirror image
 /// ([`mirrored`]) from the start to the deadline and the lower plan is kept. On such lists
 /// which merges go wrong and where the constructions stall depends on the direction of the
-/// clock, so the two plans differ by up to 0.05 of the bound either way, and the better of
-/// two one-core plans beats one two-core plan: tilings of 100k pieces (`workload::packed`,
-/// seeds 1–10, 1 s, two cores) median 1.128 → 1.107, lower on 7 of 10 seeds.
+/// clock, so the two plans differ by up to 0.05 of the bound either way; the lower of the two
+/// is below one plan on all the cores on most tilings of 10k pieces on two cores and of 100k
+/// on sixteen (docs/planner.md, "The mirror image beside").
 fn place_for(
     buffers: &[Buffer],
     opts: &PlaceOptions,
@@ -651,7 +667,7 @@ fn place_for(
     let floor_far = floor_high as f64 > lb as f64 * COARSEN_MIN_FLOOR;
     let coarsenable = floor_far && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p);
     let mut threads = threads;
-    let twin = if coarsenable && !canonical && mirror == Mirror::Beside && threads >= 2 {
+    let twin = if coarsenable && !canonical && mirror == Mirror::Beside && mirrors_on(threads, n) {
         let half = threads / 2;
         let left = deadline.saturating_duration_since(Instant::now());
         let twin_opts = PlaceOptions {
@@ -1308,9 +1324,11 @@ mod density_tests {
 
     /// A tiling too large for the canonical search is planned forwards and as its mirror
     /// image side by side on two cores (the stage `mirrored`), on one core forwards only;
-    /// whichever plan is kept is valid for the list as given.
+    /// whichever plan is kept is valid for the list as given. Large lists need four cores.
     #[test]
     fn large_tilings_plan_their_mirror_image_beside() {
+        assert!(!mirrors_on(1, 100) && mirrors_on(2, 100) && mirrors_on(2, MIRROR_TWO_CORES_MAX_ITEMS));
+        assert!(!mirrors_on(3, MIRROR_TWO_CORES_MAX_ITEMS + 1) && mirrors_on(4, 1_000_000));
         let buffers = crate::workload::packed(6000, 4);
         for threads in [1, 2] {
             let opts = PlaceOptions { threads, ..uncapped(Duration::from_millis(300)) };
