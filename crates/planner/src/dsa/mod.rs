@@ -35,7 +35,7 @@
 //!    lists too large for the canonical search its plan is then **refined** as in a multilevel
 //!    scheme: the coarse buffers at its top split into their items, the others kept whole, and
 //!    the improvement stage run on that mixed instance beside the one on the items (before it
-//!    on one core; `refine_coarse`); with four cores or more (two for smaller lists), half of
+//!    on one core; `refine_coarse`); with eight cores or more (two for smaller lists), half of
 //!    them plan the list's **mirror image** (the clock run backwards) in the same way, and
 //!    the lower plan is kept (see `place_for`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a
 //!    complete **canonical search** at the lower bound and above it (`crate::canonical`,
@@ -138,14 +138,20 @@ pub const COARSEN_MIN_FLOOR: f64 = 1.08;
 /// of `workload::packed`), 3 / 6 / 6 (cuts at any byte), 1 / 2 / 1 (one step per piece).
 pub const COARSEN_SHARE: f64 = 0.45;
 
-/// On two or three cores, the mirror image of a list (see `place_for`) is planned beside it
-/// only up to this many items: each plan then has one core, and a coarse plan of a large
-/// list planned on one core loses more than the second direction gains. Tilings of 100k
-/// pieces (`workload::packed`, 2-core VM, 1 s, back to back with the build without): 14 of
-/// 20 seeds higher (mean 1.1130 against 1.1088), and 18 of 30 in another run; at 10k pieces
-/// the mirror image lowers most seeds on two cores (cut at halves: 14 of 20 lower, 6 higher;
-/// all 10 of another 10) and `packed` 100k on sixteen (7 of 10 lower, 1 higher).
-pub const MIRROR_TWO_CORES_MAX_ITEMS: usize = 20_000;
+/// Items up to which the mirror image of a list (see `place_for`) is planned beside it on any
+/// two cores or more; larger lists need [`MIRROR_LARGE_MIN_THREADS`]. Tilings of 10k pieces
+/// cut at halves, 1 s, back to back with the build without: on two cores 14 of 20 seeds
+/// lower and 6 higher (2-core VM; all 10 of another 10), on four 13 and 6.
+pub const MIRROR_SMALL_MAX_ITEMS: usize = 20_000;
+
+/// Cores from which lists larger than [`MIRROR_SMALL_MAX_ITEMS`] plan their mirror image
+/// beside them. Each plan gets half the cores, and a coarse plan of a large list made on few
+/// cores loses what the second direction gains: tilings of 100k pieces (`workload::packed`,
+/// 1 s, back to back with the build without) went higher on 14 of 20 seeds on the 2-core VM
+/// (mean 1.1130 against 1.1088; 18 of 30 in another run), on 11 of 20 (8 lower) on four
+/// cores of the GPU host, and lower on 7 of 10 (1 higher; median 1.084 against 1.100) on its
+/// sixteen. Eight lies between the measured four and sixteen.
+pub const MIRROR_LARGE_MIN_THREADS: usize = 8;
 
 /// Share of the budget kept back from the stages' deadline, for the step each is in when
 /// the deadline comes and for assembling the answer: 100k-piece tilings with a 1 s budget
@@ -563,13 +569,13 @@ enum PlanFor {
 /// Whether a list of `items` that is coarsened and too large for the canonical search plans
 /// its mirror image beside it on `threads` cores (see [`place_for`]).
 fn mirrors_on(threads: usize, items: usize) -> bool {
-    threads >= 4 || (threads >= 2 && items <= MIRROR_TWO_CORES_MAX_ITEMS)
+    threads >= MIRROR_LARGE_MIN_THREADS || (threads >= 2 && items <= MIRROR_SMALL_MAX_ITEMS)
 }
 
 /// [`place`] for a plan whose footprint is `plan_for` to the caller.
 ///
-/// With `Mirror::Beside`, four cores or more (two or more up to
-/// [`MIRROR_TWO_CORES_MAX_ITEMS`] items), and a list that is coarsened and too large for
+/// With `Mirror::Beside`, [`MIRROR_LARGE_MIN_THREADS`] cores or more (two or more up to
+/// [`MIRROR_SMALL_MAX_ITEMS`] items), and a list that is coarsened and too large for
 /// the canonical search (tilings), half the cores plan the list's mirror image
 /// ([`mirrored`]) from the start to the deadline and the lower plan is kept. On such lists
 /// which merges go wrong and where the constructions stall depends on the direction of the
@@ -1324,11 +1330,13 @@ mod density_tests {
 
     /// A tiling too large for the canonical search is planned forwards and as its mirror
     /// image side by side on two cores (the stage `mirrored`), on one core forwards only;
-    /// whichever plan is kept is valid for the list as given. Large lists need four cores.
+    /// whichever plan is kept is valid for the list as given. Large lists need eight cores.
     #[test]
     fn large_tilings_plan_their_mirror_image_beside() {
-        assert!(!mirrors_on(1, 100) && mirrors_on(2, 100) && mirrors_on(2, MIRROR_TWO_CORES_MAX_ITEMS));
-        assert!(!mirrors_on(3, MIRROR_TWO_CORES_MAX_ITEMS + 1) && mirrors_on(4, 1_000_000));
+        assert!(!mirrors_on(1, 100) && mirrors_on(2, 100) && mirrors_on(2, MIRROR_SMALL_MAX_ITEMS));
+        assert!(
+            !mirrors_on(4, MIRROR_SMALL_MAX_ITEMS + 1) && mirrors_on(MIRROR_LARGE_MIN_THREADS, 1_000_000)
+        );
         let buffers = crate::workload::packed(6000, 4);
         for threads in [1, 2] {
             let opts = PlaceOptions { threads, ..uncapped(Duration::from_millis(300)) };
