@@ -4,8 +4,9 @@
 //! Each socket has one [`ConnLimit`]. [`ConnLimit::admit_peer`] reads nothing from the
 //! connection: it takes the peer's uid and gid (`SO_PEERCRED`, read at accept) and closes the
 //! connection at once when the peer is not on the allow-list (`access.allowed_uids` /
-//! `access.allowed_gids`), or when its uid already holds [`per_uid_cap`] connections on that
-//! socket (counted in `graphpool_connections_refused_total{transport}`). Both refusals are
+//! `access.allowed_gids`; counted in `graphpool_peers_refused_total{transport}`), or when its
+//! uid already holds [`per_uid_cap`] connections on that socket (counted in
+//! `graphpool_connections_refused_total{transport}`). Both refusals are
 //! logged as `WARN` lines, at most one per uid, socket and kind of refusal every
 //! [`WARNING_INTERVAL`], each carrying the number of refusals left unlogged since the previous
 //! line ([`Warnings`]). An admitted connection holds a [`Slot`] and gives its place back when
