@@ -310,15 +310,26 @@ async fn uid_not_on_allow_list_is_refused_at_accept() {
         );
         assert!(on[0]["message"].as_str().unwrap().contains("closed at accept"), "{}", on[0]);
     }
-    // Every refusal is counted, though few are logged; none of them counts as a uid past its
-    // connection cap.
-    let m = d.metrics_text().await;
+    // Every refusal is counted, though few are logged (once the daemon has accepted the last
+    // of the child's connections, which may still wait in the socket's backlog); none of them
+    // counts as a uid past its connection cap.
+    let series = |name: &str, transport: &str| format!("{name}{{transport=\"{transport}\"}}");
+    let waited = std::time::Instant::now();
+    let m = loop {
+        let m = d.metrics_text().await;
+        let counted =
+            ["grpc", "fd-socket"].map(|t| metric_value(&m, &series("graphpool_peers_refused_total", t)));
+        if counted.iter().all(|&c| c >= Some(REFUSED_CONNECTIONS as f64)) {
+            break m;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "refusals counted (gRPC, fd socket): {counted:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     for transport in ["grpc", "fd-socket"] {
-        let refused =
-            metric_value(&m, &format!("graphpool_peers_refused_total{{transport=\"{transport}\"}}"));
-        assert!(refused >= Some(REFUSED_CONNECTIONS as f64), "{transport}: {refused:?} refusals counted");
-        let capped =
-            metric_value(&m, &format!("graphpool_connections_refused_total{{transport=\"{transport}\"}}"));
+        let capped = metric_value(&m, &series("graphpool_connections_refused_total", transport));
         assert_eq!(capped, Some(0.0), "{transport}");
     }
     // All of them at accept: no request of the refused peer reached a handler.
