@@ -577,9 +577,10 @@ fn mirrors_on(threads: usize, items: usize) -> bool {
 /// With `Mirror::Beside`, [`MIRROR_LARGE_MIN_THREADS`] cores or more (two or more up to
 /// [`MIRROR_SMALL_MAX_ITEMS`] items), and a list that is coarsened and too large for
 /// the canonical search (tilings), half the cores plan the list's mirror image
-/// ([`mirrored`]) from the start to the deadline and the lower plan is kept. On such lists
-/// which merges go wrong and where the constructions stall depends on the direction of the
-/// clock, so the two plans differ by up to 0.05 of the bound either way; the lower of the two
+/// ([`mirrored`]) from the start to the deadline and the lower plan is kept. The merge
+/// rules of the coarsening do not depend on the direction of the clock (the two coarse
+/// instances are one another's mirror image), but where the constructions stall does, so
+/// the two plans differ by up to 0.05 of the bound either way; the lower of the two
 /// is below one plan on all the cores on most tilings of 10k pieces on two cores and of 100k
 /// on sixteen (docs/planner.md, "The mirror image beside").
 fn place_for(
