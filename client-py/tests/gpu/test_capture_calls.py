@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import graphpool  # noqa: E402
-from graphpool.capture import GraphedSchedule, make_graphed_callables  # noqa: E402
+from graphpool.capture import GraphedSchedule, UnsupportedLayer, make_graphed_callables  # noqa: E402
 from graphpool.schedule import Schedule  # noqa: E402
 
 M = 4
@@ -107,3 +107,65 @@ def test_a_later_layer_takes_only_the_previous_layers_outputs(
     for g, w in zip(got, want):
         assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), (g - w).abs().max()
     assert gs.slots_in_use() == [[None, None]]
+
+
+class _AttentionWithDropout(torch.nn.Module):
+    """Self-attention with dropout on its weights (``dropout_p``): the fused backward kernels
+    replay the forward's mask from the seed and offset they saved, drawing nothing."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x: Any) -> Any:
+        b, n, w = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+        return self.out(a.transpose(1, 2).reshape(b, n, w))
+
+
+class _DropoutRecomputed(torch.nn.Module):
+    """Dropout inside a non-reentrant checkpoint: the backward recomputes it, drawing again."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(
+            lambda t: torch.nn.functional.dropout(self.lin(t), 0.25, True), x, use_reentrant=False
+        )
+
+
+def test_a_backward_that_draws_is_refused_and_attention_dropout_is_not() -> None:
+    """The warm-up watches the backward of each layer whose forward drew random numbers:
+    attention with dropout (whose backward replays the forward's mask) is captured and replays
+    with gradients, dropout recomputed by activation checkpointing is refused naming the
+    layer."""
+    torch.manual_seed(0)
+    width = 128
+    x = torch.randn(2, 256, width, device="cuda", dtype=torch.float16)
+    layers = [_AttentionWithDropout(width, 4).cuda().half(), torch.nn.Linear(width, width).cuda().half()]
+    gs = make_graphed_callables(
+        layers, [(x.clone().requires_grad_(),)], schedule=Schedule.one_f_one_b(2, 0, 2),
+        pools="torch", num_warmup_iters=2,
+    )
+    try:
+        xi = x.clone().requires_grad_()
+        y = gs[1, 0](gs[0, 0](xi))
+        y.backward(torch.ones_like(y))
+        assert xi.grad is not None and torch.isfinite(xi.grad).all() and xi.grad.abs().sum() > 0
+    finally:
+        gs.close()
+
+    layers = [torch.nn.Linear(width, width).cuda(), _DropoutRecomputed(width).cuda()]
+    sample = torch.randn(8, width, device="cuda").requires_grad_()
+    with pytest.raises(UnsupportedLayer, match="draws random numbers") as ei:
+        make_graphed_callables(
+            layers, [(sample,)], schedule=Schedule.one_f_one_b(2, 0, 2), pools="torch", num_warmup_iters=2
+        )
+    assert (ei.value.chunk, ei.value.layer) == (0, 1), str(ei.value)
