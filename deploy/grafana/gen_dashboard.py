@@ -229,6 +229,15 @@ def build():
         overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
                     "properties": [{"id": "unit", "value": "ops"}, {"id": "custom.axisPlacement", "value": "right"}]}]))
     y += 8
+    panels.append(timeseries(
+        "Connections closed at accept",
+        [target(f"sum by (transport) (rate(graphpool_peers_refused_total[$__rate_interval]) {ON_NODE})",
+                "off the allow-list: {{transport}}"),
+         target(f"sum by (transport) (rate(graphpool_connections_refused_total[$__rate_interval]) {ON_NODE})",
+                "past a uid's cap: {{transport}}")],
+        "ops", 0, y, w=24, h=6,
+        desc="Connections the daemon closed before reading anything, per socket: from a uid that [access] does not admit, and past a uid's cap of 4 x [guards] max_sessions_per_uid connections. Those processes see the daemon as unreachable; its log names the uid."))
+    y += 6
 
     panels.append(row("GPU memory with dcgm-exporter", y)); y += 1
     dcgm_used = "DCGM_FI_DEV_FB_USED * 1048576"

@@ -48,7 +48,8 @@ exprs = " ".join(t["expr"] for _, t in targets)
 for metric in ("graphpool_device_capacity_bytes", "graphpool_device_granted_bytes", "graphpool_device_free_bytes",
                "graphpool_rank_granted_bytes", "graphpool_job_granted_bytes", "graphpool_plan_saved_bytes",
                "graphpool_refusals_total", "graphpool_request_duration_seconds_bucket", "graphpool_sessions",
-               "DCGM_FI_DEV_FB_USED", "graphpool_orphaned_grants"):
+               "DCGM_FI_DEV_FB_USED", "graphpool_orphaned_grants", "graphpool_peers_refused_total",
+               "graphpool_connections_refused_total"):
     check(metric in exprs, f"a panel shows {metric}")
 check("histogram_quantile(" in exprs, "latency panel uses histogram_quantile")
 check("on (UUID)" in exprs, "DCGM series are joined on UUID")
