@@ -239,6 +239,24 @@ def build():
         desc="Connections the daemon closed before reading anything, per socket: from a uid that [access] does not admit, and past a uid's cap of 4 x [guards] max_sessions_per_uid connections. Those processes see the daemon as unreachable; its log names the uid."))
     y += 6
 
+    panels.append(row("graphpoold itself", y)); y += 1
+    # Series without a Hostname label get the node's from graphpool_sessions (value 1 per daemon).
+    node_of = f"* on (instance) group_left (Hostname) group by (instance, Hostname) (graphpool_sessions{{{NODE}}})"
+    panels.append(timeseries(
+        "Daemon memory and open files",
+        [target(f"graphpool_process_resident_memory_bytes {node_of}", "{{Hostname}} resident"),
+         target(f"graphpool_process_open_fds {node_of}", "{{Hostname}} open fds")],
+        "bytes", 0, y, w=12, h=8,
+        desc="graphpoold's own resident memory (left) and open file descriptors (right: the sockets of its sessions and the fds of segments it exports).",
+        overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                    "properties": [{"id": "unit", "value": "none"}, {"id": "custom.axisPlacement", "value": "right"}]}]))
+    panels.append(table(
+        "Daemon versions",
+        [target(f"graphpool_build_info {node_of}", instant=True, fmt="table")],
+        12, y, w=12, h=8, units={"version": "string"}, renames={"Hostname": "node"}, hide=("Value", "job"),
+        desc="Version and backend (cuda or host) of the graphpoold on each node: during a rollout, which nodes run which."))
+    y += 8
+
     panels.append(row("GPU memory with dcgm-exporter", y)); y += 1
     dcgm_used = "DCGM_FI_DEV_FB_USED * 1048576"
     panels.append(timeseries(

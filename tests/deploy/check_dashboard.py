@@ -49,7 +49,8 @@ for metric in ("graphpool_device_capacity_bytes", "graphpool_device_granted_byte
                "graphpool_rank_granted_bytes", "graphpool_job_granted_bytes", "graphpool_plan_saved_bytes",
                "graphpool_refusals_total", "graphpool_request_duration_seconds_bucket", "graphpool_sessions",
                "DCGM_FI_DEV_FB_USED", "graphpool_orphaned_grants", "graphpool_peers_refused_total",
-               "graphpool_connections_refused_total"):
+               "graphpool_connections_refused_total", "graphpool_process_resident_memory_bytes",
+               "graphpool_build_info"):
     check(metric in exprs, f"a panel shows {metric}")
 check("histogram_quantile(" in exprs, "latency panel uses histogram_quantile")
 check("on (UUID)" in exprs, "DCGM series are joined on UUID")
