@@ -12,7 +12,6 @@ from .refusals import (
     UnsupportedLayer,
     _capture_refusal,
     _foreign_leaf,
-    _generator_offset,
     _layer_outputs,
     _random_op_watch,
     _reentrant_checkpoint,
@@ -33,7 +32,6 @@ def _warm_chunk(
 
     x = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in sample)
     profs: list[LayerProfile] = []
-    generator_offset = _generator_offset(device)
     for lay in ch:
         ins = x
         saved: dict[int, int] = {}
@@ -54,12 +52,8 @@ def _warm_chunk(
             torch.cuda.synchronize(device)
             a0 = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
-        drawn_before = generator_offset() if profile else None
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = _layer_outputs(lay, lay.module(*ins))
-        # A backward can draw what its forward drew only by running the forward again
-        # (activation checkpointing): only layers whose forward drew are watched.
-        forward_drew = drawn_before is not None and generator_offset() != drawn_before
         fws = 0
         if profile:
             torch.cuda.synchronize(device)
@@ -90,10 +84,14 @@ def _warm_chunk(
         # retain_graph: a saved output packed as itself is a cycle through autograd's C++ nodes
         # that only the backward's release of saved tensors breaks (measured: with
         # retain_graph=True, 0.69 GiB of warm-up tensors of the seed stage stayed allocated).
-        seeded: Any = _random_op_watch(device) if profile and forward_drew else contextlib.nullcontext()
+        # Every layer is watched, not only those whose forward moved the generator's offset: an
+        # RNG state tracker (TransformerEngine's, Megatron's) draws its dropout inside a swap of
+        # the generator's state and puts the state back, so the offset around the forward says
+        # nothing, while the ops inside the swap still move it one by one.
+        seeded: Any = _random_op_watch(device) if profile else contextlib.nullcontext()
         with seeded:
             grads = _layer_grads(lay, outs, diff_in, gouts, allow_unused)
-        if profile and forward_drew and seeded.ops:
+        if profile and seeded.ops:
             raise UnsupportedLayer(
                 lay.chunk, lay.index, lay.module,
                 f"its backward draws random numbers ({', '.join(sorted(seeded.ops))}), as "

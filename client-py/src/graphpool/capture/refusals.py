@@ -289,8 +289,9 @@ def _random_op_watch(device: int) -> Any:
     ``nondeterministic_seeded`` that moved the generator's offset. Not the ones that carry the
     tag but draw nothing, such as the attention backward kernels, which replay their forward's
     dropout from the seed and offset it saved, or dropout with probability 0. (Per op, since an
-    activation checkpoint puts the generator back after its recomputation.) Its first use in a
-    process imports ``torch._dynamo`` (dispatch modes do): 0.85 s on the H200 host."""
+    activation checkpoint puts the generator back after its recomputation.) Its first dispatch
+    in a process imports ``torch._dynamo`` where nothing has yet (dispatch modes do): 0.85 s on
+    the H200 host, 2.2 s where Python keeps no bytecode cache."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
