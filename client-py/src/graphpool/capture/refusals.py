@@ -4,7 +4,7 @@ says so."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import InvalidArgument
 from .layers import _as_tuple, _is_tensor, _layer_buffers
@@ -267,28 +267,12 @@ def _check_chained(lay: _Layer, slot: int, microbatch: int, args: tuple[Any, ...
             )
 
 
-def _generator_offset(device: int) -> Callable[[], int | None]:
-    """A reader of ``device``'s CUDA generator offset, which an op that draws random numbers
-    advances when it is launched (``None`` where this torch cannot tell)."""
-    import torch
-
-    offset = getattr(torch.cuda.default_generators[device], "get_offset", None)
-
-    def read() -> int | None:
-        try:
-            return int(offset()) if offset is not None else None
-        except RuntimeError:
-            return None
-
-    return read
-
-
 def _random_op_watch(device: int) -> Any:
     """A context that records, in its ``ops``, the names of the ops that drew from ``device``'s
     CUDA generator while it was entered, in autograd's backward threads too: ops tagged
     ``nondeterministic_seeded`` that moved the generator's offset. Not the ones that carry the
     tag but draw nothing, such as the attention backward kernels, which replay their forward's
-    dropout from the seed and offset it saved, or dropout with probability 0. (Per op, since an
+    dropout from the seed and offset it saved, or dropout with probability 0. (Per op: an
     activation checkpoint puts the generator back after its recomputation.) Its first dispatch
     in a process imports ``torch._dynamo`` where nothing has yet (dispatch modes do): 0.85 s on
     the H200 host, 2.2 s where Python keeps no bytecode cache."""
@@ -297,7 +281,15 @@ def _random_op_watch(device: int) -> Any:
 
     # A torch without the tag or the offset cannot tell: nothing is refused.
     seeded = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
-    read = _generator_offset(device)
+    offset = getattr(torch.cuda.default_generators[device], "get_offset", None)
+    if seeded is None:
+        offset = None
+
+    def read() -> Any:
+        try:
+            return offset() if offset is not None else None
+        except RuntimeError:
+            return None
 
     class Watch(TorchDispatchMode):  # type: ignore[misc, unused-ignore]
         def __init__(self) -> None:
@@ -306,7 +298,7 @@ def _random_op_watch(device: int) -> Any:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             # (higher-order operators carry no tags)
-            if seeded is None or seeded not in getattr(func, "tags", ()):
+            if offset is None or seeded not in getattr(func, "tags", ()):
                 return func(*args, **(kwargs or {}))
             before = read()
             out = func(*args, **(kwargs or {}))
