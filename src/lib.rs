@@ -14,6 +14,7 @@ pub mod config;
 pub mod conn_limit;
 pub mod error;
 pub mod fd_broker;
+pub mod fd_limit;
 pub mod ledger;
 pub mod logging;
 pub mod metrics;

@@ -280,6 +280,13 @@ impl Metrics {
             "Open file descriptors of the daemon.",
             vec![(String::new(), fds)],
         );
+        if let Ok((soft, _)) = crate::fd_limit::open_file_limit() {
+            gauge(
+                "graphpool_process_max_fds",
+                "The daemon's open-file limit (soft RLIMIT_NOFILE).",
+                vec![(String::new(), soft)],
+            );
+        }
     }
 }
 

@@ -34,6 +34,17 @@ use crate::shutdown::Shutdown;
 
 /// Runs the daemon until SIGTERM or SIGINT, then drains and returns.
 pub async fn run(config: Config) -> Result<(), DaemonError> {
+    match crate::fd_limit::raise_open_file_limit() {
+        Ok((_, after)) if after < crate::fd_limit::LOW_OPEN_FILE_LIMIT => tracing::warn!(
+            limit = after,
+            "the open-file limit is {after}: each segment held for a rank and each connection take an \
+             fd, so a node's ranks can exhaust it; raise the hard limit (LimitNOFILE= in the \
+             systemd unit, the container runtime's nofile ulimit)"
+        ),
+        Ok((before, after)) if after > before => tracing::info!(before, after, "open-file limit raised"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read or raise the open-file limit"),
+    }
     let backend = crate::backend::open(&config)?;
     for d in backend.devices() {
         tracing::info!(

@@ -245,11 +245,13 @@ def build():
     panels.append(timeseries(
         "Daemon memory and open files",
         [target(f"graphpool_process_resident_memory_bytes {node_of}", "{{Hostname}} resident"),
-         target(f"graphpool_process_open_fds {node_of}", "{{Hostname}} open fds")],
+         target(f"graphpool_process_open_fds {node_of}", "{{Hostname}} open fds"),
+         target(f"graphpool_process_max_fds {node_of}", "{{Hostname}} open-file limit")],
         "bytes", 0, y, w=12, h=8,
-        desc="graphpoold's own resident memory (left) and open file descriptors (right: the sockets of its sessions and the fds of segments it exports).",
-        overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
-                    "properties": [{"id": "unit", "value": "none"}, {"id": "custom.axisPlacement", "value": "right"}]}]))
+        desc="graphpoold's own resident memory (left), and its open file descriptors against its open-file limit (right: the sockets of its sessions and the fds of the segments it has granted).",
+        overrides=[{"matcher": {"id": "byFrameRefID", "options": ref},
+                    "properties": [{"id": "unit", "value": "none"}, {"id": "custom.axisPlacement", "value": "right"}]}
+                   for ref in ("B", "C")]))
     panels.append(table(
         "Daemon versions",
         [target(f"graphpool_build_info {node_of}", instant=True, fmt="table")],
