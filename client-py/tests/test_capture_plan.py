@@ -477,7 +477,7 @@ def test_capture_failures_of_host_work_are_refused_naming_the_layer() -> None:
     assert e is not None and (e.chunk, e.layer) == (1, 4)
     assert "its forward cannot be captured" in str(e) and ".item()" in str(e) and "DSA" not in str(e)
     e = _capture_refusal(lay, "backward", RuntimeError(
-        "Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture"))
+        "operation not permitted when stream is capturing"))
     assert e is not None and "its backward cannot be captured" in str(e)
     for other in [
         RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB during capture"),
@@ -486,6 +486,26 @@ def test_capture_failures_of_host_work_are_refused_naming_the_layer() -> None:
         ValueError("not permitted when stream is capturing"),
     ]:
         assert _capture_refusal(lay, "forward", other) is None, other
+
+
+def test_capture_failures_of_random_number_generators_say_which_generator_to_pass() -> None:
+    """A layer that draws from a generator no graph was registered with (an RNG state
+    tracker's, swapped in around dropout) is refused pointing at ``rng_generators``; one that
+    reads or sets the generator's state on the host (a tracker that copies state tensors)
+    pointing at graph-safe trackers. Neither is called host synchronization."""
+    from graphpool.capture.layers import _Layer
+    from graphpool.capture.refusals import _capture_refusal
+
+    lay = _Layer(0, 3, _Module(), 1, False, False)
+    e = _capture_refusal(lay, "forward", RuntimeError(
+        "Attempt to increase offset for a CUDA generator not in capture mode."))
+    assert e is not None and (e.chunk, e.layer) == (0, 3)
+    assert "rng_generators=" in str(e) and "get_all_rng_states" in str(e) and ".item()" not in str(e)
+    e = _capture_refusal(lay, "backward", RuntimeError(
+        "Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you need this "
+        "call to be captured, please file an issue."))
+    assert e is not None and "its backward reads or sets the CUDA generator" in str(e)
+    assert "graph-safe tracker" in str(e) and "file an issue" not in str(e)
 
 
 def test_a_failed_capture_body_is_abandoned_and_host_work_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -498,7 +518,7 @@ def test_a_failed_capture_body_is_abandoned_and_host_work_refused(monkeypatch: p
     from graphpool.capture.layers import _Layer
 
     abandoned: list[Any] = []
-    monkeypatch.setattr(record, "_abandon_capture", lambda g, pool: abandoned.append((g, pool)))
+    monkeypatch.setattr(record, "_abandon_capture", lambda g, pool, gens: abandoned.append((g, pool)))
     g = SimpleNamespace(begun=[], capture_begin=lambda pool: g.begun.append(pool))
     lay = _Layer(0, 2, _Module(), 1, False, False)
     with record._capturing(g, "pool", lay, "forward"):

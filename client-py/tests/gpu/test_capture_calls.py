@@ -1,10 +1,12 @@
 """The callables of a schedule-aware capture (graphpool.capture.make_graphed_callables) at run
 time: calls with gradients disabled, and inputs that do not match the capture (two small
-Linear layers, 1F1B stage 0 of 2: two slots); and the warm-up's watch for backwards that draw
-random numbers. Plain torch pools (no daemon needed)."""
+Linear layers, 1F1B stage 0 of 2: two slots); the warm-up's watch for backwards that draw
+random numbers; dropout drawn inside an RNG state tracker (``rng_generators``). Plain torch
+pools (no daemon needed)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -169,3 +171,165 @@ def test_a_backward_that_draws_is_refused_and_attention_dropout_is_not() -> None
             layers, [(sample,)], schedule=Schedule.one_f_one_b(2, 0, 2), pools="torch", num_warmup_iters=2
         )
     assert (ei.value.chunk, ei.value.layer) == (0, 1), str(ei.value)
+
+
+class _GraphSafeTracker:
+    """An RNG state tracker built as TransformerEngine's and Megatron-LM's graph-safe ones are:
+    a CUDA generator of its own, whose state is swapped in as the device generator's around the
+    ops that draw (``graphsafe_set_state``) and swapped out after."""
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator(device="cuda")
+        self.generator.manual_seed(seed)
+
+    @contextlib.contextmanager
+    def fork(self) -> Iterator[None]:
+        default = torch.cuda.default_generators[torch.cuda.current_device()]
+        outer = default.graphsafe_get_state()
+        default.graphsafe_set_state(self.generator)
+        try:
+            yield
+        finally:
+            default.graphsafe_set_state(outer)
+
+
+class _CopyingTracker:
+    """An RNG state tracker that copies state tensors in and out of the device generator
+    (``torch.cuda.get_rng_state``/``set_rng_state``), as trackers that are not graph-safe do."""
+
+    def __init__(self, seed: int) -> None:
+        outer = torch.cuda.get_rng_state()
+        torch.cuda.manual_seed(seed)
+        self.state = torch.cuda.get_rng_state()
+        torch.cuda.set_rng_state(outer)
+
+    @contextlib.contextmanager
+    def fork(self) -> Iterator[None]:
+        outer = torch.cuda.get_rng_state()
+        torch.cuda.set_rng_state(self.state)
+        try:
+            yield
+        finally:
+            self.state = torch.cuda.get_rng_state()
+            torch.cuda.set_rng_state(outer)
+
+
+class _TrackedDropout(torch.nn.Module):
+    """A linear map and dropout drawn inside a tracker's fork (as tensor-parallel dropout is),
+    optionally under a non-reentrant activation checkpoint (the backward then draws again)."""
+
+    def __init__(self, width: int, tracker: Any, checkpointed: bool = False) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.tracker = tracker
+        self.checkpointed = checkpointed
+
+    def _body(self, x: Any) -> Any:
+        h = self.lin(x)
+        with self.tracker.fork():
+            return torch.nn.functional.dropout(h, 0.5, True)
+
+    def forward(self, x: Any) -> Any:
+        if self.checkpointed:
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self._body, x, use_reentrant=False)
+        return self._body(x)
+
+
+def _tracked_layers(tracker: Any, checkpointed: bool = False) -> list[Any]:
+    torch.manual_seed(0)
+    return [torch.nn.Linear(128, 128).cuda(), _TrackedDropout(128, tracker, checkpointed).cuda()]
+
+
+def test_dropout_of_a_graph_safe_rng_tracker_replays_what_eager_draws() -> None:
+    """Dropout drawn from an RNG state tracker's generator, passed in ``rng_generators``: every
+    replay draws a new mask, the one eager execution draws from the same generator state, and
+    the backward graphs give eager's input gradients for it."""
+    tracker = _GraphSafeTracker(1234)
+    layers = _tracked_layers(tracker)
+    x = torch.randn(8, 128, device="cuda")
+    gs = make_graphed_callables(
+        layers, [(x.clone().requires_grad_(),)], schedule=Schedule.one_f_one_b(2, 0, 2),
+        pools="torch", num_warmup_iters=2, rng_generators=[tracker.generator],
+    )
+    try:
+        state = tracker.generator.get_state()
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        ys = [gs[1, m](gs[0, m](xs[m])) for m in range(2)]
+        got = [y.detach().clone() for y in ys]
+        for y in ys:
+            y.backward(torch.ones_like(y))
+        assert not torch.equal(got[0] == 0, got[1] == 0), "two replays drew the same mask"
+        assert all(0.3 < (g == 0).float().mean().item() < 0.7 for g in got)
+
+        tracker.generator.set_state(state)
+        for m in range(2):
+            xe = x.clone().requires_grad_()
+            ye = layers[1](layers[0](xe))
+            ye.backward(torch.ones_like(ye))
+            assert torch.equal(got[m] == 0, ye.detach() == 0), f"microbatch {m}: another mask"
+            assert torch.allclose(got[m], ye.detach(), rtol=1e-4, atol=1e-5)
+            assert xs[m].grad is not None and xe.grad is not None
+            assert torch.allclose(xs[m].grad, xe.grad, rtol=1e-4, atol=1e-5)
+    finally:
+        gs.close()
+
+
+def test_a_tracker_generator_not_passed_is_refused_and_both_generators_still_draw() -> None:
+    """A tracker's generator left out of ``rng_generators`` is refused naming the layer and the
+    argument; a tracker that copies state tensors, naming graph-safe trackers. After either
+    refusal the device's generator and the tracker's draw eagerly as before."""
+    tracker = _GraphSafeTracker(7)
+    sample = torch.randn(8, 128, device="cuda").requires_grad_()
+    with pytest.raises(UnsupportedLayer, match="rng_generators") as ei:
+        make_graphed_callables(
+            _tracked_layers(tracker), [(sample,)], schedule=Schedule.one_f_one_b(2, 0, 2),
+            pools="torch", num_warmup_iters=2,
+        )
+    assert (ei.value.chunk, ei.value.layer) == (0, 1), str(ei.value)
+    with pytest.raises(UnsupportedLayer, match="graph-safe tracker") as ei:
+        make_graphed_callables(
+            _tracked_layers(_CopyingTracker(7)), [(sample,)], schedule=Schedule.one_f_one_b(2, 0, 2),
+            pools="torch", num_warmup_iters=2,
+        )
+    assert (ei.value.chunk, ei.value.layer) == (0, 1), str(ei.value)
+    torch.rand(16, device="cuda", generator=tracker.generator)
+    torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5, True)
+    with tracker.fork():
+        torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5, True)
+
+
+def test_a_checkpointed_tracker_dropout_is_refused() -> None:
+    """Tracker dropout inside an activation checkpoint: the backward's recomputation draws from
+    the tracker's generator again (swapped in, it is what the device generator reads), which
+    the warm-up's watch sees; refused naming the layer."""
+    tracker = _GraphSafeTracker(11)
+    sample = torch.randn(8, 128, device="cuda").requires_grad_()
+    with pytest.raises(UnsupportedLayer, match="draws random numbers") as ei:
+        make_graphed_callables(
+            _tracked_layers(tracker, checkpointed=True), [(sample,)],
+            schedule=Schedule.one_f_one_b(2, 0, 2), pools="torch", num_warmup_iters=2,
+            rng_generators=[tracker.generator],
+        )
+    assert (ei.value.chunk, ei.value.layer) == (0, 1), str(ei.value)
+
+
+def test_rng_generators_that_are_not_generators_of_the_device_are_refused() -> None:
+    """``rng_generators`` takes CUDA generators of the capture's device: a CPU generator, a
+    dict (of named tracker states) or something else is refused before the warm-up."""
+    layers = [torch.nn.Linear(16, 16).cuda()]
+    sample = torch.randn(4, 16, device="cuda").requires_grad_()
+    cuda_gen = torch.Generator(device="cuda")
+    for bad, says in [
+        ([torch.Generator()], "generator of cpu"),
+        ({"model-parallel-rng": cuda_gen}, "a dict"),
+        (cuda_gen, "a torch.Generator;"),
+        ([cuda_gen, "seed"], r"rng_generators\[1\] is a str"),
+    ]:
+        with pytest.raises(graphpool.InvalidArgument, match=says) as ei:
+            make_graphed_callables(
+                layers, [(sample,)], schedule=Schedule.one_f_one_b(1, 0, 1), pools="torch",
+                rng_generators=bad,
+            )
+        assert ei.value.field == "rng_generators"

@@ -50,6 +50,8 @@ naming the layer and what to change, before any graph is used):
 * dropout and other random ops of the default CUDA generator: every replay draws new numbers,
   the ones eager execution would draw at the same point of the generator's sequence (the
   capture's warm-up draws from the generator too: seed after capture to repeat an eager run);
+  the same for generators passed in ``rng_generators``, such as those an RNG state tracker
+  (TransformerEngine's, Megatron-LM's graph-safe one) swaps in around tensor-parallel dropout;
 * buffers updated in place by the forward (``BatchNorm``'s running statistics in train mode):
   updated by every forward replay, as eager updates them. The warm-up's updates are undone, so
   capture leaves the buffers as it found them. A buffer the forward replaces (``self.buf =

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import InvalidArgument
 from .layers import (
@@ -27,7 +27,7 @@ from .memory import (
 from .modes import _autocast_dtype, _uncached_autocast
 from .planning import _GiB, _arena_sizes, _check_capacity, _plan_for_pools, _predict, overhead_bytes
 from .record import _capture_backward, _capture_forward, _warm_chunk
-from .refusals import _check_buffers_kept, _check_modules, _check_samples
+from .refusals import _check_buffers_kept, _check_modules, _check_rng_generators, _check_samples
 from .replay import CaptureStats, GraphedSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +52,7 @@ def make_graphed_callables(
     expandable_segments: bool | None = None,
     arena: bool = True,
     overhead: dict[str, int] | None = None,
+    rng_generators: Iterable[Any] = (),
     _unsafe_single_pool: bool = False,
 ) -> GraphedSchedule:
     """Capture ``callables`` (the layers of this pipeline rank) for a pipeline schedule.
@@ -111,6 +112,14 @@ def make_graphed_callables(
         overhead: what an earlier capture of the same model cost beyond its planned buffers
             (:meth:`GraphedSchedule.capture_overhead`); counted in the prediction that is
             checked against ``budget``, free memory and the daemon's plan before capture.
+        rng_generators: CUDA generators the layers draw random numbers from besides the
+            device's default one: those an RNG state tracker swaps in around dropout
+            (TransformerEngine's and Megatron-LM's graph-safe trackers; with them,
+            ``get_all_rng_states().values()``), or ones passed to random ops. Every graph is
+            registered with each, so that each replay draws from its current offset and moves
+            it on, as eager execution would; the warm-up's watch for backwards that draw
+            random numbers reads them too. A layer that draws from a generator not listed is
+            refused naming the layer.
         _unsafe_single_pool: for tests and benchmarks only: put every graph in one pool, which
             breaks the lifetime split and lets slot reuse corrupt results (the failure this
             module exists to prevent). Never use it for training.
@@ -122,8 +131,10 @@ def make_graphed_callables(
         graphpool.CapacityExceeded: the capture would not fit (budget, daemon plan, free memory),
             or the daemon refused one of the pools' segments during capture. On any failure
             the graphs captured so far are destroyed and the pools given back.
-        graphpool.InvalidArgument: ``pools`` is not one of its values, or a sample is not a
-            tensor on a CUDA device (``field="sample_args"``).
+        graphpool.InvalidArgument: ``pools`` is not one of its values, a sample is not a
+            tensor on a CUDA device (``field="sample_args"``), or an entry of
+            ``rng_generators`` is not a ``torch.Generator`` of the capture's device
+            (``field="rng_generators"``).
         UnsupportedLayer: a layer capture cannot graph correctly (an ``InvalidArgument``,
             ``field="callables"``): see the module's documentation for what is supported. The
             message names the layer and says what to change.
@@ -152,6 +163,7 @@ def make_graphed_callables(
     _check_samples(samples)
     _check_modules(chunks)
     device = torch.cuda.current_device()
+    generators = _check_rng_generators(rng_generators, device)
     stats = CaptureStats(
         slots_per_chunk=schedule.slots_per_chunk,
         autocast=None if amp is None else str(amp).replace("torch.", ""),
@@ -180,7 +192,10 @@ def make_graphed_callables(
                 for it in range(iters):
                     profile = it == iters - 1
                     bound = [_layer_buffers(lay) for lay in ch] if profile else []
-                    profs = _warm_chunk(ch, samples[c], allow_unused_input, profile=profile, device=device)
+                    profs = _warm_chunk(
+                        ch, samples[c], allow_unused_input, profile=profile, device=device,
+                        generators=generators,
+                    )
                     for lay, before in zip(ch, bound):
                         _check_buffers_kept(lay, before)
                     if profile:
@@ -297,7 +312,8 @@ def make_graphed_callables(
             try:
                 with _uncached_autocast(amp):
                     _capture_all(schedule, layers, samples, fwd_pools, bwd_pool, pool_list, stats,
-                                 stream, allow_unused_input, progress_every_s, device, reserved0)
+                                 stream, allow_unused_input, progress_every_s, device, reserved0,
+                                 generators)
             finally:
                 if expandable_segments:
                     settings("expandable_segments:False")
@@ -360,7 +376,7 @@ def _capture_all(
     schedule: Schedule, layers: list[list[_Layer]], samples: list[tuple[Any, ...]],
     fwd_pools: list[list[Any]], bwd_pool: Any, pool_list: list[tuple[str, Any]],
     stats: CaptureStats, stream: Any, allow_unused_input: bool, progress_every_s: float,
-    device: int, reserved0: int,
+    device: int, reserved0: int, generators: tuple[Any, ...],
 ) -> None:
     import torch
 
@@ -385,14 +401,16 @@ def _capture_all(
             if step.kind == "F":
                 x: tuple[Any, ...] | None = None
                 for lay in ch:
-                    x = _capture_forward(lay, s, x, samples[step.chunk], _pool_id(fwd_pools[step.chunk][s]), stream)
+                    x = _capture_forward(
+                        lay, s, x, samples[step.chunk], _pool_id(fwd_pools[step.chunk][s]), generators
+                    )
                     done += 1
                     if done == 1:
                         first_outside = _outside(free_before, reserved_before, device)
             else:
                 gout: tuple[Any, ...] | None = None
                 for lay in reversed(ch):
-                    gout = _capture_backward(lay, s, gout, _pool_id(bwd_pool), stream, allow_unused_input)
+                    gout = _capture_backward(lay, s, gout, _pool_id(bwd_pool), allow_unused_input, generators)
                     done += 1
             now = time.perf_counter()
             if now - last_log >= progress_every_s:

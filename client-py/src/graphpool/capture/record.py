@@ -22,12 +22,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _warm_chunk(
-    ch: list[_Layer], sample: tuple[Any, ...], allow_unused: bool, profile: bool, device: int = 0
+    ch: list[_Layer], sample: tuple[Any, ...], allow_unused: bool, profile: bool, device: int = 0,
+    generators: tuple[Any, ...] = (),
 ) -> list[LayerProfile]:
     """One eager forward+backward of a chunk, layer by layer; with ``profile``, what each layer
     keeps for its backward (saved-tensor hooks) and its peak temporaries (the allocator's peak
     counter, reset around each forward and backward: this resets the process's peak memory
-    statistics)."""
+    statistics), and whether its backward draws random numbers from the device's generator or
+    from ``generators``."""
     import torch
 
     x = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in sample)
@@ -88,7 +90,7 @@ def _warm_chunk(
         # RNG state tracker (TransformerEngine's, Megatron's) draws its dropout inside a swap of
         # the generator's state and puts the state back, so the offset around the forward says
         # nothing, while the ops inside the swap still move it one by one.
-        seeded: Any = _random_op_watch(device) if profile else contextlib.nullcontext()
+        seeded: Any = _random_op_watch(device, generators) if profile else contextlib.nullcontext()
         with seeded:
             grads = _layer_grads(lay, outs, diff_in, gouts, allow_unused)
         if profile and seeded.ops:
@@ -174,7 +176,8 @@ def _layer_grads(
 
 
 def _capture_forward(
-    lay: _Layer, s: int, x: tuple[Any, ...] | None, sample: tuple[Any, ...], pool_id: Any, stream: Any
+    lay: _Layer, s: int, x: tuple[Any, ...] | None, sample: tuple[Any, ...], pool_id: Any,
+    generators: tuple[Any, ...] = (),
 ) -> tuple[Any, ...]:
     """Captures the forward graph of (layer, slot) ``s`` on its input ``x`` (the previous
     layer's static outputs; for a chunk's first layer a new static input like ``sample``).
@@ -182,8 +185,8 @@ def _capture_forward(
     memory, so that nothing is copied between the layers of a chunk."""
     import torch
 
-    g = torch.cuda.CUDAGraph()
-    with _capturing(g, pool_id, lay, "forward"):
+    g = _new_graph(generators)
+    with _capturing(g, pool_id, lay, "forward", generators):
         if x is None:  # the chunk's input: a static buffer in the slot's pool
             x = tuple(torch.empty_like(a).requires_grad_(a.requires_grad) for a in sample)
         with torch.enable_grad():
@@ -203,7 +206,8 @@ def _capture_forward(
 
 
 def _capture_backward(
-    lay: _Layer, s: int, gout: tuple[Any, ...] | None, pool_id: Any, stream: Any, allow_unused: bool
+    lay: _Layer, s: int, gout: tuple[Any, ...] | None, pool_id: Any, allow_unused: bool,
+    generators: tuple[Any, ...] = (),
 ) -> tuple[Any, ...]:
     """Captures the backward graph of (layer, slot) ``s``.
 
@@ -224,8 +228,8 @@ def _capture_backward(
     given = gout if gout is not None else (None,) * len(static_out)
     ins = lay.static_in[s]
     diff_in = [t for t in ins if t.requires_grad]
-    g = torch.cuda.CUDAGraph()
-    with _capturing(g, pool_id, lay, "backward"):
+    g = _new_graph(generators)
+    with _capturing(g, pool_id, lay, "backward", generators):
         # the output gradients the graph reads: the next layer's input gradients, else static
         # buffers of this pool (the chunk's last layer, or outputs the next layer does not use)
         bufs = tuple(given[i] if given[i] is not None else torch.empty_like(static_out[i]) for i in want)
@@ -261,24 +265,37 @@ def _end_capture(g: Any, empty: bool) -> None:
         g.capture_end()
 
 
+def _new_graph(generators: tuple[Any, ...]) -> Any:
+    """A CUDA graph that advances ``generators`` on every replay, as it does the device's
+    default generator: each replay then draws the numbers an eager run would draw at the
+    generators' current offsets, and moves the offsets past them."""
+    import torch
+
+    g = torch.cuda.CUDAGraph()
+    for gen in generators:
+        g.register_generator_state(gen)
+    return g
+
+
 @contextlib.contextmanager
-def _capturing(g: Any, pool_id: Any, lay: _Layer, kind: str) -> Any:
+def _capturing(g: Any, pool_id: Any, lay: _Layer, kind: str, generators: tuple[Any, ...] = ()) -> Any:
     """Begins capturing ``g`` into the pool ``pool_id`` for the body (not ending it: the caller
     does, once it knows whether the graph is empty). A body that fails abandons the capture;
     its error is raised as :class:`UnsupportedLayer` where it is work a graph cannot replay
-    (:func:`_capture_refusal`; ``kind``: ``"forward"`` or ``"backward"``), as it is otherwise."""
+    (:func:`_capture_refusal`; ``kind``: ``"forward"`` or ``"backward"``), as it is otherwise.
+    ``generators``: those registered with ``g`` besides the default one."""
     g.capture_begin(pool=pool_id)
     try:
         yield
     except BaseException as e:
-        _abandon_capture(g, pool_id)
+        _abandon_capture(g, pool_id, generators)
         refusal = _capture_refusal(lay, kind, e)
         if refusal is None:
             raise
         raise refusal from e
 
 
-def _abandon_capture(g: Any, pool_id: Any) -> None:
+def _abandon_capture(g: Any, pool_id: Any, generators: tuple[Any, ...] = ()) -> None:
     """Ends a capture whose body failed; the body's error is the one that matters.
 
     Ending a capture that a forbidden call invalidated fails too, and it fails before torch
@@ -287,8 +304,8 @@ def _abandon_capture(g: Any, pool_id: Any) -> None:
     (every later ``torch.cuda.empty_cache()`` failing its assertion that none is, a pool's
     destruction among them, and the pool refused to later captures). The reference the
     capture took on the pool, which only a capture that ended gives back, is given back too.
-    Last, the device's random number generator is taken out of capture mode (see
-    :func:`_end_generator_capture`).
+    Last, the device's random number generator and ``generators`` are taken out of capture
+    mode (see :func:`_end_generator_capture`).
     """
     import torch
 
@@ -306,17 +323,19 @@ def _abandon_capture(g: Any, pool_id: Any) -> None:
             else:
                 with contextlib.suppress(Exception):
                     release(device, pool_id)
-        _end_generator_capture()
+        _end_generator_capture(generators)
 
 
-def _end_generator_capture() -> None:
-    """Takes the current device's CUDA random number generator out of capture mode.
+def _end_generator_capture(generators: tuple[Any, ...] = ()) -> None:
+    """Takes the current device's CUDA random number generator, and ``generators``, out of
+    capture mode.
 
     A capture that fails to end leaves the generator's state marked as capturing (only a
     capture that ends clears the mark), and every later random op outside a capture, eager
     dropout or ``torch.randn`` included, then fails with "Offset increment outside graph
     capture encountered unexpectedly". An empty capture that ends clears it; the generator's
-    seed and offset are untouched (an empty graph draws no numbers).
+    seed and offset are untouched (an empty graph draws no numbers). ``generators``
+    registered with the empty graph are cleared the same way.
     """
     import warnings
 
@@ -325,7 +344,7 @@ def _end_generator_capture() -> None:
     with contextlib.suppress(Exception), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
         with torch.cuda.stream(torch.cuda.Stream()):
-            g = torch.cuda.CUDAGraph()
+            g = _new_graph(generators)
             g.capture_begin()
             g.capture_end()
         del g

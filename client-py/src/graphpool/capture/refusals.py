@@ -64,6 +64,47 @@ def _check_samples(samples: Sequence[tuple[Any, ...]]) -> None:
                 )
 
 
+def _check_rng_generators(generators: Any, device: int) -> tuple[Any, ...]:
+    """The ``rng_generators`` of a capture as a tuple, refused unless each is a
+    ``torch.Generator`` of the capture's CUDA device.
+
+    Raises:
+        graphpool.InvalidArgument: ``field="rng_generators"``, naming the entry.
+    """
+    import torch
+
+    if isinstance(generators, torch.Generator) or isinstance(generators, dict):
+        kind = "a torch.Generator" if isinstance(generators, torch.Generator) else "a dict"
+        raise InvalidArgument(
+            f"rng_generators is {kind}; pass a sequence of generators "
+            f"(for a dict of named tracker states, its .values())",
+            field="rng_generators",
+        )
+    try:
+        gens = tuple(generators)
+    except TypeError:
+        raise InvalidArgument(
+            f"rng_generators must be a sequence of torch.Generator, not "
+            f"{type(generators).__name__}",
+            field="rng_generators",
+        ) from None
+    for i, g in enumerate(gens):
+        if not isinstance(g, torch.Generator):
+            raise InvalidArgument(
+                f"rng_generators[{i}] is a {type(g).__name__}, not a torch.Generator: pass the "
+                f"generators an RNG state tracker swaps in (graph-safe trackers hold "
+                f"torch.Generator objects; one that holds state tensors cannot be captured)",
+                field="rng_generators",
+            )
+        if g.device.type != "cuda" or (g.device.index if g.device.index is not None else device) != device:
+            raise InvalidArgument(
+                f"rng_generators[{i}] is a generator of {g.device}, not of the capture's device "
+                f"cuda:{device}: pass the generators of the device the layers run on",
+                field="rng_generators",
+            )
+    return gens
+
+
 #: A module's hook tables: a graph replays none of them.
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
@@ -267,27 +308,31 @@ def _check_chained(lay: _Layer, slot: int, microbatch: int, args: tuple[Any, ...
             )
 
 
-def _random_op_watch(device: int) -> Any:
+def _random_op_watch(device: int, generators: Sequence[Any] = ()) -> Any:
     """A context that records, in its ``ops``, the names of the ops that drew from ``device``'s
-    CUDA generator while it was entered, in autograd's backward threads too: ops tagged
-    ``nondeterministic_seeded`` that moved the generator's offset. Not the ones that carry the
-    tag but draw nothing, such as the attention backward kernels, which replay their forward's
-    dropout from the seed and offset it saved, or dropout with probability 0. (Per op: an
-    activation checkpoint puts the generator back after its recomputation.) Its first dispatch
-    in a process imports ``torch._dynamo`` where nothing has yet (dispatch modes do): 0.85 s on
-    the H200 host, 2.2 s where Python keeps no bytecode cache."""
+    CUDA generator or from one of ``generators`` while it was entered, in autograd's backward
+    threads too: ops tagged ``nondeterministic_seeded`` that moved a generator's offset (the
+    default generator's offset is that of whatever state an RNG state tracker swapped in). Not
+    the ones that carry the tag but draw nothing, such as the attention backward kernels, which
+    replay their forward's dropout from the seed and offset it saved, or dropout with
+    probability 0. (Per op: an activation checkpoint puts the generator back after its
+    recomputation.) Its first dispatch in a process imports ``torch._dynamo`` where nothing has
+    yet (dispatch modes do): 0.85 s on the H200 host, 2.2 s where Python keeps no bytecode
+    cache."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     # A torch without the tag or the offset cannot tell: nothing is refused.
     seeded = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
-    offset = getattr(torch.cuda.default_generators[device], "get_offset", None)
-    if seeded is None:
-        offset = None
+    offsets = [
+        getattr(g, "get_offset", None) for g in (torch.cuda.default_generators[device], *generators)
+    ]
+    if seeded is None or offsets[0] is None:
+        offsets = []
 
-    def read() -> Any:
+    def read() -> tuple[Any, ...] | None:
         try:
-            return offset() if offset is not None else None
+            return tuple(offset() for offset in offsets if offset is not None)
         except RuntimeError:
             return None
 
@@ -298,7 +343,7 @@ def _random_op_watch(device: int) -> Any:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             # (higher-order operators carry no tags)
-            if offset is None or seeded not in getattr(func, "tags", ()):
+            if not offsets or seeded not in getattr(func, "tags", ()):
                 return func(*args, **(kwargs or {}))
             before = read()
             out = func(*args, **(kwargs or {}))
@@ -375,6 +420,26 @@ def _capture_refusal(lay: _Layer, kind: str, e: BaseException) -> UnsupportedLay
     if not isinstance(e, RuntimeError) or "out of memory" in str(e).lower():
         return None
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "generator not in capture mode" in text.lower():
+        return UnsupportedLayer(
+            lay.chunk, lay.index, lay.module,
+            f"its {kind} draws random numbers from a CUDA generator the capture does not know "
+            f"({text}): an RNG state tracker swapped in a generator state of its own (as "
+            f"TransformerEngine's and Megatron-LM's graph-safe trackers do for dropout). Pass "
+            f"the tracker's generators to make_graphed_callables(rng_generators=...) (with "
+            f"those trackers, get_all_rng_states().values()), so that every graph advances "
+            f"them on replay",
+        )
+    if "cudageneratorimpl" in text.lower():
+        # torch's first sentence says what was called; the rest asks for an issue to be filed
+        return UnsupportedLayer(
+            lay.chunk, lay.index, lay.module,
+            f"its {kind} reads or sets the CUDA generator's seed and offset on the host "
+            f"({text.split('. ')[0].rstrip('.')}), as torch.cuda.get_rng_state/set_rng_state and RNG state trackers that "
+            f"copy state tensors do; a graph replays kernels only. Use a graph-safe tracker "
+            f"(TransformerEngine's; Megatron-LM's with use_cudagraphable_rng=True), which "
+            f"swaps generator states instead, and pass its generators in rng_generators",
+        )
     if not any(p in text.lower() for p in _HOST_WORK_IN_CAPTURE):
         return None
     return UnsupportedLayer(
