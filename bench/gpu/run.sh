@@ -2,13 +2,14 @@
 # Everything GPU-related of graphpool, in one go, building nothing:
 #   1. bench/gpu/cuda_backend.py  (grant imported in another process, latency, daemon memory)
 #   2. a graphpoold --backend cuda on a socket under /tmp, then bench/gpu/shim_latency.py
-#   3. the GPU pytest suite (client-py/tests/gpu) against that daemon
+#   3. the GPU pytest suite (client-py/tests/gpu) against that daemon, and
+#      bench/gpu/generator_replay.py (what a generator registered with a graph costs a replay)
 # Binaries come from $GRAPHPOOL_BIN_DIR, the directory holding graphpoold, graphpool and
 # libgraphpool_shim.so (default <repo>/.carry, ignored by git), built elsewhere with
 # `cargo build --release -p graphpool --bins` and `cargo build --release -p graphpool-shim`.
 # Results go to $OUT (default /tmp/graphpool-bench-out): env.txt, cuda_backend.json,
-# shim_latency.json, gpu_tests.json, pytest.log, graphpoold.log, run.log; a short table is
-# printed last.
+# shim_latency.json, gpu_tests.json, pytest.log, generator_replay.txt, graphpoold.log, run.log;
+# a short table is printed last.
 #
 # STAGES (default "backend shim tests seed poison") picks what runs; SEED_ARGS adds arguments to
 # the seed reproduction (bench/gpu/seed_repro.py), e.g. SEED_ARGS="--m 8,128 --deadline 200".
@@ -59,6 +60,9 @@ rm -f "$OUT/gpu_tests.json"
 GRAPHPOOL_GPU_SOCKET=$SOCK GRAPHPOOL_BENCH_OUT="$OUT/gpu_tests.json" timeout 300 \
   python3 -m pytest client-py/tests/gpu -v -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 echo "pytest exit $?"; tail -15 "$OUT/pytest.log"
+echo "== replay cost of generators registered for rng_generators"
+timeout 120 python3 bench/gpu/generator_replay.py > "$OUT/generator_replay.txt" 2>&1
+echo "generator_replay exit $?"; cat "$OUT/generator_replay.txt"
 fi
 
 if has seed; then
