@@ -300,6 +300,37 @@ def test_a_tracker_generator_not_passed_is_refused_and_both_generators_still_dra
         torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5, True)
 
 
+class _DropoutThenSync(_TrackedDropout):
+    """Tracker dropout, then a read on the host (refused mid-capture as host work)."""
+
+    def forward(self, x: Any) -> Any:
+        y = self._body(x)
+        if y.sum().item() > float("inf"):
+            return y * 2
+        return y
+
+
+def test_a_capture_that_fails_with_tracker_generators_leaves_them_drawing() -> None:
+    """A capture that fails after the tracker's generator was registered with its graph (and
+    put in capture mode): the generator is taken out of capture mode again, so it and the
+    device's generator draw eagerly afterwards (otherwise every later draw fails with "Offset
+    increment outside graph capture")."""
+    tracker = _GraphSafeTracker(5)
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(128, 128).cuda(), _DropoutThenSync(128, tracker).cuda()]
+    sample = torch.randn(8, 128, device="cuda").requires_grad_()
+    with pytest.raises(UnsupportedLayer, match="cannot be captured") as ei:
+        make_graphed_callables(
+            layers, [(sample,)], schedule=Schedule.one_f_one_b(2, 0, 2), pools="torch",
+            num_warmup_iters=2, rng_generators=[tracker.generator],
+        )
+    assert (ei.value.chunk, ei.value.layer) == (0, 1), str(ei.value)
+    torch.rand(16, device="cuda", generator=tracker.generator)
+    with tracker.fork():
+        torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5, True)
+    torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5, True)
+
+
 def test_a_checkpointed_tracker_dropout_is_refused() -> None:
     """Tracker dropout inside an activation checkpoint: the backward's recomputation draws from
     the tracker's generator again (swapped in, it is what the device generator reads), which
