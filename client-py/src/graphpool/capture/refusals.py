@@ -414,38 +414,41 @@ _HOST_WORK_IN_CAPTURE = (
 
 def _capture_refusal(lay: _Layer, kind: str, e: BaseException) -> UnsupportedLayer | None:
     """An :class:`UnsupportedLayer` for a layer whose capture failed because it does work a
-    CUDA graph cannot replay (host synchronization, data-dependent shapes), or None for any
-    other failure (out of memory, a refused segment, an error of the layer itself), which is
-    raised as it is."""
+    CUDA graph cannot replay (host synchronization, data-dependent shapes, random numbers
+    from a generator not registered with the graph, the generator's state read or set on the
+    host), or None for any other failure (out of memory, a refused segment, an error of the
+    layer itself), which is raised as it is."""
     if not isinstance(e, RuntimeError) or "out of memory" in str(e).lower():
         return None
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if "generator not in capture mode" in text.lower():
-        return UnsupportedLayer(
-            lay.chunk, lay.index, lay.module,
+    low = text.lower()
+    if "generator not in capture mode" in low:
+        what = (
             f"its {kind} draws random numbers from a CUDA generator the capture does not know "
             f"({text}): an RNG state tracker swapped in a generator state of its own (as "
             f"TransformerEngine's and Megatron-LM's graph-safe trackers do for dropout). Pass "
             f"the tracker's generators to make_graphed_callables(rng_generators=...) (with "
             f"those trackers, get_all_rng_states().values()), so that every graph advances "
-            f"them on replay",
+            f"them on replay"
         )
-    if "cudageneratorimpl" in text.lower():
+    elif "cudageneratorimpl" in low:
         # torch's first sentence says what was called; the rest asks for an issue to be filed
-        return UnsupportedLayer(
-            lay.chunk, lay.index, lay.module,
+        called = text.split(". ")[0].rstrip(".")
+        what = (
             f"its {kind} reads or sets the CUDA generator's seed and offset on the host "
-            f"({text.split('. ')[0].rstrip('.')}), as torch.cuda.get_rng_state/set_rng_state and RNG state trackers that "
-            f"copy state tensors do; a graph replays kernels only. Use a graph-safe tracker "
-            f"(TransformerEngine's; Megatron-LM's with use_cudagraphable_rng=True), which "
-            f"swaps generator states instead, and pass its generators in rng_generators",
+            f"({called}), as torch.cuda.get_rng_state/set_rng_state and RNG state trackers "
+            f"that copy state tensors do; a graph replays kernels only. Use a graph-safe "
+            f"tracker (TransformerEngine's; Megatron-LM's with use_cudagraphable_rng=True), "
+            f"which swaps generator states instead, and pass its generators in rng_generators"
         )
-    if not any(p in text.lower() for p in _HOST_WORK_IN_CAPTURE):
+    elif any(p in low for p in _HOST_WORK_IN_CAPTURE):
+        what = (
+            f"its {kind} cannot be captured in a CUDA graph ({text}); a graph replays kernels "
+            f"only, so the layer must not synchronize with the host: no .item(), .cpu(), "
+            f".tolist() or Python branching on tensor values, no ops whose output shape depends "
+            f"on values (nonzero, boolean-mask indexing, unique); move that work out of the "
+            f"graphed layers"
+        )
+    else:
         return None
-    return UnsupportedLayer(
-        lay.chunk, lay.index, lay.module,
-        f"its {kind} cannot be captured in a CUDA graph ({text}); a graph replays kernels "
-        f"only, so the layer must not synchronize with the host: no .item(), .cpu(), .tolist() "
-        f"or Python branching on tensor values, no ops whose output shape depends on values "
-        f"(nonzero, boolean-mask indexing, unique); move that work out of the graphed layers",
-    )
+    return UnsupportedLayer(lay.chunk, lay.index, lay.module, what)
