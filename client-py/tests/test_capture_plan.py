@@ -520,17 +520,18 @@ def test_a_failed_capture_body_is_abandoned_and_host_work_refused(monkeypatch: p
     abandoned: list[Any] = []
     monkeypatch.setattr(record, "_abandon_capture", lambda g, pool, gens: abandoned.append((g, pool)))
     g = SimpleNamespace(begun=[], capture_begin=lambda pool: g.begun.append(pool))
+    monkeypatch.setattr(record, "_new_graph", lambda gens: g)
     lay = _Layer(0, 2, _Module(), 1, False, False)
-    with record._capturing(g, "pool", lay, "forward"):
-        pass
+    with record._capturing("pool", lay, "forward", ()) as made:
+        assert made is g
     assert g.begun == ["pool"] and abandoned == []
     host = RuntimeError("operation not permitted when stream is capturing")
     with pytest.raises(capture.UnsupportedLayer, match="layer 2 of chunk 0 .*its backward cannot be captured") as info:
-        with record._capturing(g, "pool", lay, "backward"):
+        with record._capturing("pool", lay, "backward", ()):
             raise host
     assert info.value.__cause__ is host and abandoned == [(g, "pool")]
     with pytest.raises(ValueError, match="shapes"):
-        with record._capturing(g, "pool", lay, "forward"):
+        with record._capturing("pool", lay, "forward", ()):
             raise ValueError("shapes cannot be multiplied")
     assert len(abandoned) == 2
 

@@ -185,8 +185,7 @@ def _capture_forward(
     memory, so that nothing is copied between the layers of a chunk."""
     import torch
 
-    g = _new_graph(generators)
-    with _capturing(g, pool_id, lay, "forward", generators):
+    with _capturing(pool_id, lay, "forward", generators) as g:
         if x is None:  # the chunk's input: a static buffer in the slot's pool
             x = tuple(torch.empty_like(a).requires_grad_(a.requires_grad) for a in sample)
         with torch.enable_grad():
@@ -228,8 +227,7 @@ def _capture_backward(
     given = gout if gout is not None else (None,) * len(static_out)
     ins = lay.static_in[s]
     diff_in = [t for t in ins if t.requires_grad]
-    g = _new_graph(generators)
-    with _capturing(g, pool_id, lay, "backward", generators):
+    with _capturing(pool_id, lay, "backward", generators) as g:
         # the output gradients the graph reads: the next layer's input gradients, else static
         # buffers of this pool (the chunk's last layer, or outputs the next layer does not use)
         bufs = tuple(given[i] if given[i] is not None else torch.empty_like(static_out[i]) for i in want)
@@ -278,15 +276,16 @@ def _new_graph(generators: tuple[Any, ...]) -> Any:
 
 
 @contextlib.contextmanager
-def _capturing(g: Any, pool_id: Any, lay: _Layer, kind: str, generators: tuple[Any, ...] = ()) -> Any:
-    """Begins capturing ``g`` into the pool ``pool_id`` for the body (not ending it: the caller
-    does, once it knows whether the graph is empty). A body that fails abandons the capture;
-    its error is raised as :class:`UnsupportedLayer` where it is work a graph cannot replay
-    (:func:`_capture_refusal`; ``kind``: ``"forward"`` or ``"backward"``), as it is otherwise.
-    ``generators``: those registered with ``g`` besides the default one."""
+def _capturing(pool_id: Any, lay: _Layer, kind: str, generators: tuple[Any, ...]) -> Any:
+    """A new graph (:func:`_new_graph`, registered with ``generators``), capturing into the
+    pool ``pool_id`` for the body (not ended: the caller ends it, once it knows whether the
+    graph is empty). A body that fails abandons the capture; its error is raised as
+    :class:`UnsupportedLayer` where it is work a graph cannot replay (:func:`_capture_refusal`;
+    ``kind``: ``"forward"`` or ``"backward"``), as it is otherwise."""
+    g = _new_graph(generators)
     g.capture_begin(pool=pool_id)
     try:
-        yield
+        yield g
     except BaseException as e:
         _abandon_capture(g, pool_id, generators)
         refusal = _capture_refusal(lay, kind, e)
