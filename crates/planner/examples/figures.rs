@@ -16,7 +16,9 @@
 //! tilings of other shapes than `packed` (`workload::Tiling`: one step per piece, cuts at
 //! any byte, the largest of three pieces cut), `skyline` rows tilings filled bottom-up
 //! (`workload::packed_skyline`). `training` rows are eager training steps of one pipeline
-//! rank as an allocator sees them (`workload::training_trace`).
+//! rank as an allocator sees them (`workload::training_trace`); `longshort` rows a few
+//! long-lived buffers among many short-lived ones of the same sizes
+//! (`workload::random_long_short`).
 
 use std::time::Duration;
 
@@ -116,6 +118,7 @@ fn main() {
     generated(&mut cases, "usize", &sizes[1..], &seeds, "", workload::random_uniform_sizes);
     generated(&mut cases, "dense", &sizes[1..], &seeds, "", workload::random_dense);
     generated(&mut cases, "bimodal", &sizes[1..], &seeds, "", workload::random_bimodal);
+    generated(&mut cases, "longshort", &sizes[1..], &seeds, "", workload::random_long_short);
     generated(&mut cases, "training", &sizes, &seeds, "", workload::training_trace);
     generated(&mut cases, "packed", &[100, 1_000, 10_000], &seeds, "", workload::packed);
     generated(&mut cases, "packed", &sizes, &seeds, " budget=1s", workload::packed);

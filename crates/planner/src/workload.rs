@@ -59,6 +59,22 @@ pub fn random_bimodal(n: usize, seed: u64) -> Vec<Buffer> {
     })
 }
 
+/// `n` random buffers, a few long-lived among many short-lived ones of the same sizes: 5%
+/// with lifetimes uniform in `n/20..=n/5` steps (about 600 live at a time, 98% of the area),
+/// the others in `1..=30`; sizes uniform in 512 B..=64 MiB (multiples of 512 bytes) for both.
+/// The long-lived buffers' areas spread over less than a decade, unlike [`random_dense`]'s.
+pub fn random_long_short(n: usize, seed: u64) -> Vec<Buffer> {
+    let n64 = n as u64;
+    uniform_starts(n, Rng::new(seed ^ 0x10_6e55), |rng| {
+        let life = if rng.below(20) == 0 {
+            rng.range((n64 / 20).max(1), (n64 / 5).max(2))
+        } else {
+            rng.range(1, 30)
+        };
+        (life, rng.range(1, 128 << 10) * 512)
+    })
+}
+
 /// About `n` buffers as an allocator sees one pipeline rank's training step in eager mode:
 /// microbatches in 1F1B order (as many forwards as are kept in flight, then one forward and
 /// one backward in turn, then the remaining backwards) through every layer, one clock step

@@ -777,7 +777,19 @@ fn place_for(
         }
         if fits(share, fill_pass) {
             let skeleton_for = if dominant { PlanFor::Footprint } else { PlanFor::Fill };
-            skeleton = plan_skeleton(&p, items, budget.mul_f64(share), opts, skeleton_for, tail);
+            // On dense lists the portfolio's jobs on the whole list seldom fit after the
+            // skeleton and its fill: an online aligned construction of the whole list runs
+            // on a core of its own beside the skeleton's plan (see `skeleton_beside_aligned`).
+            skeleton = if dense && !dominant && threads >= 2 {
+                let (sk, aligned) =
+                    skeleton_beside_aligned(&p, items, budget.mul_f64(share), opts, tail, deadline);
+                if let Some((off, high)) = aligned {
+                    best.offer(high, off, ALIGNED_VARIANTS[0].2);
+                }
+                sk
+            } else {
+                plan_skeleton(&p, items, budget.mul_f64(share), opts, skeleton_for, tail)
+            };
             clock.end("skeleton", None);
         }
     }
