@@ -738,6 +738,7 @@ fn place_for(
     let fill_threads = threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
     let fits = |share: f64, fill: Duration| began.elapsed() + budget.mul_f64(share) + fill < budget;
     let mut skeleton = None;
+    let mut aligned_built = None;
     let mut fill_pass = greedy_pass / fill_threads;
     if best.high > lb
         && !coarsenable
@@ -784,6 +785,7 @@ fn place_for(
                 let (sk, aligned) =
                     skeleton_beside_aligned(&p, items, budget.mul_f64(share), opts, tail, deadline);
                 if let Some((off, high)) = aligned {
+                    aligned_built = Some(high);
                     best.offer(high, off, ALIGNED_VARIANTS[0].2);
                 }
                 sk
@@ -814,6 +816,7 @@ fn place_for(
             coarse_placed,
             skeleton: skeleton.as_ref(),
             fill_pass,
+            aligned_built,
         };
         built = portfolio::run(&p, &plan, &mut best);
         clock.end("constructions", Some(best.high));

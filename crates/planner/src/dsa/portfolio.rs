@@ -71,6 +71,10 @@ pub(super) struct PortfolioPlan<'a> {
     pub(super) skeleton: Option<&'a Skeleton>,
     /// What filling in around the skeleton is expected to take per worker.
     pub(super) fill_pass: Duration,
+    /// The footprint of the first online aligned construction where it was built already
+    /// (beside the skeleton's plan): that job is not run again, and its footprint counts
+    /// among the aligned constructions' in [`Portfolio::aligned_led`].
+    pub(super) aligned_built: Option<u64>,
 }
 
 /// What the portfolio did.
@@ -142,6 +146,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     // constructions interleaved; dense inputs lead with the aligned constructions and a
     // skyline pass (the greedy passes there cost most of the budget).
     let mut order: Vec<Job> = Vec::new();
+    let built_aligned = |j: &Job| plan.aligned_built.is_some() && matches!(j, Job::Aligned(0));
     // The layered fill, one stretch of the clock per worker, first.
     let parts = workers_for(threads, deadline.saturating_duration_since(Instant::now()));
     let fill = skeleton.map(|sk| layered_fill(p, sk, parts));
@@ -149,7 +154,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
         order.extend((0..fill.parts()).map(Job::Layered));
     }
     if dense {
-        order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned));
+        order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned).filter(|j| !built_aligned(j)));
         order.push(Job::Skyline(0));
     }
     order.push(Job::Greedy(0));
@@ -157,7 +162,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
         order.push(Job::Skyline(0));
         // The aligned constructions lead on lists of uniform sizes (few small buffers to
         // fill gaps: 10k lists 1.064 → 1.050 with them), and cost ~2 µs per item.
-        order.extend([0, 2, 1].map(Job::Aligned));
+        order.extend([0, 2, 1].map(Job::Aligned).into_iter().filter(|j| !built_aligned(j)));
     }
     order.push(Job::Greedy(1));
     if with_skyline {
@@ -310,7 +315,8 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     });
     let mut built = whole.into_inner().expect("portfolio worker panicked");
     let lowest = |family: &str| built.iter().filter(|b| b.name.starts_with(family)).map(|b| b.high).min();
-    let aligned_led = lowest(ALIGNED_NAME).is_some_and(|a| lowest(SKYLINE_NAME).is_none_or(|s| a < s));
+    let aligned = lowest(ALIGNED_NAME).into_iter().chain(plan.aligned_built).min();
+    let aligned_led = aligned.is_some_and(|a| lowest(SKYLINE_NAME).is_none_or(|s| a < s));
     let mut runs = runs.into_inner().expect("portfolio worker panicked");
     let strategies_run = runs.len();
     if !runs.is_empty() {
