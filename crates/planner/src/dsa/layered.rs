@@ -417,9 +417,6 @@ mod tests {
         assert!(layered_now(&p, &sk, 2, past).is_none(), "stopped at once");
     }
 
-    /// A tiered construction leaves to the sweep the many items that hold the last
-    /// `1 − TIERED_FILL_AREA` of the area (on dense lists most of the items), and no item left
-    /// to it holds more area than one the greedy fill places.
     /// Beside the skeleton's plan, the whole list is placed by the aligned construction: both
     /// come back, the construction valid and the skeleton's plan a placement of its items.
     #[test]
@@ -448,6 +445,9 @@ mod tests {
         assert!(sk.is_some());
     }
 
+    /// A tiered construction leaves to the sweep the many items that hold the last
+    /// `1 − TIERED_FILL_AREA` of the area (on dense lists most of the items), and no item left
+    /// to it holds more area than one the greedy fill places.
     #[test]
     fn tiers_leave_the_smallest_areas_to_the_sweep() {
         let b = crate::workload::random_dense(20_000, 2);

@@ -146,7 +146,6 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     // constructions interleaved; dense inputs lead with the aligned constructions and a
     // skyline pass (the greedy passes there cost most of the budget).
     let mut order: Vec<Job> = Vec::new();
-    let built_aligned = |j: &Job| plan.aligned_built.is_some() && matches!(j, Job::Aligned(0));
     // The layered fill, one stretch of the clock per worker, first.
     let parts = workers_for(threads, deadline.saturating_duration_since(Instant::now()));
     let fill = skeleton.map(|sk| layered_fill(p, sk, parts));
@@ -154,7 +153,9 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
         order.extend((0..fill.parts()).map(Job::Layered));
     }
     if dense {
-        order.extend((0..ALIGNED_VARIANTS.len()).map(Job::Aligned).filter(|j| !built_aligned(j)));
+        // The first of them is not run again where it was built beside the skeleton.
+        let first = usize::from(plan.aligned_built.is_some());
+        order.extend((first..ALIGNED_VARIANTS.len()).map(Job::Aligned));
         order.push(Job::Skyline(0));
     }
     order.push(Job::Greedy(0));
@@ -162,7 +163,7 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
         order.push(Job::Skyline(0));
         // The aligned constructions lead on lists of uniform sizes (few small buffers to
         // fill gaps: 10k lists 1.064 → 1.050 with them), and cost ~2 µs per item.
-        order.extend([0, 2, 1].map(Job::Aligned).into_iter().filter(|j| !built_aligned(j)));
+        order.extend([0, 2, 1].map(Job::Aligned));
     }
     order.push(Job::Greedy(1));
     if with_skyline {
