@@ -39,7 +39,8 @@ fi
 if want python; then
   step "python client tests (real graphpoold, host backend)"
   cargo build --locked --bins
-  GRAPHPOOL_DAEMON_BIN="$TARGET/debug/graphpoold" bash client-py/tools/test.sh
+  GRAPHPOOL_DAEMON_BIN="$TARGET/debug/graphpoold" GRAPHPOOL_BIN="$TARGET/debug/graphpool" \
+    bash client-py/tools/test.sh
 fi
 
 if want deploy; then

@@ -131,9 +131,9 @@ def test_explicit_reuses_lowest_free_slot() -> None:
 @pytest.mark.parametrize(
     "order,m,v,msg",
     [
-        ([1, -1, 1], 2, 1, "2 forwards and 1 backwards"),
+        ([1, -1, 1], 2, 1, "2 forwards and 1 backward;"),
         ([-1, 1], 1, 1, "before its forward"),
-        ([1, 1, -1, -1], 1, 1, "already has 1 forwards"),
+        ([1, 1, -1, -1], 1, 1, "already has 1 forward "),
         ([1, 3, -3, -1], 1, 2, "chunk 3 out of range"),
         ([1, 0, -1], 1, 1, "non-zero integers"),
         ([1, 2, -1, -2], 1, 1, "chunk 2 out of range"),

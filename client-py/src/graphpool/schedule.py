@@ -332,6 +332,11 @@ class Schedule:
         raise ScheduleError("Schedule message has no kind set")
 
 
+def _counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in the number ``n`` asks for: "1 forward", "2 forwards"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _assign(
     order: Sequence[int], m: int, v: int
 ) -> tuple[list[Step], list[int], list[list[int]]]:
@@ -354,7 +359,7 @@ def _assign(
             mb = fwd[c]
             if mb >= m:
                 raise ScheduleError(
-                    f"order[{i}] = {x}: chunk {c + 1} already has {m} forwards "
+                    f"order[{i}] = {x}: chunk {c + 1} already has {_counted(m, 'forward')} "
                     f"(num_microbatches={m})"
                 )
             fwd[c] += 1
@@ -380,7 +385,8 @@ def _assign(
     for c in range(v):
         if fwd[c] != m or bwd[c] != m:
             raise ScheduleError(
-                f"chunk {c + 1} has {fwd[c]} forwards and {bwd[c]} backwards; each must be "
+                f"chunk {c + 1} has {_counted(fwd[c], 'forward')} and "
+                f"{_counted(bwd[c], 'backward')}; each must be "
                 f"num_microbatches={m}"
             )
     return steps, nslots, mb_slot

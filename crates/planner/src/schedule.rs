@@ -72,6 +72,11 @@ pub struct ScheduleError {
     pub message: String,
 }
 
+/// `n` and the noun in the number `n` asks for: "1 step", "2 steps".
+fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn err(field: impl Into<String>, message: impl Into<String>) -> ScheduleError {
     ScheduleError { field: field.into(), message: message.into() }
 }
@@ -176,9 +181,12 @@ impl Schedule {
                     return Err(err(
                         "order",
                         format!(
-                            "has {} steps; {m} microbatches × {v} chunks need {} (each chunk {m} times as +c and as -c)",
-                            order.len(),
-                            2 * m as u64 * v as u64
+                            "has {}; {} × {} need {} (each chunk {} as +c and as -c)",
+                            counted(order.len() as u64, "step", "steps"),
+                            counted(m.into(), "microbatch", "microbatches"),
+                            counted(v.into(), "chunk", "chunks"),
+                            2 * m as u64 * v as u64,
+                            counted(m.into(), "time", "times"),
                         ),
                     ));
                 }
@@ -200,9 +208,13 @@ impl Schedule {
                         return Err(err(
                             format!("order[{k}]"),
                             format!(
-                                "chunk {} already has {m} {} steps",
+                                "chunk {} already has {}",
                                 c + 1,
-                                if forward { "forward" } else { "backward" }
+                                if forward {
+                                    counted(m.into(), "forward step", "forward steps")
+                                } else {
+                                    counted(m.into(), "backward step", "backward steps")
+                                }
                             ),
                         ));
                     }
@@ -439,5 +451,28 @@ mod tests {
     fn bad_rank_named() {
         let e = Schedule::OneFOneB { pp_size: 2, pp_rank: 2, num_microbatches: 4 }.steps().unwrap_err();
         assert_eq!(e.field, "pp_rank");
+    }
+
+    /// Malformed explicit orders name the entry or the field, with counts in words that agree
+    /// with their numbers.
+    #[test]
+    fn malformed_explicit_orders_say_what_is_wrong() {
+        let explicit = |order: Vec<i32>, m, v| {
+            Schedule::Explicit { order, num_microbatches: m, virtual_chunks: v }.steps().unwrap_err()
+        };
+        let e = explicit(vec![1], 1, 1);
+        assert_eq!(e.field, "order");
+        assert!(
+            e.to_string().contains("has 1 step; 1 microbatch × 1 chunk need 2 (each chunk 1 time"),
+            "{e}"
+        );
+        let e = explicit(vec![1, 1, -1], 2, 2);
+        assert!(e.to_string().contains("has 3 steps; 2 microbatches × 2 chunks need 8"), "{e}");
+        let e = explicit(vec![1, 1], 1, 1);
+        assert_eq!(e.field, "order[1]");
+        assert!(e.to_string().contains("chunk 1 already has 1 forward step"), "{e}");
+        let e = explicit(vec![1, -1, -1, 1], 2, 1);
+        assert_eq!(e.field, "order[2]");
+        assert!(e.to_string().contains("before its forward"), "{e}");
     }
 }
