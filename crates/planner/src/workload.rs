@@ -31,6 +31,15 @@ pub fn random_uniform_sizes(n: usize, seed: u64) -> Vec<Buffer> {
     })
 }
 
+/// `n` random buffers of uniform sizes, busier: starts uniform over `[0, n)`, lifetimes
+/// uniform in `1..=1000` steps (about 500 buffers live at a time), sizes uniform in
+/// 1..=1 MiB bytes (any byte, unrounded). The plainest random list one would write, and the
+/// hardest of the random generators for the planner (docs/planner.md, "Busier lists of
+/// uniform sizes").
+pub fn random_uniform_sizes_busy(n: usize, seed: u64) -> Vec<Buffer> {
+    uniform_starts(n, Rng::new(seed ^ 0x6275_7379), |rng| (rng.range(1, 1000), rng.range(1, 1 << 20)))
+}
+
 /// `n` random buffers with long lifetimes: starts uniform over `[0, n)`, lifetimes
 /// log-uniform in `1..=n/10` steps (about 1400 buffers live at a time at `n` = 100k: every
 /// buffer overlaps thousands of others), sizes log-uniform in 1 KiB..=64 MiB rounded up to

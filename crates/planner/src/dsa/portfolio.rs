@@ -131,6 +131,41 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
+/// The portfolio's jobs, most useful first: the layered fill's `fill_parts` stretches, then
+/// greedy orders, skyline rules and the online aligned constructions interleaved; dense
+/// inputs lead with the aligned constructions (less the first where it was `aligned_built`
+/// beside the skeleton) and a skyline pass (the greedy passes there cost most of the
+/// budget).
+fn job_order(dense: bool, with_skyline: bool, fill_parts: usize, aligned_built: bool) -> Vec<Job> {
+    let mut order: Vec<Job> = (0..fill_parts).map(Job::Layered).collect();
+    if dense {
+        order.extend((usize::from(aligned_built)..ALIGNED_VARIANTS.len()).map(Job::Aligned));
+        order.push(Job::Skyline(0));
+    }
+    // The aligned constructions lead on lists of uniform sizes (few small buffers to fill
+    // gaps: 10k lists 1.064 → 1.050 with them), and cost ~2 µs per item. After a skeleton
+    // they come right after its fill: behind a greedy pass they seldom started once the fill
+    // had run (lists of uniform sizes with ~500 buffers live, given 3 s, stayed at the
+    // online floor; docs/planner.md, "Busier lists of uniform sizes").
+    let aligned_after_fill = with_skyline && !dense && fill_parts > 0;
+    if aligned_after_fill {
+        order.extend([0, 2, 1].map(Job::Aligned));
+    }
+    order.push(Job::Greedy(0));
+    if with_skyline && !dense {
+        order.push(Job::Skyline(0));
+        if !aligned_after_fill {
+            order.extend([0, 2, 1].map(Job::Aligned));
+        }
+    }
+    order.push(Job::Greedy(1));
+    if with_skyline {
+        order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
+    }
+    order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
+    order
+}
+
 /// The portfolio of constructions (see the module documentation), on all cores and
 /// time-boxed; offers the start for the stages after it to `best`.
 pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfolio {
@@ -142,34 +177,10 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     let threads = threads.clamp(1, Strategy::PORTFOLIO.len());
     // Skyline passes need items of one interval each.
     let with_skyline = p.ivs.len() == n && n > EXACT_MAX_ITEMS;
-    // Jobs, most useful first: greedy orders, skyline rules and the online aligned
-    // constructions interleaved; dense inputs lead with the aligned constructions and a
-    // skyline pass (the greedy passes there cost most of the budget).
-    let mut order: Vec<Job> = Vec::new();
-    // The layered fill, one stretch of the clock per worker, first.
     let parts = workers_for(threads, deadline.saturating_duration_since(Instant::now()));
     let fill = skeleton.map(|sk| layered_fill(p, sk, parts));
-    if let Some(fill) = &fill {
-        order.extend((0..fill.parts()).map(Job::Layered));
-    }
-    if dense {
-        // The first of them is not run again where it was built beside the skeleton.
-        let first = usize::from(plan.aligned_built.is_some());
-        order.extend((first..ALIGNED_VARIANTS.len()).map(Job::Aligned));
-        order.push(Job::Skyline(0));
-    }
-    order.push(Job::Greedy(0));
-    if with_skyline && !dense {
-        order.push(Job::Skyline(0));
-        // The aligned constructions lead on lists of uniform sizes (few small buffers to
-        // fill gaps: 10k lists 1.064 → 1.050 with them), and cost ~2 µs per item.
-        order.extend([0, 2, 1].map(Job::Aligned));
-    }
-    order.push(Job::Greedy(1));
-    if with_skyline {
-        order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
-    }
-    order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
+    let order =
+        job_order(dense, with_skyline, fill.as_ref().map_or(0, |f| f.parts()), plan.aligned_built.is_some());
     let jobs = order.len();
     let next = AtomicUsize::new(0);
     // The slowest finished job of each kind estimates the next one of that kind; until
@@ -373,6 +384,36 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every job kind in its place: the layered fill first, the aligned constructions right
+    /// after it (before any greedy pass) where a skeleton was planned, after the first greedy
+    /// pass and skyline rule where none was, and first on dense lists (less the one built
+    /// beside the skeleton); every aligned variant runs once.
+    #[test]
+    fn the_aligned_constructions_follow_the_fill() {
+        let first_greedy = |o: &[Job]| o.iter().position(|j| matches!(j, Job::Greedy(_))).unwrap();
+        let aligned = |o: &[Job]| -> Vec<usize> {
+            o.iter().enumerate().filter(|(_, j)| matches!(j, Job::Aligned(_))).map(|(k, _)| k).collect()
+        };
+        let after_fill = job_order(false, true, 2, false);
+        assert!(matches!(after_fill[..2], [Job::Layered(0), Job::Layered(1)]));
+        assert_eq!(aligned(&after_fill), vec![2, 3, 4]);
+        assert!(first_greedy(&after_fill) > 4);
+        let plain = job_order(false, true, 0, false);
+        assert!(matches!(plain[..2], [Job::Greedy(0), Job::Skyline(0)]));
+        assert_eq!(aligned(&plain), vec![2, 3, 4]);
+        let dense = job_order(true, true, 2, true);
+        assert_eq!(aligned(&dense), vec![2, 3]);
+        assert!(matches!(dense[2], Job::Aligned(1)));
+        let groups = job_order(false, false, 0, false);
+        assert!(aligned(&groups).is_empty(), "alias groups: greedy orders only");
+        for o in [&after_fill, &plain] {
+            let mut variants: Vec<usize> =
+                o.iter().filter_map(|j| if let Job::Aligned(v) = j { Some(*v) } else { None }).collect();
+            variants.sort_unstable();
+            assert_eq!(variants, vec![0, 1, 2]);
+        }
+    }
 
     /// A first greedy pass over alias groups is expected faster than modelled; any other job
     /// at the model's.
