@@ -2,13 +2,14 @@
 //! random / dense / two-population / tightly packed buffer lists up to 100k buffers,
 //! `plan_schedule` (what PlanCapture runs) on schedules with varied layers at the daemon's
 //! default budget, and the gap queries every construction and improvement step is made of
-//! (`gap_query/…`: 10k queries on a placed 100k list, for each fit). Ratios are printed by
+//! (`gap_query/…`: 10k queries on a placed 100k list, for each fit), and the online
+//! constructions (`online/…`: best fit and aligned over 100k buffers). Ratios are printed by
 //! `cargo run --release -p graphpool-planner --example figures`.
 
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use graphpool_planner::dsa::GapQueries;
+use graphpool_planner::dsa::{GapQueries, OnlineConstructions};
 use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers};
 use graphpool_planner::{Buffer, PlaceOptions, Schedule, SchedulePlanInput, place, plan_schedule, workload};
 
@@ -91,6 +92,18 @@ fn bench(c: &mut Criterion) {
         for (fit, lowest) in [("best_fit", false), ("lowest_offset", true)] {
             group.bench_function(format!("{name}_{fit}_10k"), |b| b.iter(|| queries.run(10_000, lowest, 7)));
         }
+    }
+    group.finish();
+
+    // The online constructions (the floor every plan gets; the aligned construction that
+    // wins the busier lists of uniform sizes), whole passes over 100k buffers.
+    let mut group = c.benchmark_group("online");
+    group.sample_size(10).measurement_time(Duration::from_secs(5));
+    let busy = ("usize_busy_100k", workload::random_uniform_sizes_busy(100_000, 1));
+    for (name, buffers) in lists.iter().chain([&busy]) {
+        let online = OnlineConstructions::new(buffers).expect("valid");
+        group.bench_function(format!("{name}_best_fit"), |b| b.iter(|| online.best_fit()));
+        group.bench_function(format!("{name}_aligned"), |b| b.iter(|| online.aligned()));
     }
     group.finish();
 }

@@ -36,7 +36,7 @@ pub(super) fn coarsens(p: &Problem) -> bool {
 /// seed drawn once per process (SipHash made coarsening a 100k list take a quarter of a
 /// second; the seed keeps a client from choosing keys that collide).
 #[derive(Clone, Copy)]
-struct KeyHashing(u64);
+pub(super) struct KeyHashing(u64);
 
 impl Default for KeyHashing {
     fn default() -> Self {
@@ -56,7 +56,7 @@ impl std::hash::BuildHasher for KeyHashing {
 }
 
 /// The hasher of [`KeyHashing`].
-struct KeyHasher(u64);
+pub(super) struct KeyHasher(u64);
 
 impl std::hash::Hasher for KeyHasher {
     fn finish(&self) -> u64 {

@@ -462,6 +462,7 @@ pub use index::GapQueries;
 use index::*;
 use layered::*;
 use marks::Marks;
+pub use online::OnlineConstructions;
 use online::*;
 use portfolio::{Portfolio, PortfolioPlan};
 use problem::*;

@@ -143,7 +143,7 @@ fn job_order(dense: bool, with_skyline: bool, fill_parts: usize, aligned_built: 
         order.push(Job::Skyline(0));
     }
     // The aligned constructions lead on lists of uniform sizes (few small buffers to fill
-    // gaps: 10k lists 1.064 → 1.050 with them), and cost ~2 µs per item. After a skeleton
+    // gaps: 10k lists 1.064 → 1.050 with them), and cost ~1 µs per item. After a skeleton
     // they come right after its fill: behind a greedy pass they seldom started once the fill
     // had run (lists of uniform sizes with ~500 buffers live, given 3 s, stayed at the
     // online floor; docs/planner.md, "Busier lists of uniform sizes").
@@ -185,11 +185,11 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     let next = AtomicUsize::new(0);
     // The slowest finished job of each kind estimates the next one of that kind; until
     // one has finished, the cost model does: a greedy pass from the pairs of items live
-    // together, ~1 µs per item for a skyline pass, ~2 µs per item for an aligned one, and
+    // together, ~1 µs per item for a skyline pass, ~1.2 µs per item for an aligned one, and
     // for a stretch of the layered fill what `PortfolioPlan::fill_pass` expects per worker.
     let greedy_ns = greedy_pass.as_nanos() as u64;
     let part_ns = plan.fill_pass.as_nanos() as u64;
-    let modelled_ns = [greedy_ns, 1_000 * n as u64, 2_000 * n as u64, part_ns];
+    let modelled_ns = [greedy_ns, 1_000 * n as u64, 1_200 * n as u64, part_ns];
     let estimate_ns = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
     let measured_or_modelled = |kind: usize| match estimate_ns[kind].load(AtomicOrdering::Relaxed) {
         0 => modelled_ns[kind],
