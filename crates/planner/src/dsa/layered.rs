@@ -216,10 +216,7 @@ pub(super) fn skeleton_beside_aligned(
 ) -> (Option<Skeleton>, Option<(Vec<u64>, u64)>) {
     let sk_opts = PlaceOptions { threads: opts.threads.saturating_sub(1).max(1), ..opts.clone() };
     std::thread::scope(|scope| {
-        let whole = scope.spawn(|| {
-            let (candidates, weight, _) = ALIGNED_VARIANTS[0];
-            online_aligned(p, candidates, weight, None, || Instant::now() > deadline)
-        });
+        let whole = scope.spawn(|| aligned_variant(p, 0, || Instant::now() > deadline));
         let sk = plan_skeleton(p, items, budget, &sk_opts, PlanFor::Fill, tail);
         (sk, whole.join().expect("the aligned construction panicked"))
     })
@@ -331,6 +328,14 @@ mod tests {
     fn far() -> Instant {
         Instant::now() + Duration::from_secs(3600)
     }
+
+    /// The problem of `b`, its skeleton and the tail a tiered construction sweeps in.
+    fn tiers_of(b: &[Buffer]) -> (Problem, Vec<u32>, Vec<u32>) {
+        let p = Problem::build(b).unwrap();
+        let items = skeleton_items(&p).expect("a skeleton");
+        let tail = tail_items(&p, &items);
+        (p, items, tail)
+    }
     use proptest::prelude::*;
 
     proptest! {
@@ -422,9 +427,7 @@ mod tests {
     #[test]
     fn the_aligned_construction_runs_beside_the_skeleton() {
         let b = crate::workload::random_long_short(20_000, 1);
-        let p = Problem::build(&b).unwrap();
-        let items = skeleton_items(&p).unwrap();
-        let tail = tail_items(&p, &items);
+        let (p, items, tail) = tiers_of(&b);
         let opts = PlaceOptions { threads: 2, ..PlaceOptions::default() };
         let (sk, whole) =
             skeleton_beside_aligned(&p, items.clone(), Duration::from_millis(50), &opts, tail.clone(), far());
@@ -451,9 +454,7 @@ mod tests {
     #[test]
     fn tiers_leave_the_smallest_areas_to_the_sweep() {
         let b = crate::workload::random_dense(20_000, 2);
-        let p = Problem::build(&b).unwrap();
-        let items = skeleton_items(&p).unwrap();
-        let tail = tail_items(&p, &items);
+        let (p, items, tail) = tiers_of(&b);
         let fill = fill_items(&p, &items, &tail);
         assert_eq!(items.len() + fill.len() + tail.len(), p.len());
         assert!(tail.len() * 2 > p.len(), "{} of {} items in the tail", tail.len(), p.len());

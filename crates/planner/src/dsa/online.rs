@@ -1,7 +1,6 @@
 //! The online constructions: best fit in clock order (the floor every plan gets) and its
 //! aligned variant, which puts a buffer next to the live one whose end is closest to its own.
 
-use super::coarsen::KeyHashing;
 use super::*;
 
 /// The clock events of an online sweep over the items' hulls: (rank, start?, item), ends
@@ -274,11 +273,8 @@ pub(super) fn online_aligned(
     // The end rank of each live item, by its offset and by its top (offsets and tops are
     // unique among live items, which do not overlap and hold a byte or more): the neighbours
     // of a gap are a lookup each (hash maps: twice as fast as one ordered map here).
-    let live_cap = 2 * p.len().min(1 << 16);
-    let mut end_at: HashMap<u64, u32, KeyHashing> =
-        HashMap::with_capacity_and_hasher(live_cap, KeyHashing::default());
-    let mut end_below: HashMap<u64, u32, KeyHashing> =
-        HashMap::with_capacity_and_hasher(live_cap, KeyHashing::default());
+    let mut end_at: HashMap<u64, u32, KeyHashing> = HashMap::default();
+    let mut end_below: HashMap<u64, u32, KeyHashing> = HashMap::default();
     let mut cands: Vec<(u64, u64)> = Vec::with_capacity(k);
     for (step, (_, is_start, i)) in clock_events(p).into_iter().enumerate() {
         if step % 4096 == 4095 && stop() {
@@ -328,6 +324,12 @@ pub(super) fn online_aligned(
     Some((off, free.top))
 }
 
+/// The `j`th online aligned construction of [`ALIGNED_VARIANTS`] (see [`online_aligned`]).
+pub(super) fn aligned_variant(p: &Problem, j: usize, stop: impl Fn() -> bool) -> Option<(Vec<u64>, u64)> {
+    let (candidates, weight, _) = ALIGNED_VARIANTS[j];
+    online_aligned(p, candidates, weight, None, stop)
+}
+
 /// The online constructions, for benchmarks: a list prepared once, then planned by the
 /// online best fit (the floor) or the first aligned variant of the portfolio.
 pub struct OnlineConstructions {
@@ -353,8 +355,7 @@ impl OnlineConstructions {
 
     /// The footprint of the online aligned construction (the portfolio's first variant).
     pub fn aligned(&self) -> u64 {
-        let (candidates, weight, _) = ALIGNED_VARIANTS[0];
-        online_aligned(&self.p, candidates, weight, None, || false).map_or(0, |(_, high)| high)
+        aligned_variant(&self.p, 0, || false).map_or(0, |(_, high)| high)
     }
 }
 

@@ -140,23 +140,22 @@ fn job_order(dense: bool, with_skyline: bool, fill_parts: usize, aligned_built: 
     let mut order: Vec<Job> = (0..fill_parts).map(Job::Layered).collect();
     if dense {
         order.extend((usize::from(aligned_built)..ALIGNED_VARIANTS.len()).map(Job::Aligned));
-        order.push(Job::Skyline(0));
-    }
-    // The aligned constructions lead on lists of uniform sizes (few small buffers to fill
-    // gaps: 10k lists 1.064 → 1.050 with them), and cost ~1 µs per item. After a skeleton
-    // they come right after its fill: behind a greedy pass they seldom started once the fill
-    // had run (lists of uniform sizes with ~500 buffers live, given 3 s, stayed at the
-    // online floor; docs/planner.md, "Busier lists of uniform sizes").
-    let aligned_after_fill = with_skyline && !dense && fill_parts > 0;
-    if aligned_after_fill {
-        order.extend([0, 2, 1].map(Job::Aligned));
-    }
-    order.push(Job::Greedy(0));
-    if with_skyline && !dense {
-        order.push(Job::Skyline(0));
-        if !aligned_after_fill {
-            order.extend([0, 2, 1].map(Job::Aligned));
+        order.extend([Job::Skyline(0), Job::Greedy(0)]);
+    } else if with_skyline {
+        // The aligned constructions lead on lists of uniform sizes (few small buffers to fill
+        // gaps: 10k lists 1.064 → 1.050 with them), and cost ~1 µs per item: after the first
+        // greedy pass and skyline rule, or right after a skeleton's fill, behind which a
+        // greedy pass left them no time (lists of uniform sizes with ~500 buffers live, given
+        // 3 s, stayed at the online floor; docs/planner.md, "Busier lists of uniform sizes").
+        let aligned = [0, 2, 1].map(Job::Aligned);
+        let first_pass = [Job::Greedy(0), Job::Skyline(0)];
+        if fill_parts > 0 {
+            order.extend(aligned.into_iter().chain(first_pass));
+        } else {
+            order.extend(first_pass.into_iter().chain(aligned));
         }
+    } else {
+        order.push(Job::Greedy(0));
     }
     order.push(Job::Greedy(1));
     if with_skyline {
@@ -280,11 +279,8 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
                     let (rule, name) = SKYLINE_RULES[j];
                     skyline(p, rule, None, deadline).map(|(off, high)| (name.to_string(), off, high))
                 }
-                Job::Aligned(j) => {
-                    let (candidates, weight, name) = ALIGNED_VARIANTS[j];
-                    online_aligned(p, candidates, weight, None, stop)
-                        .map(|(off, high)| (name.to_string(), off, high))
-                }
+                Job::Aligned(j) => aligned_variant(p, j, stop)
+                    .map(|(off, high)| (ALIGNED_VARIANTS[j].2.to_string(), off, high)),
                 Job::Layered(j) => {
                     let (Some(fill), Some(sk)) = (&fill, skeleton) else { continue };
                     let part = fill_part(p, fill, j, stop);
