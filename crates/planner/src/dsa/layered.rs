@@ -12,9 +12,10 @@
 //! A *tiered* construction (dense lists, where the greedy fill of every other item would
 //! cost a whole greedy pass: each gap query visits the ~1400 items live with it) fills
 //! greedily only the items that bring the area held to [`TIERED_FILL_AREA`], and sweeps the
-//! rest in by online best fit around them ([`online_around`]): on dense 100k lists 21k items go
-//! in by the greedy fill (two stretches of ~130 ms on 2 cores, instead of ~1 s each) and 73k
-//! by the sweep (~150 ms).
+//! rest in by online best fit around them ([`online_around`]), each stretch of the clock its
+//! own tail after its greedy part: on dense 100k lists 21k items go in by the greedy fill and
+//! 73k by the sweep, two stretches of ~360 ms side by side on 2 cores (one greedy pass over
+//! every item would take ~1 s).
 
 use super::*;
 
@@ -97,7 +98,7 @@ pub(super) fn layered_now(
 ) -> Option<(Vec<u64>, u64)> {
     let fill = layered_fill(p, sk, parts);
     let filled = run_workers(fill.parts(), |k| fill_part(p, &fill, k, || Instant::now() > deadline));
-    assemble(p, &fill, filled.into_iter().collect::<Option<Vec<_>>>()?)
+    Some(assemble(&fill, filled.into_iter().collect::<Option<Vec<_>>>()?))
 }
 
 /// Marks of the `items` among `n`.
@@ -115,18 +116,19 @@ fn fill_items(p: &Problem, skeleton: &[u32], tail: &[u32]) -> Vec<u32> {
     (0..p.len() as u32).filter(|&i| !in_skeleton[i as usize] && !in_tail[i as usize]).collect()
 }
 
-/// What the online sweep of a tiered construction takes per tail item, about (measured:
-/// 73k in ~150 ms on the development machine).
-const TAIL_SWEEP_PER_ITEM: Duration = Duration::from_micros(2);
+/// What the online sweep of a tiered construction takes per tail item and worker, about
+/// (measured: the two halves of a dense 100k list's tail, 36k items each, in 117–146 ms side
+/// by side on 2 cores).
+const TAIL_SWEEP_PER_ITEM: Duration = Duration::from_micros(3);
 
 /// What the fill of a tiered construction around `skeleton` is expected to take with
 /// `threads` workers: a greedy pass over the items it fills (by the pairs of their
-/// intervals and the skeleton's) shared among them, then the online sweep of `tail`.
+/// intervals and the skeleton's), then the online sweep of `tail`, shared among them.
 pub(super) fn tiered_fill_estimate(p: &Problem, skeleton: &[u32], tail: &[u32], threads: u32) -> Duration {
     let fill = fill_items(p, skeleton, tail);
     let ivs: Vec<(u32, u32)> = skeleton.iter().chain(&fill).map(|&i| p.hull[i as usize]).collect();
     let pairs = overlapping_pairs(&ivs);
-    greedy_pass_estimate(fill.len(), pairs) / threads.max(1) + TAIL_SWEEP_PER_ITEM * tail.len() as u32
+    (greedy_pass_estimate(fill.len(), pairs) + TAIL_SWEEP_PER_ITEM * tail.len() as u32) / threads.max(1)
 }
 
 /// A planned skeleton.
@@ -225,18 +227,24 @@ pub(super) fn skeleton_beside_aligned(
 /// The layered construction's fill, split into stretches of the clock that workers fill
 /// side by side: the skeleton and the items crossing a cut between stretches are placed
 /// first (into `base`); every other item lies within one stretch and meets only those and
-/// the items of its own stretch.
+/// the items of its own stretch — tail items too, which each worker sweeps in after its
+/// greedy fill, so the sweep of a tiered construction is shared among the workers as well.
 pub(super) struct LayeredFill {
     /// The skeleton and the crossing items.
     base: Index,
+    /// The same items (the skeleton's, then the crossing ones).
+    base_items: Vec<u32>,
     /// Their offsets (the others' are filled in by the parts).
     off: Vec<u64>,
     /// Their highest top.
     high: u64,
-    /// The items of each stretch, in fill order.
+    /// The items of each stretch the greedy fill places, in fill order.
     parts: Vec<Vec<u32>>,
-    /// The items left to the online sweep (tiered constructions; see [`online_around`]).
-    tail: Vec<u32>,
+    /// The items of each stretch left to the online sweep (tiered constructions; see
+    /// [`online_around`]).
+    tails: Vec<Vec<u32>>,
+    /// The clock steps `[from, to)` of each stretch.
+    spans: Vec<(u32, u32)>,
 }
 
 impl LayeredFill {
@@ -253,7 +261,7 @@ pub(super) type FilledPart = (Vec<(u32, u64)>, u64);
 /// be placed around it longest-lived first, best fit (the long small items take the gaps
 /// that stay open longest while the short ones still fit almost anywhere), in `parts`
 /// stretches of about as many items each (cut where items start); the items crossing a cut
-/// go in now.
+/// go in now (tail items among them after the others).
 pub(super) fn layered_fill(p: &Problem, sk: &Skeleton, parts: usize) -> LayeredFill {
     let n = p.len();
     let mut base = Index::with_placed(p, sk.items.iter().zip(&sk.off).map(|(&i, &o)| (i as usize, o)));
@@ -265,31 +273,45 @@ pub(super) fn layered_fill(p: &Problem, sk: &Skeleton, parts: usize) -> LayeredF
         high = high.max(off[i] + p.size[i]);
     }
     let mut rest = fill_items(p, &sk.items, &sk.tail);
-    let tail = sk.tail.clone();
+    let mut tail = sk.tail.clone();
     sort_items(p, &mut rest, Order::Lifetime, 0.0, &mut Rng::new(0));
+    sort_items(p, &mut tail, Order::Lifetime, 0.0, &mut Rng::new(0));
     let mut starts: Vec<u32> = rest.iter().map(|&i| p.hull[i as usize].0).collect();
     starts.sort_unstable();
     let parts = parts.clamp(1, rest.len().max(1));
     let mut cuts: Vec<u32> = (1..parts).map(|k| starts[k * starts.len() / parts]).collect();
     cuts.dedup();
-    let mut crossing = Vec::new();
-    let mut split: Vec<Vec<u32>> = vec![Vec::new(); cuts.len() + 1];
-    for &i in &rest {
-        let (s, e) = p.hull[i as usize];
-        // The stretch holding the start: cuts at or before it.
-        let k = cuts.partition_point(|&c| c <= s);
-        if k < cuts.len() && e > cuts[k] {
-            crossing.push(i);
-        } else {
-            split[k].push(i);
+    // Each item to the stretch holding it, or to the crossing ones.
+    let split = |items: &[u32]| {
+        let mut crossing = Vec::new();
+        let mut split: Vec<Vec<u32>> = vec![Vec::new(); cuts.len() + 1];
+        for &i in items {
+            let (s, e) = p.hull[i as usize];
+            // The stretch holding the start: cuts at or before it.
+            let k = cuts.partition_point(|&c| c <= s);
+            if k < cuts.len() && e > cuts[k] {
+                crossing.push(i);
+            } else {
+                split[k].push(i);
+            }
         }
-    }
+        (crossing, split)
+    };
+    let (mut crossing, parts) = split(&rest);
+    let (tail_crossing, tails) = split(&tail);
+    crossing.extend(tail_crossing);
     high = high.max(greedy(p, &crossing, Fit::BestFit, &mut base, &mut off));
-    LayeredFill { base, off, high, parts: split, tail }
+    let mut base_items = sk.items.clone();
+    base_items.extend(crossing);
+    let bounds: Vec<u32> = std::iter::once(0).chain(cuts.iter().copied()).chain([u32::MAX]).collect();
+    let spans = bounds.windows(2).map(|w| (w[0], w[1])).collect();
+    LayeredFill { base, base_items, off, high, parts, tails, spans }
 }
 
-/// Fills stretch `k` of `fill` (on a copy of its index). `None` when `stop` says so first
-/// (checked every 256 items).
+/// Fills stretch `k` of `fill` (on a copy of its index): its greedy part, then its tail swept
+/// in around the items live in the stretch. `None` when `stop` says so first (checked every
+/// 256 items of the greedy part), or when the sweep found the placed items overlapping (a
+/// bug: the construction is dropped then, not the plan).
 pub(super) fn fill_part(
     p: &Problem,
     fill: &LayeredFill,
@@ -298,14 +320,26 @@ pub(super) fn fill_part(
 ) -> Option<FilledPart> {
     let mut index = fill.base.clone();
     let mut off = fill.off.clone();
-    let high = greedy_until(p, &fill.parts[k], Fit::BestFit, &mut index, &mut off, stop)?;
-    Some((fill.parts[k].iter().map(|&i| (i, off[i as usize])).collect(), high))
+    let mut high = greedy_until(p, &fill.parts[k], Fit::BestFit, &mut index, &mut off, stop)?;
+    let tail = &fill.tails[k];
+    if !tail.is_empty() {
+        let (from, to) = fill.spans[k];
+        let around: Vec<u32> = (fill.base_items.iter().copied())
+            .filter(|&i| {
+                let (s, e) = p.hull[i as usize];
+                s < to && e > from
+            })
+            .chain(fill.parts[k].iter().copied())
+            .collect();
+        high = high.max(online_around(p, &mut off, &around, tail)?);
+    }
+    let placed = fill.parts[k].iter().chain(tail);
+    Some((placed.map(|&i| (i, off[i as usize])).collect(), high))
 }
 
 /// The layered construction, second half: every stretch filled (`filled[k]` for stretch k)
-/// and put together, then the tail swept in around them. Offsets and footprint (`None`
-/// only if the sweep found the placed items overlapping, which would be a bug).
-pub(super) fn assemble(p: &Problem, fill: &LayeredFill, filled: Vec<FilledPart>) -> Option<(Vec<u64>, u64)> {
+/// and put together: offsets and footprint.
+pub(super) fn assemble(fill: &LayeredFill, filled: Vec<FilledPart>) -> (Vec<u64>, u64) {
     let mut off = fill.off.clone();
     let mut high = fill.high;
     for (items, h) in filled {
@@ -314,10 +348,7 @@ pub(super) fn assemble(p: &Problem, fill: &LayeredFill, filled: Vec<FilledPart>)
         }
         high = high.max(h);
     }
-    if !fill.tail.is_empty() {
-        high = online_around(p, &mut off, &fill.tail)?;
-    }
-    Some((off, high))
+    (off, high)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@
 //!    portfolio's first jobs fill the others in around them, a stretch of the clock each
 //!    (see `layered`); on dense inputs only those holding all but the last 0.5% of the area
 //!    go in by that greedy fill, and the rest — most of the items — by an online best-fit
-//!    sweep around them (`online_around`). A skeleton holding 99% of the area decides the
+//!    sweep around them (`online_around`), a stretch each too. A skeleton holding 99% of the area decides the
 //!    footprint: its fill is timed first, and its plan gets the time the fill leaves;
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;

@@ -362,32 +362,33 @@ impl OnlineConstructions {
 /// Gaps a tail item of [`online_around`] tries (smallest first) before it goes to the top.
 const AROUND_CANDIDATES: usize = 16;
 
-/// Online best fit in clock order for the `tail` items around the items already placed
-/// (every item not in `tail`, at its offset in `off`): each tail item takes the smallest of
-/// the [`AROUND_CANDIDATES`] smallest free gaps at its start that has room clear of the
-/// placed items starting while it lives (the lowest such room in it), else the lowest clear
-/// room at the top. Writes the tail's offsets into `off`; returns the footprint. Items of one
-/// interval each. `None` when the placed items overlap or no room is left below 2^64 (the
-/// construction is dropped then, not the plan).
-pub(super) fn online_around(p: &Problem, off: &mut [u64], tail: &[u32]) -> Option<u64> {
-    let n = p.len();
-    let mut in_tail = vec![false; n];
-    for &i in tail {
-        in_tail[i as usize] = true;
-    }
+/// Online best fit in clock order for the `tail` items around the `placed` items (at their
+/// offsets in `off`; every item that may be live with a tail item): each tail item takes the
+/// smallest of the [`AROUND_CANDIDATES`] smallest free gaps at its start that has room clear
+/// of the placed items starting while it lives (the lowest such room in it), else the lowest
+/// clear room at the top. Writes the tail's offsets into `off`; returns the highest top of
+/// the placed and tail items. Items of one interval each. `None` when the placed items
+/// overlap or no room is left below 2^64 (the construction is dropped then, not the plan).
+pub(super) fn online_around(p: &Problem, off: &mut [u64], placed: &[u32], tail: &[u32]) -> Option<u64> {
     // The placed items by start: their starts, and their (offset, top) in that order.
-    let mut placed: Vec<(u32, u64, u64)> =
-        (0..n).filter(|&i| !in_tail[i]).map(|i| (p.hull[i].0, off[i], off[i] + p.size[i])).collect();
-    placed.sort_unstable();
-    let starts: Vec<u32> = placed.iter().map(|x| x.0).collect();
-    let ranges: Vec<(u64, u64)> = placed.iter().map(|x| (x.1, x.2)).collect();
+    let mut by_start: Vec<(u32, u64, u64)> = placed
+        .iter()
+        .map(|&i| {
+            let i = i as usize;
+            (p.hull[i].0, off[i], off[i] + p.size[i])
+        })
+        .collect();
+    by_start.sort_unstable();
+    let starts: Vec<u32> = by_start.iter().map(|x| x.0).collect();
+    let ranges: Vec<(u64, u64)> = by_start.iter().map(|x| (x.1, x.2)).collect();
     // Events: ends first, then placed starts, then tail starts (largest first) at each rank.
-    let mut events: Vec<(u32, u8, u64, u32)> = Vec::with_capacity(2 * n);
-    for i in 0..n {
-        let (s, e) = p.hull[i];
-        events.push((e, 0, 0, i as u32));
-        let kind = if in_tail[i] { 2 } else { 1 };
-        events.push((s, kind, u64::MAX - p.size[i], i as u32));
+    let mut events: Vec<(u32, u8, u64, u32)> = Vec::with_capacity(2 * (placed.len() + tail.len()));
+    for (kind, items) in [(1, placed), (2, tail)] {
+        for &i in items {
+            let (s, e) = p.hull[i as usize];
+            events.push((e, 0, 0, i));
+            events.push((s, kind, u64::MAX - p.size[i as usize], i));
+        }
     }
     events.sort_unstable();
     let mut free = FreeSpace::default();
@@ -557,7 +558,7 @@ mod tests {
             let mut index = Index::new(&p);
             greedy(&p, &placed, Fit::BestFit, &mut index, &mut off);
             let before = off.clone();
-            let high = online_around(&p, &mut off, &tail).expect("the placed items do not overlap");
+            let high = online_around(&p, &mut off, &placed, &tail).expect("the placed items do not overlap");
             let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
             verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(high, (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap());
