@@ -765,6 +765,9 @@ fn place_for(
         // other), where the estimate says it fits beside `SKELETON_BUDGET`; its greedy part
         // stops when it takes half of what that would leave.
         let mut share = SKELETON_BUDGET;
+        if tiered && !dominant {
+            share = tiered_share(budget, began.elapsed(), fill_pass);
+        }
         if dominant && fits(SKELETON_BUDGET, fill_pass) {
             let at_floor: Vec<u64> = items.iter().map(|&i| best.off[i as usize]).collect();
             let probe =
@@ -779,7 +782,7 @@ fn place_for(
             let spent = began.elapsed() + fill_pass * DOMINANT_FILL_MARGIN;
             share = dominant_share(budget.saturating_sub(spent).as_secs_f64() / budget.as_secs_f64());
         }
-        if fits(share, fill_pass) {
+        if share > 0.0 && fits(share, fill_pass) {
             let skeleton_for = if dominant { PlanFor::Footprint } else { PlanFor::Fill };
             // On dense lists the portfolio's jobs on the whole list seldom fit after the
             // skeleton and its fill: an online aligned construction of the whole list runs
