@@ -19,7 +19,8 @@
 //! rank as an allocator sees them (`workload::training_trace`); `longshort` rows a few
 //! long-lived buffers among many short-lived ones of the same sizes
 //! (`workload::random_long_short`); `usize-busy` rows lists of uniform sizes with about 500
-//! buffers live at once (`workload::random_uniform_sizes_busy`).
+//! buffers live at once (`workload::random_uniform_sizes_busy`); `similar` rows lists whose
+//! sizes lie within a factor of three (`workload::random_similar_sizes`).
 
 use std::time::Duration;
 
@@ -118,6 +119,7 @@ fn main() {
     generated(&mut cases, "uniform", &sizes, &seeds, "", workload::random_uniform);
     generated(&mut cases, "usize", &sizes[1..], &seeds, "", workload::random_uniform_sizes);
     generated(&mut cases, "usize-busy", &sizes[1..], &seeds, "", workload::random_uniform_sizes_busy);
+    generated(&mut cases, "similar", &sizes[1..], &seeds, "", workload::random_similar_sizes);
     generated(&mut cases, "dense", &sizes[1..], &seeds, "", workload::random_dense);
     generated(&mut cases, "bimodal", &sizes[1..], &seeds, "", workload::random_bimodal);
     generated(&mut cases, "longshort", &sizes[1..], &seeds, "", workload::random_long_short);

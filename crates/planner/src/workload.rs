@@ -40,6 +40,18 @@ pub fn random_uniform_sizes_busy(n: usize, seed: u64) -> Vec<Buffer> {
     uniform_starts(n, Rng::new(seed ^ 0x6275_7379), |rng| (rng.range(1, 1000), rng.range(1, 1 << 20)))
 }
 
+/// `n` random buffers of similar sizes: starts uniform over `[0, n)`, lifetimes uniform in
+/// `1..=300` steps (about 150 buffers live at a time), sizes uniform in 512 KiB..=1.5 MiB
+/// (any byte: within a factor of three of one another). Gaps freed by one buffer are seldom
+/// the room the next one needs, and the space left over is too small for any other: the
+/// weakest random class measured for the planner (docs/planner.md, "Lists of similar
+/// sizes").
+pub fn random_similar_sizes(n: usize, seed: u64) -> Vec<Buffer> {
+    uniform_starts(n, Rng::new(seed ^ 0x7369_6d69), |rng| {
+        (rng.range(1, 300), rng.range(512 << 10, 1536 << 10))
+    })
+}
+
 /// `n` random buffers with long lifetimes: starts uniform over `[0, n)`, lifetimes
 /// log-uniform in `1..=n/10` steps (about 1400 buffers live at a time at `n` = 100k: every
 /// buffer overlaps thousands of others), sizes log-uniform in 1 KiB..=64 MiB rounded up to
@@ -324,6 +336,19 @@ mod tests {
             assert!(!long.is_empty(), "seed {seed}: no activation kept");
             assert_eq!(training_trace(5000, seed), b);
         }
+    }
+
+    /// Similar sizes keep to their ranges, and a seed gives one list.
+    #[test]
+    fn similar_sizes_keep_to_their_ranges() {
+        let b = random_similar_sizes(20_000, 3);
+        assert_eq!(b.len(), 20_000);
+        assert!(b.iter().all(|x| x.start < 20_000 && (1..=300).contains(&(x.end - x.start))));
+        assert!(b.iter().all(|x| (512 << 10..=1536 << 10).contains(&x.size) && x.group.is_none()));
+        // Sizes at any byte, not rounded.
+        assert!(b.iter().any(|x| x.size % 512 != 0));
+        assert_eq!(random_similar_sizes(20_000, 3), b);
+        assert_ne!(random_similar_sizes(20_000, 4), b);
     }
 
     #[test]
