@@ -732,7 +732,8 @@ fn place_for(
     let coarse_placed = best.strategy.starts_with("coarse");
     // The layered construction (single-interval lists without the structure coarsening
     // finds): a skeleton of the items holding most of the area is planned first, with
-    // `SKELETON_BUDGET` of the budget (more where it holds nearly all of the area) on all
+    // `SKELETON_BUDGET` of the budget (more where it holds nearly all of the area, less on
+    // dense lists where the fill's estimate with a margin would not fit after it) on all
     // cores; filling the rest in around it, a stretch of the clock per worker, is the
     // portfolio's first jobs — when that fits in what is left.
     // Dense lists leave the items with the smallest areas (those beyond `TIERED_FILL_AREA`
@@ -764,6 +765,8 @@ fn place_for(
         // skeleton at its floor offsets (the construction it gives is offered like any
         // other), where the estimate says it fits beside `SKELETON_BUDGET`; its greedy part
         // stops when it takes half of what that would leave.
+        // A dense list's skeleton gets what its fill (guaranteed to finish) leaves, with a
+        // margin (`tiered_share`).
         let mut share = SKELETON_BUDGET;
         if tiered && !dominant {
             share = tiered_share(budget, began.elapsed(), fill_pass);
