@@ -90,12 +90,12 @@ pub(super) const SKELETON_MIN_BUDGET: f64 = 0.1;
 
 /// The share of `budget` the skeleton of a tiered construction (not dominant) gets, `spent`
 /// already gone and its fill expected to take `fill`: [`SKELETON_BUDGET`], or less where the
-/// fill with [`TIERED_FILL_MARGIN`] would not fit after it; 0 where that leaves less than
-/// [`SKELETON_MIN_BUDGET`] (no skeleton then).
-pub(super) fn tiered_share(budget: Duration, spent: Duration, fill: Duration) -> f64 {
+/// fill with [`TIERED_FILL_MARGIN`] would not fit after it; `None` (no skeleton) where that
+/// leaves less than [`SKELETON_MIN_BUDGET`].
+pub(super) fn tiered_share(budget: Duration, spent: Duration, fill: Duration) -> Option<f64> {
     let left = budget.saturating_sub(spent + fill.mul_f64(TIERED_FILL_MARGIN));
     let share = (left.as_secs_f64() / budget.as_secs_f64().max(f64::MIN_POSITIVE)).min(SKELETON_BUDGET);
-    if share < SKELETON_MIN_BUDGET { 0.0 } else { share }
+    (share >= SKELETON_MIN_BUDGET).then_some(share)
 }
 
 /// The share of the budget a dominant skeleton's plan gets when `left` (a share of the
@@ -292,9 +292,7 @@ pub(super) fn layered_fill(p: &Problem, sk: &Skeleton, parts: usize) -> LayeredF
         high = high.max(off[i] + p.size[i]);
     }
     let mut rest = fill_items(p, &sk.items, &sk.tail);
-    let mut tail = sk.tail.clone();
     sort_items(p, &mut rest, Order::Lifetime, 0.0, &mut Rng::new(0));
-    sort_items(p, &mut tail, Order::Lifetime, 0.0, &mut Rng::new(0));
     let mut starts: Vec<u32> = rest.iter().map(|&i| p.hull[i as usize].0).collect();
     starts.sort_unstable();
     let parts = parts.clamp(1, rest.len().max(1));
@@ -317,7 +315,10 @@ pub(super) fn layered_fill(p: &Problem, sk: &Skeleton, parts: usize) -> LayeredF
         (crossing, split)
     };
     let (mut crossing, parts) = split(&rest);
-    let (tail_crossing, tails) = split(&tail);
+    // The sweep orders each stretch's tail itself; the crossing ones go in by the greedy
+    // fill, in its order.
+    let (mut tail_crossing, tails) = split(&sk.tail);
+    sort_items(p, &mut tail_crossing, Order::Lifetime, 0.0, &mut Rng::new(0));
     crossing.extend(tail_crossing);
     high = high.max(greedy(p, &crossing, Fit::BestFit, &mut base, &mut off));
     let mut base_items = sk.items.clone();
@@ -503,12 +504,13 @@ mod tests {
     #[test]
     fn a_tiered_skeleton_gets_what_its_fill_leaves() {
         let ms = Duration::from_millis;
-        assert_eq!(tiered_share(ms(1000), ms(100), ms(200)), SKELETON_BUDGET);
-        assert!((tiered_share(ms(1000), ms(100), ms(500)) - 0.15).abs() < 1e-9);
-        assert!((tiered_share(ms(1000), ms(140), ms(500)) - 0.11).abs() < 1e-9);
-        assert_eq!(tiered_share(ms(1000), ms(160), ms(500)), 0.0, "less than the least share");
-        assert_eq!(tiered_share(ms(1000), ms(900), ms(500)), 0.0);
-        assert_eq!(tiered_share(ms(0), ms(0), ms(0)), 0.0);
+        let near = |share: Option<f64>, want: f64| share.is_some_and(|s| (s - want).abs() < 1e-9);
+        assert_eq!(tiered_share(ms(1000), ms(100), ms(200)), Some(SKELETON_BUDGET));
+        assert!(near(tiered_share(ms(1000), ms(100), ms(500)), 0.15));
+        assert!(near(tiered_share(ms(1000), ms(140), ms(500)), 0.11));
+        assert_eq!(tiered_share(ms(1000), ms(160), ms(500)), None, "less than the least share");
+        assert_eq!(tiered_share(ms(1000), ms(900), ms(500)), None);
+        assert_eq!(tiered_share(ms(0), ms(0), ms(0)), None);
     }
 
     /// A tiered construction leaves to the sweep the many items that hold the last

@@ -24,8 +24,9 @@
 //!    portfolio's first jobs fill the others in around them, a stretch of the clock each
 //!    (see `layered`); on dense inputs only those holding all but the last 0.5% of the area
 //!    go in by that greedy fill, and the rest — most of the items — by an online best-fit
-//!    sweep around them (`online_around`), a stretch each too. A skeleton holding 99% of the area decides the
-//!    footprint: its fill is timed first, and its plan gets the time the fill leaves;
+//!    sweep around them (`online_around`), a stretch each too. A skeleton holding 99% of the
+//!    area decides the footprint: its fill is timed first, and its plan gets the time the
+//!    fill leaves;
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. **coarsening** (single-interval problems whose floor is more than
@@ -761,16 +762,17 @@ fn place_for(
         if tiered {
             fill_pass = tiered_fill_estimate(&p, &items, &tail, fill_threads);
         }
+        // A dense list's skeleton gets what its fill (guaranteed to finish) leaves, with a
+        // margin, or none (`tiered_share`).
+        let mut share = if tiered && !dominant {
+            tiered_share(budget, began.elapsed(), fill_pass)
+        } else {
+            Some(SKELETON_BUDGET)
+        };
         // A dominant skeleton gets what the fill leaves: the fill is timed first, around the
         // skeleton at its floor offsets (the construction it gives is offered like any
         // other), where the estimate says it fits beside `SKELETON_BUDGET`; its greedy part
         // stops when it takes half of what that would leave.
-        // A dense list's skeleton gets what its fill (guaranteed to finish) leaves, with a
-        // margin (`tiered_share`).
-        let mut share = SKELETON_BUDGET;
-        if tiered && !dominant {
-            share = tiered_share(budget, began.elapsed(), fill_pass);
-        }
         if dominant && fits(SKELETON_BUDGET, fill_pass) {
             let at_floor: Vec<u64> = items.iter().map(|&i| best.off[i as usize]).collect();
             let probe =
@@ -783,9 +785,11 @@ fn place_for(
             fill_pass = t.elapsed();
             clock.end("fill-probe", Some(best.high));
             let spent = began.elapsed() + fill_pass * DOMINANT_FILL_MARGIN;
-            share = dominant_share(budget.saturating_sub(spent).as_secs_f64() / budget.as_secs_f64());
+            share = Some(dominant_share(budget.saturating_sub(spent).as_secs_f64() / budget.as_secs_f64()));
         }
-        if share > 0.0 && fits(share, fill_pass) {
+        if let Some(share) = share
+            && fits(share, fill_pass)
+        {
             let skeleton_for = if dominant { PlanFor::Footprint } else { PlanFor::Fill };
             // On dense lists the portfolio's jobs on the whole list seldom fit after the
             // skeleton and its fill: an online aligned construction of the whole list runs

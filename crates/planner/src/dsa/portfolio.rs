@@ -294,7 +294,8 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
                             None
                         }
                     };
-                    let done = parts.map(|parts| assemble(fill, parts)).map(|(off, high)| {
+                    let done = parts.map(|parts| {
+                        let (off, high) = assemble(fill, parts);
                         (format!("layered({}: {})", sk.items.len(), sk.strategy), off, high)
                     });
                     estimate_ns[kind].fetch_max(t.elapsed().as_nanos() as u64, AtomicOrdering::Relaxed);
