@@ -1,13 +1,16 @@
-//! The layered construction (items with one interval): the items that hold most of the
-//! area (bytes × lifetime) — the *skeleton* — are planned first as an instance of their
-//! own, by this same engine (recursively, so a large skeleton is layered in turn), and the
-//! other items are filled in around them by one greedy pass, longest-lived first, best fit.
+//! The layered construction (items with one interval): a *skeleton* of items is planned
+//! first as an instance of its own, by this same engine (recursively, so a large skeleton
+//! is layered in turn), and the other items are filled in around it by one greedy pass,
+//! longest-lived first, best fit. A small instance gets far more search per item than the
+//! whole list would.
 //!
-//! Where a few items hold most of the area (sizes and lifetimes spread over orders of
-//! magnitude), the skeleton decides the footprint, and a small instance gets far more
-//! search per item than the whole list would; the many small items then fit into what
-//! it leaves. A population of large items standing apart from the rest (a tenfold drop
-//! between consecutive areas) is kept whole in the skeleton ([`NATURAL_BREAK`]).
+//! The skeleton is either the items live where the bytes live come within a tenth of the
+//! bound ([`hot_items`]: at those steps a plan must stack its items almost without a gap,
+//! and everywhere else the fill has room to spare), or the items that hold most of the area
+//! (bytes × lifetime: [`skeleton_items`]) — on dense lists, and where a few items hold
+//! nearly all of it and decide the footprint ([`choose_skeleton`]). A population of large
+//! items standing apart from the rest (a tenfold drop between consecutive areas) is kept
+//! whole in a skeleton by area ([`NATURAL_BREAK`]).
 //!
 //! A *tiered* construction (dense lists, where the greedy fill of every other item would
 //! cost a whole greedy pass: each gap query visits the ~1400 items live with it) fills
@@ -190,6 +193,73 @@ pub(super) fn skeleton_items(p: &Problem) -> Option<Vec<u32>> {
     }
     order.truncate(k);
     Some(order)
+}
+
+/// Share of the live bound at or above which a clock step is *hot* (see [`hot_items`]):
+/// 0.85, 0.875, 0.925 measured against it (docs/planner.md, "The hot skeleton").
+pub(super) const HOT_LIVE: f64 = 0.9;
+
+/// The items of `p` (one interval each) live at a *hot* step — one where the bytes live
+/// reach [`HOT_LIVE`] of the most live at any step —, largest area first; `None` where there
+/// are none or more than [`SKELETON_MAX_SHARE`] of the items (as in the nested plan of such a
+/// skeleton, where every item is live at a hot step).
+///
+/// The hot steps are where a plan's top is decided: at the step of the live bound every byte
+/// under the footprint but the plan's excess is used, so the items live there must stack
+/// almost without a gap, and those live beside them must leave them room. On lists whose
+/// buffers come from one population, the improvement stage spent its last thousands of
+/// steps on an item at such a step (lists of similar sizes, 100k: the item at the top lives
+/// where 98.7–100% of the bound is live). Planned first as a list of their own (1.6–15k of
+/// 100k items), they stack near the bound, and every other step has a tenth of the bound
+/// to spare for the fill.
+pub(super) fn hot_items(p: &Problem) -> Option<Vec<u32>> {
+    let n = p.len();
+    let steps = p.ranks as usize;
+    // Bytes live at each step (a difference array, summed).
+    let mut live = vec![0i128; steps + 1];
+    for i in 0..n {
+        let (s, e) = p.hull[i];
+        live[s as usize] += p.size[i] as i128;
+        live[e as usize] -= p.size[i] as i128;
+    }
+    for r in 1..=steps {
+        live[r] += live[r - 1];
+    }
+    let bound = live.iter().copied().max().unwrap_or(0);
+    if bound <= 0 {
+        return None;
+    }
+    let level = HOT_LIVE * bound as f64;
+    // How many hot steps come before each step: an item is hot when its steps hold one.
+    let mut hot_before = vec![0u32; steps + 1];
+    for r in 0..steps {
+        hot_before[r + 1] = hot_before[r] + u32::from(live[r] as f64 >= level);
+    }
+    let mut items: Vec<u32> = (0..n as u32)
+        .filter(|&i| {
+            let (s, e) = p.hull[i as usize];
+            hot_before[e as usize] > hot_before[s as usize]
+        })
+        .collect();
+    if items.is_empty() || items.len() as f64 > SKELETON_MAX_SHARE * n as f64 {
+        return None;
+    }
+    items.sort_unstable_by(|&a, &b| area(p, b).total_cmp(&area(p, a)).then(a.cmp(&b)));
+    Some(items)
+}
+
+/// The skeleton of the layered construction of `p` (one interval each; `dense`: the list's
+/// greedy pass costs most of the budget, see `place`): the items with the largest areas
+/// ([`skeleton_items`]) where they hold [`DOMINANT_AREA`] of it or the list is dense (the
+/// tiered fill sweeps most items in around them, and a hot skeleton there measured worse),
+/// else the [`hot_items`], else the items with the largest areas.
+pub(super) fn choose_skeleton(p: &Problem, dense: bool) -> Option<Vec<u32>> {
+    let by_area = skeleton_items(p);
+    let dominant = by_area.as_ref().is_some_and(|items| area_share(p, items) >= DOMINANT_AREA);
+    if dense || dominant {
+        return by_area;
+    }
+    hot_items(p).or(by_area)
 }
 
 /// Plans the skeleton `items` of `p` as a list of their own (real clock, no alias groups)
@@ -400,6 +470,7 @@ mod tests {
             raw in prop::collection::vec((0u64..60, 1u64..40, 0u32..4, 1u64..64), 1..120),
             parts in 1usize..5,
             tiered in any::<bool>(),
+            hot in any::<bool>(),
         ) {
             // Sizes over several orders of magnitude, so that some lists have a skeleton.
             let b: Vec<Buffer> = raw
@@ -412,7 +483,7 @@ mod tests {
                 })
                 .collect();
             let p = Problem::build(&b).unwrap();
-            let Some(items) = skeleton_items(&p) else { return Ok(()) };
+            let Some(items) = (if hot { hot_items(&p) } else { skeleton_items(&p) }) else { return Ok(()) };
             let opts = PlaceOptions { threads: 1, ..PlaceOptions::default() };
             let mut sk = plan_skeleton(&p, items, Duration::from_millis(2), &opts, PlanFor::Fill, Vec::new()).unwrap();
             sk.tail = if tiered { tail_items(&p, &sk.items) } else { Vec::new() };
@@ -449,6 +520,74 @@ mod tests {
             .map(|i| Buffer { start: i * 7 % 1000, end: i * 7 % 1000 + 10, size: 4096, group: None })
             .collect();
         assert!(skeleton_items(&Problem::build(&even).unwrap()).is_none());
+    }
+
+    /// Bytes live at each instant of the real clock of `b` (its ends below `t`).
+    fn live_at(b: &[Buffer], t: usize) -> Vec<u64> {
+        let mut live = vec![0u64; t];
+        for x in b {
+            for l in &mut live[x.start as usize..x.end as usize] {
+                *l += x.size;
+            }
+        }
+        live
+    }
+
+    #[test]
+    fn hot_items_are_those_live_where_the_bound_is_nearly_reached() {
+        for (b, seed) in [
+            (crate::workload::random_similar_sizes(20_000, 1), 1),
+            (crate::workload::random_uniform_sizes(20_000, 2), 2),
+            (crate::workload::random(20_000, 3), 3),
+        ] {
+            let p = Problem::build(&b).unwrap();
+            let items = hot_items(&p).expect("random lists have hot steps");
+            let t = b.iter().map(|x| x.end).max().unwrap() as usize;
+            let live = live_at(&b, t);
+            let bound = *live.iter().max().unwrap();
+            let hot_time = |x: &Buffer| {
+                live[x.start as usize..x.end as usize].iter().any(|&l| l as f64 >= HOT_LIVE * bound as f64)
+            };
+            let mut taken = vec![false; p.len()];
+            for &i in &items {
+                taken[i as usize] = true;
+            }
+            for (k, x) in b.iter().enumerate() {
+                let i = p.item_of[k] as usize;
+                assert_eq!(taken[i], hot_time(x), "seed {seed}: buffer {k} {x:?}");
+            }
+            assert!(items.len() * 5 < p.len(), "seed {seed}: {} hot of {}", items.len(), p.len());
+            // Largest area first.
+            let area = |i: u32| area(&p, i);
+            assert!(items.windows(2).all(|w| area(w[0]) >= area(w[1])), "seed {seed}");
+            // In the list of the hot items alone every item is hot: no skeleton of its own.
+            let alone: Vec<Buffer> = items
+                .iter()
+                .map(|&i| {
+                    let i = i as usize;
+                    Buffer { start: p.start[i], end: p.start[i] + p.life[i], size: p.size[i], group: None }
+                })
+                .collect();
+            assert!(hot_items(&Problem::build(&alone).unwrap()).is_none(), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn the_skeleton_is_hot_unless_the_area_dominates_or_the_list_is_dense() {
+        let similar = Problem::build(&crate::workload::random_similar_sizes(20_000, 4)).unwrap();
+        assert_eq!(choose_skeleton(&similar, false), hot_items(&similar));
+        assert!(choose_skeleton(&similar, false) != skeleton_items(&similar));
+        assert_eq!(choose_skeleton(&similar, true), skeleton_items(&similar));
+        // Two populations: the large long-lived buffers hold 99% of the area.
+        let bimodal = Problem::build(&crate::workload::random_bimodal(20_000, 4)).unwrap();
+        let by_area = skeleton_items(&bimodal).expect("a skeleton");
+        assert!(area_share(&bimodal, &by_area) >= DOMINANT_AREA);
+        assert_eq!(choose_skeleton(&bimodal, false), Some(by_area));
+        // Equal sizes and lifetimes, live evenly: every item is hot, and none holds more area.
+        let even: Vec<Buffer> = (0..5000)
+            .map(|i| Buffer { start: i * 7 % 1000, end: i * 7 % 1000 + 10, size: 4096, group: None })
+            .collect();
+        assert_eq!(choose_skeleton(&Problem::build(&even).unwrap(), false), None);
     }
 
     #[test]

@@ -18,15 +18,17 @@
 //!    orders** (breadth, size, lifetime, size × lifetime, start) × (best-fit, lowest offset),
 //!    run on all cores and time-boxed (costs from a model until a job of the kind has
 //!    finished), keeping the best per window; the start for what follows is the lowest
-//!    construction or one within 1% of it that comes earlier in the job order. Where a few
-//!    items hold most of the area (bytes × lifetime), the **layered** construction leads:
-//!    those items are planned first as a list of their own by this same engine, and the
-//!    portfolio's first jobs fill the others in around them, a stretch of the clock each
-//!    (see `layered`); on dense inputs only those holding all but the last 0.5% of the area
-//!    go in by that greedy fill, and the rest — most of the items — by an online best-fit
-//!    sweep around them (`online_around`), a stretch each too. A skeleton holding 99% of the
-//!    area decides the footprint: its fill is timed first, and its plan gets the time the
-//!    fill leaves;
+//!    construction or one within 1% of it that comes earlier in the job order. The
+//!    **layered** construction leads: a *skeleton* of items is planned first as a list of
+//!    its own by this same engine, and the portfolio's first jobs fill the others in around
+//!    them, a stretch of the clock each (see `layered`). The skeleton is the items live
+//!    where the bytes live come within 10% of the bound (the *hot* items: the top of a plan
+//!    is decided there), or, on dense lists and where a few items hold nearly all of the
+//!    area (bytes × lifetime), the items holding most of the area; on dense inputs only
+//!    those holding all but the last 0.5% of the area go in by that greedy fill, and the
+//!    rest — most of the items — by an online best-fit sweep around them (`online_around`),
+//!    a stretch each too. A skeleton holding 99% of the area decides the footprint: its
+//!    fill is timed first, and its plan gets the time the fill leaves;
 //! 4. **decomposition** of the clock at low-liveness cut points: buffers that cross a cut are
 //!    placed first, and every window between cuts takes the best strategy for itself;
 //! 5. **coarsening** (single-interval problems whose floor is more than
@@ -732,11 +734,12 @@ fn place_for(
     }
     let coarse_placed = best.strategy.starts_with("coarse");
     // The layered construction (single-interval lists without the structure coarsening
-    // finds): a skeleton of the items holding most of the area is planned first, with
-    // `SKELETON_BUDGET` of the budget (more where it holds nearly all of the area, less on
-    // dense lists where the fill's estimate with a margin would not fit after it) on all
-    // cores; filling the rest in around it, a stretch of the clock per worker, is the
-    // portfolio's first jobs — when that fits in what is left.
+    // finds): a skeleton (the hot items, or those holding most of the area:
+    // `choose_skeleton`) is planned first, with `SKELETON_BUDGET` of the budget (more where
+    // it holds nearly all of the area, less on dense lists where the fill's estimate with a
+    // margin would not fit after it) on all cores; filling the rest in around it, a stretch
+    // of the clock per worker, is the portfolio's first jobs — when that fits in what is
+    // left.
     // Dense lists leave the items with the smallest areas (those beyond `TIERED_FILL_AREA`
     // of the area) to an online sweep (a greedy fill of them all costs a greedy pass there),
     // and so do dominant skeletons (below).
@@ -751,7 +754,7 @@ fn place_for(
         && p.ivs.len() == n
         && n >= LAYERED_MIN_ITEMS
         && (dense || fits(SKELETON_BUDGET, fill_pass))
-        && let Some(items) = skeleton_items(&p)
+        && let Some(items) = choose_skeleton(&p, dense)
     {
         // A dominant skeleton (`DOMINANT_AREA`) is the footprint, and what is filled in around
         // it only has to fit under it: tiered too (the sweep is the cheaper fill: 54 ms
