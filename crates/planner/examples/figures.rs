@@ -6,8 +6,9 @@
 //! `FIGURES_BUDGET_MS=2000` gives every row that budget instead of the default cap;
 //! `FIGURES_STAGES=1` prints the planner's stages under every row (time, footprint after).
 //!
-//! Columns: `floor`, `greedy` and `ratio` are the online best-fit floor, the best
-//! construction and the final footprint over the lower bound (which includes the alias
+//! Columns: `floor`, `greedy` and `ratio` are the online best-fit floor, the construction
+//! the later stages start from (the lowest, or the one around a hot skeleton, which may be
+//! higher) and the final footprint over the lower bound (which includes the alias
 //! bound); `vs-live` is the final footprint over the plain live bound (most bytes live at
 //! once). Rows named `budget=1s` run with the whole 1 s budget instead of the default cap
 //! of 8 µs per buffer + 5 ms, at least 60 ms. Rows named `var-…` are schedules whose

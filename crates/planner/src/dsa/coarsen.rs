@@ -380,7 +380,7 @@ pub(super) fn refine_coarse(
     }
     let Ok(q) = Problem::build(&buffers) else { return 0 };
     // Every buffer is live and of one interval, so each is an item of its own.
-    let mut inc = Incumbent { off: vec![0; q.len()], high: best.high, strategy: String::new() };
+    let mut inc = Incumbent::new(best.high, vec![0; q.len()], String::new());
     for (b, &o) in start.iter().enumerate() {
         inc.off[q.item_of[b] as usize] = o;
     }
@@ -472,7 +472,7 @@ mod coarse_tests {
                 prop_assert_eq!(high, cp.footprint);
                 // Refining the plan (the blocks above the bound split) keeps it valid and
                 // no higher, and reports its footprint.
-                let mut inc = Incumbent { off: offsets, high, strategy: "coarse".to_string() };
+                let mut inc = Incumbent::new(high, offsets, "coarse");
                 let until = Until::at(Instant::now() + Duration::from_millis(2));
                 refine_coarse(&p, &c, p.lower_bound(), until, 1, 1, &mut inc);
                 verify(&b, &inc.off).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -549,7 +549,7 @@ mod coarse_tests {
                 cp.offsets[k as usize] + d
             })
             .collect();
-        (b, p, c, Incumbent { off, high: cp.footprint, strategy: "coarse".to_string() })
+        (b, p, c, Incumbent::new(cp.footprint, off, "coarse"))
     }
 
     #[test]

@@ -164,6 +164,9 @@ pub(super) struct Skeleton {
     /// The items left to an online sweep instead of the greedy fill (a tiered construction;
     /// [`tail_items`]); empty: none.
     pub(super) tail: Vec<u32>,
+    /// Whether its items are the [`hot_items`]: the construction around it is then where
+    /// the improvement stage starts (see `portfolio::run`).
+    pub(super) hot: bool,
 }
 
 /// The items of `p` (one interval each) with the largest areas, largest first, that
@@ -252,14 +255,18 @@ pub(super) fn hot_items(p: &Problem) -> Option<Vec<u32>> {
 /// greedy pass costs most of the budget, see `place`): the items with the largest areas
 /// ([`skeleton_items`]) where they hold [`DOMINANT_AREA`] of it or the list is dense (the
 /// tiered fill sweeps most items in around them, and a hot skeleton there measured worse),
-/// else the [`hot_items`], else the items with the largest areas.
-pub(super) fn choose_skeleton(p: &Problem, dense: bool) -> Option<Vec<u32>> {
+/// else the [`hot_items`], else the items with the largest areas. The items, and whether
+/// they are the hot ones.
+pub(super) fn choose_skeleton(p: &Problem, dense: bool) -> Option<(Vec<u32>, bool)> {
     let by_area = skeleton_items(p);
     let dominant = by_area.as_ref().is_some_and(|items| area_share(p, items) >= DOMINANT_AREA);
-    if dense || dominant {
-        return by_area;
+    if !dense
+        && !dominant
+        && let Some(hot) = hot_items(p)
+    {
+        return Some((hot, true));
     }
-    hot_items(p).or(by_area)
+    by_area.map(|items| (items, false))
 }
 
 /// Plans the skeleton `items` of `p` as a list of their own (real clock, no alias groups)
@@ -282,7 +289,7 @@ pub(super) fn plan_skeleton(
         .collect();
     let sub = PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..opts.clone() };
     let plan = place_for(&buffers, &sub, plan_for, Mirror::Never).ok()?;
-    Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tail })
+    Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tail, hot: false })
 }
 
 /// The skeleton `items` of a dense list planned for the fill ([`plan_skeleton`]) on all cores
@@ -575,14 +582,14 @@ mod tests {
     #[test]
     fn the_skeleton_is_hot_unless_the_area_dominates_or_the_list_is_dense() {
         let similar = Problem::build(&crate::workload::random_similar_sizes(20_000, 4)).unwrap();
-        assert_eq!(choose_skeleton(&similar, false), hot_items(&similar));
-        assert!(choose_skeleton(&similar, false) != skeleton_items(&similar));
-        assert_eq!(choose_skeleton(&similar, true), skeleton_items(&similar));
+        assert_eq!(choose_skeleton(&similar, false), hot_items(&similar).map(|h| (h, true)));
+        assert!(hot_items(&similar) != skeleton_items(&similar));
+        assert_eq!(choose_skeleton(&similar, true), skeleton_items(&similar).map(|a| (a, false)));
         // Two populations: the large long-lived buffers hold 99% of the area.
         let bimodal = Problem::build(&crate::workload::random_bimodal(20_000, 4)).unwrap();
         let by_area = skeleton_items(&bimodal).expect("a skeleton");
         assert!(area_share(&bimodal, &by_area) >= DOMINANT_AREA);
-        assert_eq!(choose_skeleton(&bimodal, false), Some(by_area));
+        assert_eq!(choose_skeleton(&bimodal, false), Some((by_area, false)));
         // Equal sizes and lifetimes, live evenly: every item is hot, and none holds more area.
         let even: Vec<Buffer> = (0..5000)
             .map(|i| Buffer { start: i * 7 % 1000, end: i * 7 % 1000 + 10, size: 4096, group: None })

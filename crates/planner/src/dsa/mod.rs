@@ -17,8 +17,10 @@
 //!    item that starts at its left edge; three pick rules), then a **portfolio of greedy
 //!    orders** (breadth, size, lifetime, size × lifetime, start) × (best-fit, lowest offset),
 //!    run on all cores and time-boxed (costs from a model until a job of the kind has
-//!    finished), keeping the best per window; the start for what follows is the lowest
-//!    construction or one within 1% of it that comes earlier in the job order. The
+//!    finished), keeping the best per window; the start for what follows is the one built
+//!    around a hot skeleton (below) wherever there is one, even above a lower one (set
+//!    aside: the answer unless the later stages get below it), else the lowest construction
+//!    or one within 1% of it that comes earlier in the job order. The
 //!    **layered** construction leads: a *skeleton* of items is planned first as a list of
 //!    its own by this same engine, and the portfolio's first jobs fill the others in around
 //!    them, a stretch of the clock each (see `layered`). The skeleton is the items live
@@ -359,7 +361,8 @@ pub struct Placement {
     pub elapsed: Duration,
     /// Footprint of the online best-fit floor.
     pub floor_footprint: u64,
-    /// Footprint before the improvement stage.
+    /// Footprint of the construction the stages after the portfolio start from: the lowest,
+    /// or the one around a hot skeleton, which may be higher than the floor.
     pub greedy_footprint: u64,
     /// Windows the clock was decomposed into.
     pub windows: usize,
@@ -496,15 +499,44 @@ struct Incumbent {
     off: Vec<u64>,
     high: u64,
     strategy: String,
+    /// A lower placement set aside when the stages went on from a higher one
+    /// ([`Incumbent::start_from`]): the answer unless they get below it.
+    aside: Option<Box<Incumbent>>,
 }
 
 impl Incumbent {
+    /// The placement `off` reaching `high`, made by `name`.
+    fn new(high: u64, off: Vec<u64>, name: impl Into<String>) -> Incumbent {
+        Incumbent { off, high, strategy: name.into(), aside: None }
+    }
+
     /// Takes a placement when it is lower.
     fn offer(&mut self, high: u64, off: Vec<u64>, name: impl Into<String>) {
         if high < self.high {
             self.high = high;
             self.off = off;
             self.strategy = name.into();
+        }
+    }
+
+    /// Goes on from a placement even when it is higher than the one held, which is then set
+    /// aside (kept as the answer unless a later one gets below it; see [`Incumbent::settled`]).
+    fn start_from(&mut self, high: u64, off: Vec<u64>, name: impl Into<String>) {
+        let held = std::mem::replace(self, Incumbent::new(high, off, name));
+        let lowest = match held.aside {
+            Some(aside) if aside.high < held.high => aside,
+            _ => Box::new(Incumbent { aside: None, ..held }),
+        };
+        if lowest.high < self.high {
+            self.aside = Some(lowest);
+        }
+    }
+
+    /// The lower of the placement held and the one set aside.
+    fn settled(self) -> Incumbent {
+        match self.aside {
+            Some(aside) if aside.high < self.high => *aside,
+            _ => Incumbent { aside: None, ..self },
         }
     }
 }
@@ -625,9 +657,10 @@ fn place_for(
     clock.end("prepare", None);
     let (floor_off, floor_high) = online_best_fit(&p);
     clock.end("floor", Some(floor_high));
-    let mut best = Incumbent { off: floor_off, high: floor_high, strategy: "online-best-fit".to_string() };
+    let mut best = Incumbent::new(floor_high, floor_off, "online-best-fit");
     let finish =
         |best: Incumbent, lb: u64, greedy_high: u64, built: Portfolio, steps: u64, clock: StageClock| {
+            let best = best.settled();
             let offsets =
                 p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { best.off[i as usize] }).collect();
             Placement {
@@ -754,7 +787,7 @@ fn place_for(
         && p.ivs.len() == n
         && n >= LAYERED_MIN_ITEMS
         && (dense || fits(SKELETON_BUDGET, fill_pass))
-        && let Some(items) = choose_skeleton(&p, dense)
+        && let Some((items, hot)) = choose_skeleton(&p, dense)
     {
         // A dominant skeleton (`DOMINANT_AREA`) is the footprint, and what is filled in around
         // it only has to fit under it: tiered too (the sweep is the cheaper fill: 54 ms
@@ -778,8 +811,13 @@ fn place_for(
         // stops when it takes half of what that would leave.
         if dominant && fits(SKELETON_BUDGET, fill_pass) {
             let at_floor: Vec<u64> = items.iter().map(|&i| best.off[i as usize]).collect();
-            let probe =
-                Skeleton { items: items.clone(), off: at_floor, strategy: String::new(), tail: tail.clone() };
+            let probe = Skeleton {
+                items: items.clone(),
+                off: at_floor,
+                strategy: String::new(),
+                tail: tail.clone(),
+                hot: false,
+            };
             let t = Instant::now();
             let stop = t + budget.mul_f64(1.0 - SKELETON_BUDGET).saturating_sub(began.elapsed()) / 2;
             if let Some((off, high)) = layered_now(&p, &probe, fill_threads as usize, stop) {
@@ -807,6 +845,7 @@ fn place_for(
                 sk
             } else {
                 plan_skeleton(&p, items, budget.mul_f64(share), opts, skeleton_for, tail)
+                    .map(|sk| Skeleton { hot, ..sk })
             };
             clock.end("skeleton", None);
         }
@@ -1326,7 +1365,7 @@ mod density_tests {
         assert_eq!(Restarts::family(true, PlanFor::Fill), Restarts::Skyline);
         assert_eq!(Restarts::family(false, PlanFor::Footprint), Restarts::Skyline);
         for family in [Restarts::Aligned, Restarts::Skyline] {
-            let mut best = Incumbent { off: off.clone(), high, strategy: name.to_string() };
+            let mut best = Incumbent::new(high, off.clone(), name);
             restarts(&p, lb, Instant::now() + Duration::from_millis(200), 7, 2, family, &mut best);
             valid(&best.off, best.high);
             assert!(best.high <= high);
@@ -1460,6 +1499,30 @@ mod density_tests {
         assert_eq!(placed.footprint, placed.floor_footprint);
         let stages: Vec<&str> = placed.stages.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(stages, ["prepare", "floor"]);
+    }
+
+    /// A placement set aside for a higher start stays the answer until one gets below it.
+    #[test]
+    fn incumbents_keep_the_lowest_placement_set_aside() {
+        let mut best = Incumbent::new(100, vec![1], "floor");
+        best.start_from(130, vec![2], "hot");
+        assert_eq!((best.high, best.aside.as_ref().map(|a| a.high)), (130, Some(100)));
+        best.offer(120, vec![3], "improved");
+        assert_eq!(best.strategy, "improved");
+        // Another higher start keeps the lowest aside, not the placement it replaces.
+        best.start_from(125, vec![4], "again");
+        assert_eq!(best.aside.as_ref().map(|a| (a.high, a.off.clone())), Some((100, vec![1])));
+        let settled = best.settled();
+        assert_eq!((settled.high, settled.off, settled.strategy.as_str()), (100, vec![1], "floor"));
+        // Once below it, the start is the answer, and a lower start sets nothing aside.
+        let mut best = Incumbent::new(100, vec![1], "floor");
+        best.start_from(130, vec![2], "hot");
+        best.offer(90, vec![5], "improved");
+        assert_eq!(best.settled().high, 90);
+        let mut best = Incumbent::new(100, vec![1], "floor");
+        best.start_from(80, vec![6], "hot");
+        assert!(best.aside.is_none());
+        assert_eq!(best.settled().strategy, "hot");
     }
 
     /// Dense lists get the tiered layered construction when its fill fits the budget: the
