@@ -787,7 +787,7 @@ fn place_for(
         && p.ivs.len() == n
         && n >= LAYERED_MIN_ITEMS
         && (dense || fits(SKELETON_BUDGET, fill_pass))
-        && let Some((items, hot)) = choose_skeleton(&p, dense)
+        && let Some((items, hot)) = choose_skeleton(&p, dense, plan_for)
     {
         // A dominant skeleton (`DOMINANT_AREA`) is the footprint, and what is filled in around
         // it only has to fit under it: tiered too (the sweep is the cheaper fill: 54 ms
