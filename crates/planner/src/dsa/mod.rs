@@ -19,11 +19,12 @@
 //!    run on all cores and time-boxed (costs from a model until a job of the kind has
 //!    finished), keeping the best per window; the start for what follows is the one built
 //!    around a hot skeleton (below) wherever there is one, even above a lower one (set
-//!    aside: the answer unless the later stages get below it), else the lowest construction
-//!    or one within 1% of it that comes earlier in the job order. The
-//!    **layered** construction leads: a *skeleton* of items is planned first as a list of
-//!    its own by this same engine, and the portfolio's first jobs fill the others in around
-//!    them, a stretch of the clock each (see `layered`). The skeleton is the items live
+//!    aside: every other improvement chain starts from it, and it is the answer unless the
+//!    later stages get below it), else the lowest construction or one within 1% of it that
+//!    comes earlier in the job order. The **layered** construction leads: a *skeleton* of
+//!    items is planned first as a list of its own by this same engine, and the portfolio's
+//!    first jobs fill the others in around them, a stretch of the clock each (see
+//!    `layered`). The skeleton is the items live
 //!    where the bytes live come within 10% of the bound (the *hot* items: the top of a plan
 //!    is decided there), or, on dense lists and where a few items hold nearly all of the
 //!    area (bytes × lifetime), the items holding most of the area; on dense inputs only
