@@ -217,33 +217,12 @@ pub(super) const HOT_LIVE: f64 = 0.9;
 /// to spare for the fill.
 pub(super) fn hot_items(p: &Problem) -> Option<Vec<u32>> {
     let n = p.len();
-    let steps = p.ranks as usize;
-    // Bytes live at each step (a difference array, summed).
-    let mut live = vec![0i128; steps + 1];
-    for i in 0..n {
-        let (s, e) = p.hull[i];
-        live[s as usize] += p.size[i] as i128;
-        live[e as usize] -= p.size[i] as i128;
-    }
-    for r in 1..=steps {
-        live[r] += live[r - 1];
-    }
-    let bound = live.iter().copied().max().unwrap_or(0);
-    if bound <= 0 {
-        return None;
-    }
+    // An item is hot when the most bytes live during its lifetime (`Problem::peak`) reach
+    // the level; the most of those is the most live at any step.
+    let bound = p.peak.iter().copied().max().unwrap_or(0);
     let level = HOT_LIVE * bound as f64;
-    // How many hot steps come before each step: an item is hot when its steps hold one.
-    let mut hot_before = vec![0u32; steps + 1];
-    for r in 0..steps {
-        hot_before[r + 1] = hot_before[r] + u32::from(live[r] as f64 >= level);
-    }
-    let mut items: Vec<u32> = (0..n as u32)
-        .filter(|&i| {
-            let (s, e) = p.hull[i as usize];
-            hot_before[e as usize] > hot_before[s as usize]
-        })
-        .collect();
+    let mut items: Vec<u32> =
+        (0..n as u32).filter(|&i| bound > 0 && p.peak[i as usize] as f64 >= level).collect();
     if items.is_empty() || items.len() as f64 > SKELETON_MAX_SHARE * n as f64 {
         return None;
     }
@@ -274,6 +253,17 @@ pub(super) fn choose_skeleton(p: &Problem, dense: bool, plan_for: PlanFor) -> Op
     by_area.map(|items| (items, false))
 }
 
+/// The `items` of `p` (one interval each) as a buffer list of their own, on the real clock.
+fn item_buffers(p: &Problem, items: &[u32]) -> Vec<Buffer> {
+    items
+        .iter()
+        .map(|&i| {
+            let i = i as usize;
+            Buffer { start: p.start[i], end: p.start[i] + p.life[i], size: p.size[i], group: None }
+        })
+        .collect()
+}
+
 /// Plans the skeleton `items` of `p` as a list of their own (real clock, no alias groups)
 /// with `budget`, uncapped, for `plan_for` (a dominant skeleton's plan is the footprint);
 /// `tail`: see [`Skeleton::tail`].
@@ -285,13 +275,7 @@ pub(super) fn plan_skeleton(
     plan_for: PlanFor,
     tail: Vec<u32>,
 ) -> Option<Skeleton> {
-    let buffers: Vec<Buffer> = items
-        .iter()
-        .map(|&i| {
-            let i = i as usize;
-            Buffer { start: p.start[i], end: p.start[i] + p.life[i], size: p.size[i], group: None }
-        })
-        .collect();
+    let buffers = item_buffers(p, &items);
     let sub = PlaceOptions { time_budget: budget, scaled_budget_per_item: None, ..opts.clone() };
     let plan = place_for(&buffers, &sub, plan_for, Mirror::Never).ok()?;
     Some(Skeleton { items, off: plan.offsets, strategy: plan.strategy, tail, hot: false })
@@ -573,13 +557,7 @@ mod tests {
             let area = |i: u32| area(&p, i);
             assert!(items.windows(2).all(|w| area(w[0]) >= area(w[1])), "seed {seed}");
             // In the list of the hot items alone every item is hot: no skeleton of its own.
-            let alone: Vec<Buffer> = items
-                .iter()
-                .map(|&i| {
-                    let i = i as usize;
-                    Buffer { start: p.start[i], end: p.start[i] + p.life[i], size: p.size[i], group: None }
-                })
-                .collect();
+            let alone = item_buffers(&p, &items);
             assert!(hot_items(&Problem::build(&alone).unwrap()).is_none(), "seed {seed}");
         }
     }
