@@ -3,7 +3,7 @@
 //! `plan_schedule` (what PlanCapture runs) on schedules with varied layers at the daemon's
 //! default budget, and the gap queries every construction and improvement step is made of
 //! (`gap_query/…`: 10k queries on a placed 100k list, for each fit), and the online
-//! constructions (`online/…`: best fit and aligned over 100k buffers). Ratios are printed by
+//! constructions (`online/…`: best fit, aligned and the repairing sweep over 100k buffers). Ratios are printed by
 //! `cargo run --release -p graphpool-planner --example figures`.
 
 use std::time::Duration;
@@ -95,15 +95,18 @@ fn bench(c: &mut Criterion) {
     }
     group.finish();
 
-    // The online constructions (the floor every plan gets; the aligned construction that
-    // wins the busier lists of uniform sizes), whole passes over 100k buffers.
+    // The online constructions (the floor every plan gets; the aligned construction and its
+    // repairing sweep, which win the busier lists of uniform sizes), whole passes over 100k
+    // buffers.
     let mut group = c.benchmark_group("online");
     group.sample_size(10).measurement_time(Duration::from_secs(5));
     let busy = ("usize_busy_100k", workload::random_uniform_sizes_busy(100_000, 1));
     for (name, buffers) in lists.iter().chain([&busy]) {
         let online = OnlineConstructions::new(buffers).expect("valid");
+        let floor = online.best_fit();
         group.bench_function(format!("{name}_best_fit"), |b| b.iter(|| online.best_fit()));
         group.bench_function(format!("{name}_aligned"), |b| b.iter(|| online.aligned()));
+        group.bench_function(format!("{name}_repairing"), |b| b.iter(|| online.repairing(floor)));
     }
     group.finish();
 }

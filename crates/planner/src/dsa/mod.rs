@@ -12,7 +12,10 @@
 //!    and its **aligned** variant (next to the live buffer that ends closest to the placed
 //!    one), the best construction on lists of uniform sizes and the leading one on *dense*
 //!    inputs, where one greedy pass (whose cost grows with the pairs of buffers live
-//!    together) would not fit in the budget;
+//!    together) would not fit in the budget; with noise on its choices, it also runs as a
+//!    *repairing sweep* (a portfolio job) that backs up to a checkpoint wherever it would
+//!    rise above a target, so that each stretch of the clock gets the best of its own tries
+//!    (`online_aligned_repair`);
 //! 3. **skyline** constructions (bottom-up: fill the lowest valley of the skyline with an
 //!    item that starts at its left edge; three pick rules), then a **portfolio of greedy
 //!    orders** (breadth, size, lifetime, size × lifetime, start) × (best-fit, lowest offset),
@@ -51,10 +54,11 @@
 //!    **contour search** with backjumping and a bisection of the target height
 //!    (`crate::contour`), when a few skyline passes fit in its share (the portfolio, the
 //!    contour search and the restarts of step 6 do not run after a refined coarse plan);
-//! 6. a time-boxed **improvement** stage: randomised restarts for a quarter of the time left
-//!    (single-interval problems; skyline passes, and where an online aligned construction
-//!    came out below every skyline pass, half of them aligned constructions with noise on
-//!    their scores), then windows of the clock around a buffer that defines
+//! 6. a time-boxed **improvement** stage: randomised restarts (single-interval problems):
+//!    where the repairing sweep came out below every other construction, more of it with
+//!    other seeds for 60% of the time left; else for a quarter of it skyline passes, and
+//!    where an online aligned construction came out below every skyline pass, half of them
+//!    aligned constructions with noise on their scores; then windows of the clock around a buffer that defines
 //!    the footprint (a random stretch of its lifetime when that is long) are taken out with
 //!    that buffer and re-placed with perturbed orders; a window is kept when its highest
 //!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
@@ -315,7 +319,7 @@ pub struct Stage {
     /// items), `fill-probe` (the layered construction's fill timed around a dominant
     /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
     /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
-    /// (skyline or aligned restarts), `exact`, `improvement`, or `canonical+improvement`
+    /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or `canonical+improvement`
     /// (the two side by side, lists with alias groups on three cores or more), `mirrored`
     /// (the wait for the plan of the list's mirror image, run beside; its footprint is the
     /// lower of the two); the stages that ran, in order.

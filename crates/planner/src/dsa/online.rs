@@ -486,7 +486,8 @@ pub(super) fn aligned_variant(p: &Problem, j: usize, stop: impl Fn() -> bool) ->
 }
 
 /// The online constructions, for benchmarks: a list prepared once, then planned by the
-/// online best fit (the floor) or the first aligned variant of the portfolio.
+/// online best fit (the floor), the first aligned variant of the portfolio, or the
+/// repairing sweep.
 pub struct OnlineConstructions {
     p: Problem,
 }
@@ -511,6 +512,14 @@ impl OnlineConstructions {
     /// The footprint of the online aligned construction (the portfolio's first variant).
     pub fn aligned(&self) -> u64 {
         aligned_variant(&self.p, 0, || false).map_or(0, |(_, high)| high)
+    }
+
+    /// The footprint of the repairing sweep as the portfolio runs it (its first target from
+    /// the online best fit's footprint, which is not timed here: `floor`).
+    pub fn repairing(&self, floor: u64) -> u64 {
+        let target = repair_first_target(self.p.lower_bound(), floor);
+        let mut rng = crate::rng::Rng::new(1);
+        online_aligned_repair(&self.p, REPAIR_RULE, &mut rng, target, || false).map_or(0, |(_, high)| high)
     }
 }
 
