@@ -58,9 +58,9 @@
 //!    where the repairing sweep came out below every other construction, more of it with
 //!    other seeds for 60% of the time left; else for a quarter of it skyline passes, and
 //!    where an online aligned construction came out below every skyline pass, half of them
-//!    aligned constructions with noise on their scores; then windows of the clock around a buffer that defines
-//!    the footprint (a random stretch of its lifetime when that is long) are taken out with
-//!    that buffer and re-placed with perturbed orders; a window is kept when its highest
+//!    aligned constructions with noise on their scores; then windows of the clock around a
+//!    buffer that defines the footprint (a random stretch of its lifetime when that is long)
+//!    are taken out with that buffer and re-placed with perturbed orders; a window is kept when its highest
 //!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
 //!    moves), and a re-placement stops as soon as it is worse; on single-interval problems
 //!    most steps are cheaper *ejection moves* (the buffer at the top moved down, the buffers
@@ -319,8 +319,8 @@ pub struct Stage {
     /// items), `fill-probe` (the layered construction's fill timed around a dominant
     /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
     /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
-    /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or `canonical+improvement`
-    /// (the two side by side, lists with alias groups on three cores or more), `mirrored`
+    /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or
+    /// `canonical+improvement` (the two side by side, lists with alias groups on three cores or more), `mirrored`
     /// (the wait for the plan of the list's mirror image, run beside; its footprint is the
     /// lower of the two); the stages that ran, in order.
     pub name: String,

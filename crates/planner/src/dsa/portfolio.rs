@@ -52,7 +52,7 @@ struct Built {
 fn repair_from_aligned(aligned_ns: u64) -> u64 {
     aligned_ns * 3 / 2
 }
-/// Seeds the repairing sweep's noise (with the list's length).
+/// Seeds the repairing sweep's noise in the portfolio.
 const REPAIR_SEED: u64 = 0x7265_7061_6972;
 
 /// How much higher than the lowest construction of the portfolio one earlier in the job
@@ -216,8 +216,9 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     let next = AtomicUsize::new(0);
     // The slowest finished job of each kind estimates the next one of that kind; until
     // one has finished, the cost model does: a greedy pass from the pairs of items live
-    // together, ~1 µs per item for a skyline pass, ~1.2 µs per item for an aligned one, and
-    // for a stretch of the layered fill what `PortfolioPlan::fill_pass` expects per worker.
+    // together, ~1 µs per item for a skyline pass, ~1.2 µs per item for an aligned one, for
+    // a stretch of the layered fill what `PortfolioPlan::fill_pass` expects per worker, and
+    // for the repairing sweep half as much again as an aligned construction.
     let greedy_ns = greedy_pass.as_nanos() as u64;
     let part_ns = plan.fill_pass.as_nanos() as u64;
     let modelled_ns =
@@ -225,9 +226,10 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     let estimate_ns = [(); 5].map(|_| AtomicU64::new(0));
     let repair_target = repair_first_target(lb, best.high);
     let measured = |kind: usize| estimate_ns[kind].load(AtomicOrdering::Relaxed);
-    // The repairing sweep, until one has run: twice an aligned construction.
-    let measured_or_modelled = |kind: usize| match (measured(kind), measured(2)) {
-        (0, aligned) if kind == 4 && aligned > 0 => repair_from_aligned(aligned),
+    // The repairing sweep, until one has run, from an aligned construction that has.
+    let (repair_kind, aligned_kind) = (Job::Repair.kind(), Job::Aligned(0).kind());
+    let measured_or_modelled = |kind: usize| match (measured(kind), measured(aligned_kind)) {
+        (0, aligned) if kind == repair_kind && aligned > 0 => repair_from_aligned(aligned),
         (0, _) => modelled_ns[kind],
         (e, _) => e,
     };
