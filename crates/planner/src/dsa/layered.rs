@@ -571,6 +571,7 @@ mod tests {
         let by_area = skeleton_items(&similar).map(|a| (a, false));
         assert_eq!(choose_skeleton(&similar, true, footprint), by_area);
         assert_eq!(choose_skeleton(&similar, false, PlanFor::Fill), by_area, "a skeleton's own plan");
+        assert_eq!(choose_skeleton(&similar, false, PlanFor::HotFill), by_area, "a hot skeleton's own plan");
         // Two populations: the large long-lived buffers hold 99% of the area.
         let bimodal = Problem::build(&crate::workload::random_bimodal(20_000, 4)).unwrap();
         let by_area = skeleton_items(&bimodal).expect("a skeleton");

@@ -90,6 +90,9 @@ pub(super) struct PortfolioPlan<'a> {
     /// (beside the skeleton's plan): that job is not run again, and its footprint counts
     /// among the aligned constructions' in [`Portfolio::aligned_led`].
     pub(super) aligned_built: Option<u64>,
+    /// Whether the repairing sweep runs (not in the plan of a hot skeleton, nor around one:
+    /// see [`run`]).
+    pub(super) repair: bool,
 }
 
 /// What the portfolio did.
@@ -211,7 +214,13 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
     // repairing sweep only took time from the stages after (100k lists, seeds 1–10: four of
     // 30 plans higher by 0.001–0.011, none lower).
     let hot_skeleton = skeleton.is_some_and(|sk| sk.hot);
-    let order = job_order(dense, with_skyline, fill_parts, plan.aligned_built.is_some(), !hot_skeleton);
+    let order = job_order(
+        dense,
+        with_skyline,
+        fill_parts,
+        plan.aligned_built.is_some(),
+        plan.repair && !hot_skeleton,
+    );
     let jobs = order.len();
     let next = AtomicUsize::new(0);
     // The slowest finished job of each kind estimates the next one of that kind; until
@@ -539,6 +548,7 @@ mod tests {
                 skeleton: Some(&sk),
                 fill_pass: greedy_pass / 2,
                 aligned_built: None,
+                repair: true,
             };
             let mut best = Incumbent::new(floor_high, floor_off.clone(), "online-best-fit");
             run(&p, &plan, &mut best);
