@@ -515,6 +515,12 @@ impl Incumbent {
         Incumbent { off, high, strategy: name.into(), aside: None }
     }
 
+    /// The footprint of the answer so far: the placement held, or the one set aside where
+    /// that is lower (what [`Incumbent::settled`] keeps; the stages report this).
+    fn footprint(&self) -> u64 {
+        self.aside.as_ref().map_or(self.high, |aside| aside.high.min(self.high))
+    }
+
     /// Takes a placement when it is lower.
     fn offer(&mut self, high: u64, off: Vec<u64>, name: impl Into<String>) {
         if high < self.high {
@@ -752,7 +758,7 @@ fn place_for(
             let coarse_share = if canonical { 0.35 } else { COARSE_FIRST_SHARE };
             let left = deadline.saturating_duration_since(Instant::now());
             solve_coarse(&c, left.mul_f64(coarse_share), opts, &mut best);
-            clock.end("coarse", Some(best.high));
+            clock.end("coarse", Some(best.footprint()));
             // Lists too large for the canonical search: the coarse plan refined (blocks at
             // its top split into their items) beside the improvement stage on the items
             // until the deadline, or on one core for `REFINE_SHARE` of what is left before
@@ -763,12 +769,12 @@ fn place_for(
                 if threads >= 2 && now < improve_from {
                     improvement_steps =
                         refine_beside(&p, &c, lb, pairs, deadline, opts.seed, threads, &mut best);
-                    clock.end("refine+improvement", Some(best.high));
+                    clock.end("refine+improvement", Some(best.footprint()));
                 } else {
                     let until = now + deadline.saturating_duration_since(now).mul_f64(REFINE_SHARE);
                     improvement_steps =
                         refine_coarse(&p, &c, lb, Until::at(until), opts.seed, threads, &mut best);
-                    clock.end("refine", Some(best.high));
+                    clock.end("refine", Some(best.footprint()));
                 }
                 refined = true;
             }
@@ -835,7 +841,7 @@ fn place_for(
                 best.offer(high, off, "layered(floor)");
             }
             fill_pass = t.elapsed();
-            clock.end("fill-probe", Some(best.high));
+            clock.end("fill-probe", Some(best.footprint()));
             let spent = began.elapsed() + fill_pass * DOMINANT_FILL_MARGIN;
             share = Some(dominant_share(budget.saturating_sub(spent).as_secs_f64() / budget.as_secs_f64()));
         }
@@ -890,7 +896,7 @@ fn place_for(
             repair: plan_for != PlanFor::HotFill,
         };
         built = portfolio::run(&p, &plan, &mut best);
-        clock.end("constructions", Some(best.high));
+        clock.end("constructions", Some(best.footprint()));
     }
     let greedy_high = best.high;
     // Coarsening, late (a coarse instance more than half the size): when a few greedy
@@ -901,7 +907,7 @@ fn place_for(
         let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
         if best.high > lb && pass * 4 <= share {
             solve_coarse(&c, share, opts, &mut best);
-            clock.end("coarse", Some(best.high));
+            clock.end("coarse", Some(best.footprint()));
         }
     }
     // Complete canonical search (at most CANONICAL_MAX_ITEMS items): at the bound first —
@@ -920,7 +926,7 @@ fn place_for(
         let now = Instant::now();
         let until = now + deadline.saturating_duration_since(now).mul_f64(share);
         lb = canonical_stage(&p, lb, Until::at(until), &mut best);
-        clock.end("canonical", Some(best.high));
+        clock.end("canonical", Some(best.footprint()));
     }
     // Fixed-height contour search (single-interval problems) for 40% of what is left,
     // when a few skyline passes fit in it.
@@ -929,7 +935,7 @@ fn place_for(
     if best.high > lb && single && !refined && built.sky_estimate * 6 <= until.saturating_duration_since(now)
     {
         contour_stage(&p, lb, until, opts.seed, threads, &mut best);
-        clock.end("contour", Some(best.high));
+        clock.end("contour", Some(best.footprint()));
     }
     // Randomised restarts (single-interval problems): where the repairing sweep came out
     // below every other construction, more of it (other seeds) for `REPAIR_RESTARTS_SHARE`
@@ -949,7 +955,7 @@ fn place_for(
         let family =
             if repeat_repair { Restarts::Repair } else { Restarts::family(built.aligned_led, plan_for) };
         restarts(&p, lb, until, opts.seed, threads, family, &mut best);
-        clock.end("restarts", Some(best.high));
+        clock.end("restarts", Some(best.footprint()));
     }
     if best.high > lb
         && n <= EXACT_MAX_ITEMS
@@ -957,7 +963,7 @@ fn place_for(
     {
         let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
         best.offer(high, off, "exact");
-        clock.end("exact", Some(best.high));
+        clock.end("exact", Some(best.footprint()));
     }
     if best.high > lb && canonical_beside {
         let chains = Instant::now() < improve_from;
@@ -965,7 +971,7 @@ fn place_for(
             canonical_beside_chains(&p, lb, pairs, deadline, opts.seed, threads, chains, &mut best);
         improvement_steps += steps;
         lb = proved;
-        clock.end("canonical+improvement", Some(best.high));
+        clock.end("canonical+improvement", Some(best.footprint()));
     } else if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && Instant::now() < improve_from {
         // Shared by the chains: the first at the bound stops the others.
         let settled = AtomicBool::new(false);
@@ -978,7 +984,7 @@ fn place_for(
             threads,
             &mut best,
         );
-        clock.end("improvement", Some(best.high));
+        clock.end("improvement", Some(best.footprint()));
     }
     let mut placement = finish(best, lb, greedy_high, built, improvement_steps, clock);
     if let Some(twin) = twin {
@@ -1431,8 +1437,9 @@ mod density_tests {
     }
 
     /// The stages reported are the ones that ran, in order: the preparation and the floor
-    /// first, footprints that never rise, the last at the placement's footprint, and times
-    /// that add up to no more than the whole.
+    /// first, footprints that never rise, the last at the placement's footprint (also where
+    /// the stages went on from a hot start above a placement set aside, and none got below
+    /// it), and times that add up to no more than the whole.
     #[test]
     fn stages_tell_what_ran() {
         use crate::workload;
@@ -1570,12 +1577,14 @@ mod density_tests {
         // Another higher start keeps the lowest aside, not the placement it replaces.
         best.start_from(125, vec![4], "again");
         assert_eq!(best.aside.as_ref().map(|a| (a.high, a.off.clone())), Some((100, vec![1])));
+        assert_eq!(best.footprint(), 100, "the answer so far is the placement set aside");
         let settled = best.settled();
         assert_eq!((settled.high, settled.off, settled.strategy.as_str()), (100, vec![1], "floor"));
         // Once below it, the start is the answer, and a lower start sets nothing aside.
         let mut best = Incumbent::new(100, vec![1], "floor");
         best.start_from(130, vec![2], "hot");
         best.offer(90, vec![5], "improved");
+        assert_eq!(best.footprint(), 90);
         assert_eq!(best.settled().high, 90);
         let mut best = Incumbent::new(100, vec![1], "floor");
         best.start_from(80, vec![6], "hot");
