@@ -5,15 +5,19 @@ use super::*;
 use std::collections::VecDeque;
 
 /// The clock events of an online sweep over the items' hulls: (rank, start?, item), ends
-/// before starts at the same rank.
-pub(super) fn clock_events(p: &Problem) -> Vec<(u32, bool, u32)> {
-    let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * p.len());
-    for i in 0..p.len() {
-        events.push((p.hull[i].0, true, i as u32));
-        events.push((p.hull[i].1, false, i as u32));
-    }
-    events.sort_unstable();
-    events
+/// before starts at the same rank. Sorted once per problem (`Problem::events`) and shared by
+/// every online sweep of it — the floor, the aligned constructions, the repairing sweeps and
+/// their restarts (7 ms each at 100k items).
+pub(super) fn clock_events(p: &Problem) -> &[(u32, bool, u32)] {
+    p.events.get_or_init(|| {
+        let mut events: Vec<(u32, bool, u32)> = Vec::with_capacity(2 * p.len());
+        for i in 0..p.len() {
+            events.push((p.hull[i].0, true, i as u32));
+            events.push((p.hull[i].1, false, i as u32));
+        }
+        events.sort_unstable();
+        events
+    })
 }
 
 /// A sorted set of pairs: a sorted vector while it is small (an online sweep usually has
@@ -236,7 +240,7 @@ impl FreeSpace {
 pub(super) fn online_best_fit(p: &Problem) -> (Vec<u64>, u64) {
     let mut off = vec![0u64; p.len()];
     let mut free = FreeSpace::default();
-    for (_, is_start, i) in clock_events(p) {
+    for &(_, is_start, i) in clock_events(p) {
         let i = i as usize;
         let size = p.size[i];
         if !is_start {
@@ -345,7 +349,7 @@ pub(super) fn online_aligned(
     let mut off = vec![0u64; p.len()];
     let mut sweep = AlignedSweep::default();
     let mut cands: Vec<(u64, u64)> = Vec::with_capacity(k);
-    for (step, (_, is_start, i)) in clock_events(p).into_iter().enumerate() {
+    for (step, &(_, is_start, i)) in clock_events(p).iter().enumerate() {
         if step % 4096 == 4095 && stop() {
             return None;
         }

@@ -25,6 +25,8 @@ pub(super) struct Problem {
     /// Most bytes live at any time counting every buffer at its own size (members of one
     /// group that are live together count once, as the largest of them).
     pub(super) live_bound: u64,
+    /// The online sweeps' clock events, sorted on first use (see `online::clock_events`).
+    pub(super) events: std::sync::OnceLock<Vec<(u32, bool, u32)>>,
 }
 
 impl Problem {
@@ -104,6 +106,7 @@ impl Problem {
             ranks,
             wmin: vec![u64::MAX; n],
             live_bound: 0,
+            events: std::sync::OnceLock::new(),
         };
         p.ivp.push(0);
         // The bound counts every buffer at its own size: per item, the largest member live
