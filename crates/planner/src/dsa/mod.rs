@@ -60,13 +60,13 @@
 //!    where an online aligned construction came out below every skyline pass, half of them
 //!    aligned constructions with noise on their scores; then windows of the clock around a
 //!    buffer that defines the footprint (a random stretch of its lifetime when that is long)
-//!    are taken out with that buffer and re-placed with perturbed orders; a window is kept when its highest
-//!    byte (then the number of items reaching it) does not rise (hill climbing with sideways
-//!    moves), and a re-placement stops as soon as it is worse; on single-interval problems
-//!    most steps are cheaper *ejection moves* (the buffer at the top moved down, the buffers
-//!    in its way re-placed — or moved down in turn, a short chain — kept under the same
-//!    test); the chains (and a canonical
-//!    search beside them) stop as soon as one of them settles the answer;
+//!    are taken out with that buffer and re-placed with perturbed orders; a window is kept
+//!    when its highest byte (then the number of items reaching it) does not rise (hill
+//!    climbing with sideways moves), and a re-placement stops as soon as it is worse; on
+//!    single-interval problems most steps are cheaper *ejection moves* (the buffer at the
+//!    top moved down, the buffers in its way re-placed — or moved down in turn, a short
+//!    chain — kept under the same test); the chains (and a canonical search beside them)
+//!    stop as soon as one of them settles the answer;
 //! 7. an **exact** branch-and-bound search over canonical placements when there are at most
 //!    [`EXACT_MAX_ITEMS`] items.
 //!
@@ -320,8 +320,8 @@ pub struct Stage {
     /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
     /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
     /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or
-    /// `canonical+improvement` (the two side by side, lists with alias groups on three cores or more), `mirrored`
-    /// (the wait for the plan of the list's mirror image, run beside; its footprint is the
+    /// `canonical+improvement` (the two side by side, lists with alias groups on three cores
+    /// or more), `mirrored` (the wait for the plan of the list's mirror image, run beside; its footprint is the
     /// lower of the two); the stages that ran, in order.
     pub name: String,
     /// Wall-clock time it took.
@@ -1098,47 +1098,47 @@ fn restarts(
     best: &mut Incumbent,
 ) {
     let start_high = best.high;
+    let repair_target = repair_first_target(lb, start_high);
     let workers = workers_for(threads.clamp(1, 8), until.saturating_duration_since(Instant::now()));
     let results: Vec<Option<(Vec<u64>, u64, String)>> = run_workers(workers, |k| {
         let mut rng = Rng::new(seed ^ 0x736b_796c ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut found: Option<(Vec<u64>, u64, String)> = None;
         let mut high_k = start_high;
-        let mut restarts = [0u32; 2];
+        // Restarts so far of each kind: skyline passes, aligned constructions, repairing sweeps.
+        let mut runs = [0u32; 3];
         while Instant::now() < until && high_k > lb {
-            if family == Restarts::Repair {
-                restarts[1] += 1;
-                let target = repair_first_target(lb, start_high);
-                if let Some((off, high)) =
-                    online_aligned_repair(p, REPAIR_RULE, &mut rng, target, || Instant::now() > until)
-                    && high < high_k
-                {
-                    high_k = high;
-                    found = Some((off, high, format!("{REPAIR_NAME}({})", restarts[1])));
+            let total: u32 = runs.iter().sum();
+            // Aligned on every other core (every other restart on one core).
+            let aligned_turn = if workers > 1 { k } else { total as usize }.is_multiple_of(2);
+            let kind = match family {
+                Restarts::Repair => 2,
+                Restarts::Aligned if aligned_turn => 1,
+                _ => 0,
+            };
+            runs[kind] += 1;
+            let stop = || Instant::now() > until;
+            let placed = match kind {
+                2 => online_aligned_repair(p, REPAIR_RULE, &mut rng, repair_target, stop),
+                1 => {
+                    // The weight of the end distance log-uniform in 2..=128: on long-lived
+                    // buffers the heavier weights give lower runs.
+                    let (candidates, _, _) = ALIGNED_VARIANTS[0];
+                    let weight = (1.0 + 6.0 * rng.unit()).exp2();
+                    let q = [0.05, 0.1, 0.2, 0.4][rng.below(4) as usize];
+                    online_aligned(p, candidates, weight, Some((q, &mut rng)), stop)
                 }
-                continue;
-            }
-            let total = restarts[0] + restarts[1];
-            let aligned =
-                family == Restarts::Aligned && if workers > 1 { k % 2 == 0 } else { total % 2 == 0 };
-            restarts[aligned as usize] += 1;
-            let placed = if aligned {
-                // The weight of the end distance log-uniform in 2..=128: on long-lived
-                // buffers the heavier weights give lower runs.
-                let (candidates, _, _) = ALIGNED_VARIANTS[0];
-                let weight = (1.0 + 6.0 * rng.unit()).exp2();
-                let q = [0.05, 0.1, 0.2, 0.4][rng.below(4) as usize];
-                online_aligned(p, candidates, weight, Some((q, &mut rng)), || Instant::now() > until)
-            } else {
-                let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
-                let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
-                skyline(p, rule, Some((q, &mut rng)), until)
+                _ => {
+                    let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
+                    let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
+                    skyline(p, rule, Some((q, &mut rng)), until)
+                }
             };
             if let Some((off, high)) = placed
                 && high < high_k
             {
                 high_k = high;
-                let name = if aligned { "aligned-restarts" } else { "skyline-restarts" };
-                found = Some((off, high, format!("{name}({})", restarts[aligned as usize])));
+                let name = ["skyline-restarts", "aligned-restarts", REPAIR_NAME][kind];
+                found = Some((off, high, format!("{name}({})", runs[kind])));
             }
         }
         found
