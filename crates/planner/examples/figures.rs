@@ -21,7 +21,9 @@
 //! long-lived buffers among many short-lived ones of the same sizes
 //! (`workload::random_long_short`); `usize-busy` rows lists of uniform sizes with about 500
 //! buffers live at once (`workload::random_uniform_sizes_busy`); `similar` rows lists whose
-//! sizes lie within a factor of three (`workload::random_similar_sizes`).
+//! sizes lie within a factor of three (`workload::random_similar_sizes`); `grouped` rows
+//! random lists with half the buffers in alias groups whose members recur at a period
+//! (`workload::random_grouped`).
 
 use std::time::Duration;
 
@@ -125,6 +127,7 @@ fn main() {
     generated(&mut cases, "bimodal", &sizes[1..], &seeds, "", workload::random_bimodal);
     generated(&mut cases, "longshort", &sizes[1..], &seeds, "", workload::random_long_short);
     generated(&mut cases, "training", &sizes, &seeds, "", workload::training_trace);
+    generated(&mut cases, "grouped", &sizes[1..], &seeds, "", workload::random_grouped);
     generated(&mut cases, "packed", &[100, 1_000, 10_000], &seeds, "", workload::packed);
     generated(&mut cases, "packed", &sizes, &seeds, " budget=1s", workload::packed);
     // Tilings of other shapes: short pieces (one step per piece: many cuts meet), cuts at

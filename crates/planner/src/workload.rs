@@ -96,6 +96,36 @@ pub fn random_long_short(n: usize, seed: u64) -> Vec<Buffer> {
     })
 }
 
+/// `n` random buffers, half of them in alias groups as a buffer list's `alias_group` column
+/// gives them: a group's 2–8 members have one size and recur every `period` steps (uniform
+/// in `50..=400`), each live for `1..period` steps, as a buffer replayed by the microbatches
+/// of one slot; the others single, with lifetimes uniform in `1..=300`. Starts uniform over
+/// `[0, n)`, sizes uniform in 1 KiB..=1 MiB rounded up to 512 bytes; groups are numbered
+/// from 0 in the order drawn.
+pub fn random_grouped(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed ^ 0x6772_6f75_7073);
+    let mut out = Vec::with_capacity(n);
+    let mut groups = 0u32;
+    while out.len() < n {
+        let start = rng.below(n as u64);
+        let size = rng.range(1 << 10, 1 << 20).div_ceil(512) * 512;
+        // One draw in six is a group (of five members on average): half the buffers.
+        if rng.below(6) != 0 {
+            out.push(Buffer { start, end: start + rng.range(1, 300), size, group: None });
+            continue;
+        }
+        let period = rng.range(50, 400);
+        let life = rng.range(1, period - 1);
+        let members = (rng.range(2, 8) as usize).min(n - out.len());
+        for m in 0..members as u64 {
+            let s = start + m * period;
+            out.push(Buffer { start: s, end: s + life, size, group: Some(groups) });
+        }
+        groups += 1;
+    }
+    out
+}
+
 /// About `n` buffers as an allocator sees one pipeline rank's training step in eager mode:
 /// microbatches in 1F1B order (as many forwards as are kept in flight, then one forward and
 /// one backward in turn, then the remaining backwards) through every layer, one clock step
@@ -349,6 +379,33 @@ mod tests {
         assert!(b.iter().any(|x| x.size % 512 != 0));
         assert_eq!(random_similar_sizes(20_000, 3), b);
         assert_ne!(random_similar_sizes(20_000, 4), b);
+    }
+
+    /// Grouped lists: about half the buffers in groups, each group's members of one size,
+    /// recurring at one period without overlapping, and a seed gives one list.
+    #[test]
+    fn grouped_members_recur_at_one_period() {
+        let b = random_grouped(20_000, 2);
+        assert_eq!(b.len(), 20_000);
+        let grouped = b.iter().filter(|x| x.group.is_some()).count();
+        assert!((8_000..=12_000).contains(&grouped), "{grouped} of 20000 in groups");
+        let mut members: std::collections::BTreeMap<u32, Vec<&Buffer>> = Default::default();
+        for x in &b {
+            assert!(x.start < x.end && x.size % 512 == 0 && (1 << 10..=1 << 20).contains(&x.size));
+            if let Some(g) = x.group {
+                members.entry(g).or_default().push(x);
+            }
+        }
+        for (g, m) in &members {
+            assert!(m.len() <= 8, "group {g}: {} members", m.len());
+            for w in m.windows(2) {
+                assert_eq!(w[0].size, w[1].size, "group {g}");
+                assert!(w[0].end < w[1].start, "group {g}: members overlap");
+                assert_eq!(w[1].start - w[0].start, m[1].start - m[0].start, "group {g}: one period");
+            }
+        }
+        assert_eq!(random_grouped(20_000, 2), b);
+        assert_ne!(random_grouped(20_000, 3), b);
     }
 
     #[test]

@@ -126,22 +126,21 @@ impl Default for Portfolio {
     }
 }
 
-/// How much faster than modelled a first greedy pass over alias groups runs (see
-/// [`expected`]).
-const FIRST_PASS_MODEL_ERROR: u32 = 6;
+/// How much faster than modelled a greedy pass over alias groups runs (see [`expected`]).
+const GROUP_PASS_MODEL_ERROR: u32 = 6;
 
 /// What the portfolio expects a job the cost model puts at `est` to take. The model errs
 /// high on lists with alias groups (an explicit order of 6.7k items modelled at 287 ms took
 /// ~70 ms on the development machine, ~200 ms on a slower 16-core host; 40 schedules of
 /// 2.5k–313k buffers took 1/5.5 to 1/13 of their estimate), where nothing replaces the
 /// greedy passes (the floor and the improvement stage stayed 7% above the bound there, 39%
-/// on a 313k-buffer interleaved schedule): their first pass (`first_over_groups`) is
-/// expected at [`FIRST_PASS_MODEL_ERROR`] times the modelled speed, both for starting it
-/// and for letting it finish past the deadline — and a pass let finish is stopped once it
-/// has run longer than the guarantee allows the model's own estimate (a safety net where the
-/// model erred low).
-fn expected(est: Duration, first_over_groups: bool) -> Duration {
-    if first_over_groups { est / FIRST_PASS_MODEL_ERROR } else { est }
+/// on a 313k-buffer interleaved schedule): passes over groups (`over_groups`) are expected at
+/// [`GROUP_PASS_MODEL_ERROR`] times the modelled speed until one has been measured, the
+/// first both for starting it and for letting it finish past the deadline — and a first
+/// pass let finish is stopped once it has run longer than the guarantee allows the model's
+/// own estimate (a safety net where the model erred low).
+fn expected(est: Duration, over_groups: bool) -> Duration {
+    if over_groups { est / GROUP_PASS_MODEL_ERROR } else { est }
 }
 
 /// Sets its flag when dropped (at the end of a loop iteration, however it ends).
@@ -153,11 +152,23 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
+/// The greedy orders after the first (breadth / best fit, which places most schedules at
+/// their bound) on lists that no skyline pass takes (alias groups), as indices into
+/// [`Strategy::PORTFOLIO`]: size and area with the lowest offset lead there, then the
+/// orders that schedules' windows mix to reach their bound (breadth / lowest offset, start /
+/// best fit). Lists of 10k buffers in alias groups (members recurring at a period, scattered
+/// at random, or one after another with gaps), each order alone: size / lowest ranks first
+/// on average, 1.4% above the lowest, area / lowest second, breadth / best fit last, 15%
+/// above (docs/planner.md, "Lists with alias groups").
+const GROUPS_AFTER_FIRST: [usize; 9] = [4, 2, 6, 1, 8, 3, 5, 7, 9];
+
 /// The portfolio's jobs, most useful first: the layered fill's `fill_parts` stretches, then
 /// greedy orders, skyline rules and the online aligned constructions interleaved; dense
 /// inputs lead with the aligned constructions (less the first where it was `aligned_built`
 /// beside the skeleton) and a skyline pass (the greedy passes there cost most of the
-/// budget). With `repair`, the repairing sweep right after the first aligned construction.
+/// budget); lists no skyline pass takes (alias groups) run the greedy orders only, after the
+/// first in the order of [`GROUPS_AFTER_FIRST`]. With `repair`, the repairing sweep right
+/// after the first aligned construction.
 fn job_order(
     dense: bool,
     with_skyline: bool,
@@ -185,11 +196,13 @@ fn job_order(
     } else {
         order.push(Job::Greedy(0));
     }
-    order.push(Job::Greedy(1));
     if with_skyline {
+        order.push(Job::Greedy(1));
         order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
+        order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
+    } else {
+        order.extend(GROUPS_AFTER_FIRST.map(Job::Greedy));
     }
-    order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
     if repair && let Some(k) = order.iter().position(|j| matches!(j, Job::Aligned(_))) {
         order.insert(k + 1, Job::Repair);
     }
@@ -283,8 +296,17 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
             }
             let _first = (k == 0).then(|| SetOnDrop(&first_ended));
             let kind = order[k].kind();
-            let first_over_groups = k == 0 && p.ivs.len() > n;
-            let est = expected(Duration::from_nanos(measured_or_modelled(kind)), first_over_groups);
+            let over_groups = matches!(order[k], Job::Greedy(_)) && p.ivs.len() > n;
+            let first_over_groups = k == 0 && over_groups;
+            // Until a pass over alias groups has run, every one is expected as the first is:
+            // the other workers start theirs beside it (on the model's estimate they waited
+            // for it, and on 10k buffers in groups no second pass then fitted in the
+            // portfolio's share: one construction, the first order, which is the weakest
+            // there).
+            let est = expected(
+                Duration::from_nanos(measured_or_modelled(kind)),
+                over_groups && measured(kind) == 0,
+            );
             // Jobs stop at the deadline; the first one only once another construction
             // than the online floor exists (every plan gets one, and on a machine slower
             // than the cost model a long first pass does not overrun for nothing) — when it
@@ -317,10 +339,13 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
             let t = Instant::now();
             // A first pass over alias groups, expected faster than modelled, is stopped past the
             // deadline once it has run longer than the guarantee allows the model's own estimate.
-            let overrun = || first_over_groups && t.elapsed() > allowed * FIRST_PASS_MODEL_ERROR;
+            let overrun = || first_over_groups && t.elapsed() > allowed * GROUP_PASS_MODEL_ERROR;
+            // Once a construction is at the bound, the others stop too (the portfolio waits
+            // for every job it started).
             let stop = || {
-                Instant::now() > deadline
-                    && (!guaranteed || built_any.load(AtomicOrdering::Relaxed) || overrun())
+                at_bound.load(AtomicOrdering::Relaxed)
+                    || (Instant::now() > deadline
+                        && (!guaranteed || built_any.load(AtomicOrdering::Relaxed) || overrun()))
             };
             let done = match order[k] {
                 Job::Skyline(j) => {
@@ -474,6 +499,20 @@ mod tests {
         assert!(matches!(dense[2], Job::Aligned(1)));
         let groups = job_order(false, false, 0, false, true);
         assert!(aligned(&groups).is_empty(), "alias groups: greedy orders only");
+        // On alias groups: breadth / best fit first (schedules), size / lowest offset next,
+        // and every greedy order once.
+        let greedy: Vec<Strategy> = groups
+            .iter()
+            .map(|j| match j {
+                Job::Greedy(k) => Strategy::PORTFOLIO[*k],
+                other => panic!("{other:?} on alias groups"),
+            })
+            .collect();
+        assert_eq!(greedy[0], Strategy { order: Order::Breadth, fit: Fit::BestFit });
+        assert_eq!(greedy[1], Strategy { order: Order::Size, fit: Fit::LowestOffset });
+        let mut all = greedy.clone();
+        all.sort_by_key(|s| Strategy::PORTFOLIO.iter().position(|x| x == s));
+        assert_eq!(all, Strategy::PORTFOLIO.to_vec());
         // The repairing sweep right after the first aligned construction, once, when asked.
         for o in [&after_fill, &plain, &dense, &groups] {
             assert!(!o.iter().any(|j| matches!(j, Job::Repair)));
