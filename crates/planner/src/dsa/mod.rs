@@ -54,7 +54,8 @@
 //!    **contour search** with backjumping and a bisection of the target height
 //!    (`crate::contour`), when a few skyline passes fit in its share (the portfolio, the
 //!    contour search and the restarts of step 6 do not run after a refined coarse plan);
-//! 6. a time-boxed **improvement** stage: randomised restarts (single-interval problems):
+//! 6. a time-boxed **improvement** stage: randomised restarts (`restarts`; single-interval
+//!    problems):
 //!    where the repairing sweep came out below every other construction, more of it with
 //!    other seeds for 60% of the time left; else for a quarter of it skyline passes, and
 //!    where an online aligned construction came out below every skyline pass, half of them
@@ -418,38 +419,6 @@ pub enum PlaceError {
     Overflow,
 }
 
-/// A placement that breaks a rule (see [`verify`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VerifyError {
-    /// Wrong number of offsets.
-    #[error("{got} offsets for {expected} buffers")]
-    Count {
-        /// Buffers.
-        expected: usize,
-        /// Offsets.
-        got: usize,
-    },
-    /// Two buffers live at the same time share bytes.
-    #[error("buffers {a} and {b} are live at the same time and overlap in memory")]
-    Overlap {
-        /// One buffer.
-        a: usize,
-        /// The other.
-        b: usize,
-    },
-    /// Two buffers of one alias group were given different offsets.
-    #[error("buffers {a} and {b} are in the same alias group but at different offsets")]
-    Alias {
-        /// One buffer.
-        a: usize,
-        /// The other.
-        b: usize,
-    },
-    /// A buffer's offset plus its size is past the last byte of a 64-bit address space.
-    #[error("buffer {0} ends past 2^64 bytes (offset + size)")]
-    PastAddressSpace(usize),
-}
-
 mod coarsen;
 mod contiguity;
 mod decompose;
@@ -463,7 +432,9 @@ mod marks;
 mod online;
 mod portfolio;
 mod problem;
+mod restarts;
 mod skyline;
+mod verify;
 
 use coarsen::*;
 use decompose::*;
@@ -479,7 +450,9 @@ pub use online::OnlineConstructions;
 use online::*;
 use portfolio::{Portfolio, PortfolioPlan};
 use problem::*;
+use restarts::*;
 use skyline::*;
+pub use verify::{VerifyError, verify};
 
 /// No placement of `buffers` fits in fewer bytes: the largest of [`live_bound`], the alias
 /// bound (a clique of pairwise conflicting alias groups) and the contiguity bound (groups
@@ -1051,222 +1024,6 @@ fn contour_stage(p: &Problem, lb: u64, until: Instant, seed: u64, threads: usize
     if let Some((off, high)) = found {
         best.offer(high, off, format!("contour({attempts})"));
     }
-}
-
-/// The constructions [`restarts`] draws from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Restarts {
-    /// Skyline passes, each with a random rule and noise on its choices.
-    Skyline,
-    /// Half the restarts (every other core, or every other restart on one core) online
-    /// aligned constructions, each with the end distance weighted log-uniformly in 2..=128
-    /// and noise on its scores; the others skyline passes. On lists where the aligned
-    /// constructions lead, one run's footprint moves by ±1% with the order of items that
-    /// start together, so the best of many runs is well below a single one: on a population
-    /// of 2046 buffers of 64–256 MiB, runs with noise came out at 1.046–1.083 of the bound
-    /// (30 per variant and noise level), the plain runs at 1.051–1.060; with weight 32–256
-    /// the medians of 40 runs were 1.055–1.058 against 1.062 at weight 4. The skyline keeps
-    /// its share: on some lists the aligned construction leads and a skyline restart
-    /// reaches the bound.
-    Aligned,
-    /// The repairing sweep ([`online_aligned_repair`]) with other draws of its noise, on
-    /// every core: it led the portfolio.
-    Repair,
-}
-
-impl Restarts {
-    /// The family for a plan `plan_for` whose portfolio had an aligned construction below
-    /// every skyline pass (`aligned_led`) or not.
-    fn family(aligned_led: bool, plan_for: PlanFor) -> Restarts {
-        if aligned_led && plan_for == PlanFor::Footprint { Restarts::Aligned } else { Restarts::Skyline }
-    }
-}
-
-/// Share of what is left after the portfolio that repairing sweeps get where one led it (on
-/// lists of similar sizes, ~300 live, the improvement stage lowered such a plan by ~0.001).
-const REPAIR_RESTARTS_SHARE: f64 = 0.6;
-
-/// Randomised restarts (single-interval problems) until `until`, drawing from `family`: one
-/// restart loop per core (different seeds), each keeping its best.
-fn restarts(
-    p: &Problem,
-    lb: u64,
-    until: Instant,
-    seed: u64,
-    threads: usize,
-    family: Restarts,
-    best: &mut Incumbent,
-) {
-    let start_high = best.high;
-    let repair_target = repair_first_target(lb, start_high);
-    let workers = workers_for(threads.clamp(1, 8), until.saturating_duration_since(Instant::now()));
-    let results: Vec<Option<(Vec<u64>, u64, String)>> = run_workers(workers, |k| {
-        let mut rng = Rng::new(seed ^ 0x736b_796c ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let mut found: Option<(Vec<u64>, u64, String)> = None;
-        let mut high_k = start_high;
-        // Restarts so far of each kind: skyline passes, aligned constructions, repairing sweeps.
-        let mut runs = [0u32; 3];
-        while Instant::now() < until && high_k > lb {
-            let total: u32 = runs.iter().sum();
-            // Aligned on every other core (every other restart on one core).
-            let aligned_turn = if workers > 1 { k } else { total as usize }.is_multiple_of(2);
-            let kind = match family {
-                Restarts::Repair => 2,
-                Restarts::Aligned if aligned_turn => 1,
-                _ => 0,
-            };
-            runs[kind] += 1;
-            let stop = || Instant::now() > until;
-            let placed = match kind {
-                2 => online_aligned_repair(p, REPAIR_RULE, &mut rng, repair_target, stop),
-                1 => {
-                    // The weight of the end distance log-uniform in 2..=128: on long-lived
-                    // buffers the heavier weights give lower runs.
-                    let (candidates, _, _) = ALIGNED_VARIANTS[0];
-                    let weight = (1.0 + 6.0 * rng.unit()).exp2();
-                    let q = [0.05, 0.1, 0.2, 0.4][rng.below(4) as usize];
-                    online_aligned(p, candidates, weight, Some((q, &mut rng)), stop)
-                }
-                _ => {
-                    let rule = [1u8, 3, 4, 5][rng.below(4) as usize];
-                    let q = [0.02, 0.05, 0.1, 0.2][rng.below(4) as usize];
-                    skyline(p, rule, Some((q, &mut rng)), until)
-                }
-            };
-            if let Some((off, high)) = placed
-                && high < high_k
-            {
-                high_k = high;
-                let name = ["skyline-restarts", "aligned-restarts", REPAIR_NAME][kind];
-                found = Some((off, high, format!("{name}({})", runs[kind])));
-            }
-        }
-        found
-    });
-    for (off, high, name) in results.into_iter().flatten() {
-        best.offer(high, off, name);
-    }
-}
-
-/// The improvement stage until `until` passes: independent chains (one per core, different
-/// seeds) from the same start — every other one from the placement set aside, if any —, all
-/// stopping once one reaches `lb`; the lowest result (or placement set aside) is kept (the
-/// search's outcome varies a lot between seeds). Returns the steps of all chains.
-fn improvement_chains(
-    p: &Problem,
-    lb: u64,
-    pairs: u64,
-    until: Until<'_>,
-    seed: u64,
-    threads: usize,
-    best: &mut Incumbent,
-) -> u64 {
-    let n = p.len();
-    let chains = workers_for(threads.clamp(1, 8), until.deadline.saturating_duration_since(Instant::now()));
-    // Where the stages went on from a construction above a lower placement set aside
-    // (`Incumbent::start_from`), every other chain starts from that placement: which of the
-    // two ends lower varies (a construction around a hot skeleton came out at 1.07 on 2
-    // cores and 1.13 on 16 for one list), and on 2 cores one chain from each ended as low as
-    // two from the construction (100k, seeds 1-20: similar sizes 1.017, uniform sizes 1.012
-    // against 1.014, heavy-tailed 1.003 against 1.0045).
-    let aside = best.aside.take();
-    let starts: Vec<&Incumbent> = std::iter::once(&*best).chain(aside.as_deref()).collect();
-    let results: Vec<(usize, Vec<u64>, ImproveStats)> = run_workers(chains, |k| {
-        let from = k % starts.len();
-        let mut off = starts[from].off.clone();
-        let seed = seed.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let stats = improve(p, &mut off, lb, pairs, until, seed);
-        (from, off, stats)
-    });
-    let names: Vec<String> = starts.iter().map(|s| s.strategy.clone()).collect();
-    if let Some(aside) = aside {
-        best.offer(aside.high, aside.off, aside.strategy);
-    }
-    let mut steps = 0;
-    for (from, off, stats) in results {
-        steps += stats.steps;
-        let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
-        if stats.improved && high < best.high {
-            best.high = high;
-            best.off = off;
-            best.strategy = names[from].clone();
-            if !best.strategy.ends_with("+improved") {
-                best.strategy.push_str("+improved");
-            }
-        }
-    }
-    steps
-}
-
-/// Checks a placement: one offset per buffer, members of a group at one offset, and no two
-/// items live at the same time sharing a byte. `O(n log n)`.
-pub fn verify(buffers: &[Buffer], offsets: &[u64]) -> Result<(), VerifyError> {
-    if buffers.len() != offsets.len() {
-        return Err(VerifyError::Count { expected: buffers.len(), got: offsets.len() });
-    }
-    let mut first_of_group: HashMap<u32, usize> = HashMap::new();
-    for (i, b) in buffers.iter().enumerate() {
-        if let Some(g) = b.group {
-            let f = *first_of_group.entry(g).or_insert(i);
-            if offsets[f] != offsets[i] {
-                return Err(VerifyError::Alias { a: f, b: i });
-            }
-        }
-    }
-    // Sweep over time with the live buffers keyed by offset. Members of one group may
-    // coincide; they are the same memory, as high as its largest member *live now*.
-    let mut events: Vec<(u64, bool, usize)> = Vec::new();
-    for (i, b) in buffers.iter().enumerate() {
-        if b.size > 0 && offsets[i].checked_add(b.size).is_none() {
-            return Err(VerifyError::PastAddressSpace(i));
-        }
-        if b.size > 0 && b.end > b.start {
-            events.push((b.start, true, i));
-            events.push((b.end, false, i));
-        }
-    }
-    events.sort_unstable();
-    let key = |i: usize| (offsets[i], buffers[i].group.map_or(u64::MAX - i as u64, |g| g as u64));
-    let top_of = |i: usize| offsets[i] + buffers[i].size;
-    // (offset, owner) -> its live members (top, buffer), sorted: the highest is the last.
-    let mut live: BTreeMap<(u64, u64), Vec<(u64, usize)>> = BTreeMap::new();
-    let highest = |members: &Vec<(u64, usize)>| *members.last().expect("a live entry has members");
-    for (_, is_start, i) in events {
-        let k = key(i);
-        let member = (top_of(i), i);
-        if !is_start {
-            let members = live.get_mut(&k).expect("ended buffer is live");
-            let at = members.binary_search(&member).expect("it is recorded");
-            members.remove(at);
-            if members.is_empty() {
-                live.remove(&k);
-            }
-            continue;
-        }
-        if let Some(members) = live.get_mut(&k) {
-            let at = members.partition_point(|m| *m < member);
-            members.insert(at, member);
-            // Same group at the same offset: check the grown extent against the next one.
-            if let Some((_, next)) = live.range((k.0, k.1 + 1)..).next()
-                && offsets[highest(next).1] < member.0
-            {
-                return Err(VerifyError::Overlap { a: i, b: highest(next).1 });
-            }
-            continue;
-        }
-        if let Some((_, below)) = live.range(..k).next_back()
-            && highest(below).0 > offsets[i]
-        {
-            return Err(VerifyError::Overlap { a: highest(below).1, b: i });
-        }
-        if let Some((&(no, _), above)) = live.range(k..).next()
-            && no < member.0
-        {
-            return Err(VerifyError::Overlap { a: i, b: highest(above).1 });
-        }
-        live.insert(k, vec![member]);
-    }
-    Ok(())
 }
 
 /// Options with `budget` and no per-item cap (tests that need a budget of their own).
