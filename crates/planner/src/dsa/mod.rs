@@ -321,9 +321,9 @@ pub struct Stage {
     /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
     /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
     /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or
-    /// `canonical+improvement` (the two side by side, lists with alias groups on three cores
-    /// or more), `mirrored` (the wait for the plan of the list's mirror image, run beside; its footprint is the
-    /// lower of the two); the stages that ran, in order.
+    /// `canonical+improvement` (the two side by side, lists with alias groups on three
+    /// cores or more), `mirrored` (the wait for the plan of the list's mirror image, run
+    /// beside; its footprint is the lower of the two); the stages that ran, in order.
     pub name: String,
     /// Wall-clock time it took.
     pub elapsed: Duration,
@@ -691,14 +691,6 @@ fn place_for(
     {
         return Ok(finish(best, lb, floor_high, Portfolio::default(), 0, clock));
     }
-    // Coarsening (single-interval problems whose floor is far from the bound:
-    // `COARSEN_MIN_FLOOR`): the instance with stacked and chained buffers merged, when that
-    // removes a tenth of the items. A coarse instance of at most half the
-    // items is planned first, with `COARSE_FIRST_SHARE` of the time left (35% where the
-    // canonical search will run on the whole list: it can place at the bound where the coarse
-    // instance cannot); a larger one after the portfolio.
-    let mut coarse = None;
-    let mut refined = false;
     // (The floor is still the best placement here, so a far floor is also one above the bound.)
     let floor_far = floor_high as f64 > lb as f64 * COARSEN_MIN_FLOOR;
     let coarsenable = floor_far && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p);
@@ -722,128 +714,27 @@ fn place_for(
         None
     };
     // The plans of parts of the list (the coarse instance) keep to this side's cores.
-    let opts = &PlaceOptions { threads, ..opts.clone() };
-    if coarsenable {
-        let now = Instant::now();
-        let c = coarsen(&p, threads, now + deadline.saturating_duration_since(now).mul_f64(COARSEN_SHARE));
-        clock.end("coarsen", None);
-        if c.buffers.len() * 2 <= n {
-            let coarse_share = if canonical { 0.35 } else { COARSE_FIRST_SHARE };
-            let left = deadline.saturating_duration_since(Instant::now());
-            solve_coarse(&c, left.mul_f64(coarse_share), opts, &mut best);
-            clock.end("coarse", Some(best.footprint()));
-            // Lists too large for the canonical search: the coarse plan refined (blocks at
-            // its top split into their items) beside the improvement stage on the items
-            // until the deadline, or on one core for `REFINE_SHARE` of what is left before
-            // it. The constructions, the contour search and the restarts on the items are
-            // skipped then: on these lists none of them came near the coarse plan.
-            if !canonical && best.high > lb && best.strategy.starts_with("coarse") {
-                let now = Instant::now();
-                if threads >= 2 && now < improve_from {
-                    improvement_steps =
-                        refine_beside(&p, &c, lb, pairs, deadline, opts.seed, threads, &mut best);
-                    clock.end("refine+improvement", Some(best.footprint()));
-                } else {
-                    let until = now + deadline.saturating_duration_since(now).mul_f64(REFINE_SHARE);
-                    improvement_steps =
-                        refine_coarse(&p, &c, lb, Until::at(until), opts.seed, threads, &mut best);
-                    clock.end("refine", Some(best.footprint()));
-                }
-                refined = true;
-            }
-        } else if c.buffers.len() * 10 <= n * 9 {
-            coarse = Some(c);
-        }
-    }
+    let planning = Planning {
+        p: &p,
+        opts: PlaceOptions { threads, ..opts.clone() },
+        plan_for,
+        began,
+        budget,
+        deadline,
+        improve_from,
+        pairs,
+        greedy_pass,
+        dense,
+        canonical,
+        coarsenable,
+    };
+    let opts = &planning.opts;
+    let CoarseStage { later: mut coarse, refined, improvement_steps: coarse_steps } =
+        planning.coarse_stage(lb, &mut best, &mut clock);
+    improvement_steps += coarse_steps;
     let coarse_placed = best.strategy.starts_with("coarse");
-    // The layered construction (single-interval lists without the structure coarsening
-    // finds): a skeleton (the hot items, or those holding most of the area:
-    // `choose_skeleton`) is planned first, with `SKELETON_BUDGET` of the budget (more where
-    // it holds nearly all of the area, less on dense lists where the fill's estimate with a
-    // margin would not fit after it) on all cores; filling the rest in around it, a stretch
-    // of the clock per worker, is the portfolio's first jobs — when that fits in what is
-    // left.
-    // Dense lists leave the items with the smallest areas (those beyond `TIERED_FILL_AREA`
-    // of the area) to an online sweep (a greedy fill of them all costs a greedy pass there),
-    // and so do dominant skeletons (below).
-    let fill_threads = threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
-    let fits = |share: f64, fill: Duration| began.elapsed() + budget.mul_f64(share) + fill < budget;
-    let mut skeleton = None;
-    let mut aligned_built = None;
-    let mut fill_pass = greedy_pass / fill_threads;
-    if best.high > lb
-        && !coarsenable
-        && opts.improve
-        && p.ivs.len() == n
-        && n >= LAYERED_MIN_ITEMS
-        && (dense || fits(SKELETON_BUDGET, fill_pass))
-        && let Some((items, hot)) = choose_skeleton(&p, dense, plan_for)
-    {
-        // A dominant skeleton (`DOMINANT_AREA`) is the footprint, and what is filled in around
-        // it only has to fit under it: tiered too (the sweep is the cheaper fill: 54 ms
-        // against 195 ms on a 100k list with two populations, on 2 cores).
-        let dominant = area_share(&p, &items) >= DOMINANT_AREA;
-        let tiered = dense || dominant;
-        let tail = if tiered { tail_items(&p, &items) } else { Vec::new() };
-        if tiered {
-            fill_pass = tiered_fill_estimate(&p, &items, &tail, fill_threads);
-        }
-        // A dense list's skeleton gets what its fill (guaranteed to finish) leaves, with a
-        // margin, or none (`tiered_share`).
-        let mut share = if tiered && !dominant {
-            tiered_share(budget, began.elapsed(), fill_pass)
-        } else {
-            Some(SKELETON_BUDGET)
-        };
-        // A dominant skeleton gets what the fill leaves: the fill is timed first, around the
-        // skeleton at its floor offsets (the construction it gives is offered like any
-        // other), where the estimate says it fits beside `SKELETON_BUDGET`; its greedy part
-        // stops when it takes half of what that would leave.
-        if dominant && fits(SKELETON_BUDGET, fill_pass) {
-            let at_floor: Vec<u64> = items.iter().map(|&i| best.off[i as usize]).collect();
-            let probe = Skeleton {
-                items: items.clone(),
-                off: at_floor,
-                strategy: String::new(),
-                tail: tail.clone(),
-                hot: false,
-            };
-            let t = Instant::now();
-            let stop = t + budget.mul_f64(1.0 - SKELETON_BUDGET).saturating_sub(began.elapsed()) / 2;
-            if let Some((off, high)) = layered_now(&p, &probe, fill_threads as usize, stop) {
-                best.offer(high, off, "layered(floor)");
-            }
-            fill_pass = t.elapsed();
-            clock.end("fill-probe", Some(best.footprint()));
-            let spent = began.elapsed() + fill_pass * DOMINANT_FILL_MARGIN;
-            share = Some(dominant_share(budget.saturating_sub(spent).as_secs_f64() / budget.as_secs_f64()));
-        }
-        if let Some(share) = share
-            && fits(share, fill_pass)
-        {
-            let skeleton_for = match (dominant, hot) {
-                (true, _) => PlanFor::Footprint,
-                (false, true) => PlanFor::HotFill,
-                (false, false) => PlanFor::Fill,
-            };
-            // On dense lists the portfolio's jobs on the whole list seldom fit after the
-            // skeleton and its fill: an online aligned construction of the whole list runs
-            // on a core of its own beside the skeleton's plan (see `skeleton_beside_aligned`).
-            skeleton = if dense && !dominant && threads >= 2 {
-                let (sk, aligned) =
-                    skeleton_beside_aligned(&p, items, budget.mul_f64(share), opts, tail, deadline);
-                if let Some((off, high)) = aligned {
-                    aligned_built = Some(high);
-                    best.offer(high, off, ALIGNED_VARIANTS[0].2);
-                }
-                sk
-            } else {
-                plan_skeleton(&p, items, budget.mul_f64(share), opts, skeleton_for, tail)
-                    .map(|sk| Skeleton { hot, ..sk })
-            };
-            clock.end("skeleton", None);
-        }
-    }
+    let SkeletonStage { skeleton, aligned_built, fill_pass } =
+        planning.skeleton_stage(lb, &mut best, &mut clock);
     // The portfolio gets 40% of the budget (of what the coarse instance or the skeleton
     // left); the improvement stage the rest.
     let portfolio_deadline = if coarse_placed || skeleton.is_some() {
@@ -967,6 +858,193 @@ fn place_for(
         placement.elapsed = began.elapsed();
     }
     Ok(placement)
+}
+
+/// What the stages of one plan share: the problem, the options (this side's cores), the
+/// time and what was decided before the stages (see [`place_for`]).
+struct Planning<'a> {
+    p: &'a Problem,
+    opts: PlaceOptions,
+    plan_for: PlanFor,
+    began: Instant,
+    /// The budget less the reserve: every share is of it.
+    budget: Duration,
+    deadline: Instant,
+    /// The improvement stage starts only before this (it first indexes every item).
+    improve_from: Instant,
+    pairs: u64,
+    /// The cost model's estimate of one greedy pass.
+    greedy_pass: Duration,
+    dense: bool,
+    /// The complete canonical search runs on the list.
+    canonical: bool,
+    /// The list is coarsened ([`coarsens`], with its floor far from the bound).
+    coarsenable: bool,
+}
+
+/// What [`Planning::coarse_stage`] leaves for the stages after it.
+struct CoarseStage {
+    /// A coarse instance too large to plan first (more than half the items), for after the
+    /// portfolio.
+    later: Option<Coarse>,
+    /// The coarse plan was refined: the constructions, the contour search and the restarts
+    /// on the items are skipped.
+    refined: bool,
+    improvement_steps: u64,
+}
+
+/// What [`Planning::skeleton_stage`] leaves for the portfolio.
+struct SkeletonStage {
+    skeleton: Option<Skeleton>,
+    /// The footprint of the online aligned construction built beside the skeleton's plan.
+    aligned_built: Option<u64>,
+    /// What filling in around the skeleton is expected to take per worker.
+    fill_pass: Duration,
+}
+
+impl Planning<'_> {
+    /// Coarsening, where the list is coarsenable (single-interval problems whose floor is far
+    /// from the bound: [`COARSEN_MIN_FLOOR`]): the instance with stacked and chained buffers
+    /// merged, when that removes a tenth of the items. A coarse instance of at most half the
+    /// items is planned here, with [`COARSE_FIRST_SHARE`] of the time left (35% where the
+    /// canonical search will run on the whole list: it can place at the bound where the
+    /// coarse instance cannot), and refined; a larger one is left for after the portfolio.
+    fn coarse_stage(&self, lb: u64, best: &mut Incumbent, clock: &mut StageClock) -> CoarseStage {
+        let Planning { p, ref opts, deadline, improve_from, pairs, canonical, .. } = *self;
+        let threads = opts.threads;
+        let mut out = CoarseStage { later: None, refined: false, improvement_steps: 0 };
+        if !self.coarsenable {
+            return out;
+        }
+        let now = Instant::now();
+        let c = coarsen(p, threads, now + deadline.saturating_duration_since(now).mul_f64(COARSEN_SHARE));
+        clock.end("coarsen", None);
+        if c.buffers.len() * 2 <= p.len() {
+            let coarse_share = if canonical { 0.35 } else { COARSE_FIRST_SHARE };
+            let left = deadline.saturating_duration_since(Instant::now());
+            solve_coarse(&c, left.mul_f64(coarse_share), opts, best);
+            clock.end("coarse", Some(best.footprint()));
+            // Lists too large for the canonical search: the coarse plan refined (blocks at
+            // its top split into their items) beside the improvement stage on the items
+            // until the deadline, or on one core for `REFINE_SHARE` of what is left before
+            // it. The constructions, the contour search and the restarts on the items are
+            // skipped then: on these lists none of them came near the coarse plan.
+            if !canonical && best.high > lb && best.strategy.starts_with("coarse") {
+                let now = Instant::now();
+                if threads >= 2 && now < improve_from {
+                    out.improvement_steps =
+                        refine_beside(p, &c, lb, pairs, deadline, opts.seed, threads, best);
+                    clock.end("refine+improvement", Some(best.footprint()));
+                } else {
+                    let until = now + deadline.saturating_duration_since(now).mul_f64(REFINE_SHARE);
+                    out.improvement_steps =
+                        refine_coarse(p, &c, lb, Until::at(until), opts.seed, threads, best);
+                    clock.end("refine", Some(best.footprint()));
+                }
+                out.refined = true;
+            }
+        } else if c.buffers.len() * 10 <= p.len() * 9 {
+            out.later = Some(c);
+        }
+        out
+    }
+
+    /// The layered construction (single-interval lists without the structure coarsening
+    /// finds): a skeleton (the hot items, or those holding most of the area:
+    /// `choose_skeleton`) is planned first, with `SKELETON_BUDGET` of the budget (more where
+    /// it holds nearly all of the area, less on dense lists where the fill's estimate with a
+    /// margin would not fit after it) on all cores; filling the rest in around it, a stretch
+    /// of the clock per worker, is the portfolio's first jobs — when that fits in what is
+    /// left.
+    /// Dense lists leave the items with the smallest areas (those beyond `TIERED_FILL_AREA`
+    /// of the area) to an online sweep (a greedy fill of them all costs a greedy pass there),
+    /// and so do dominant skeletons (below).
+    fn skeleton_stage(&self, lb: u64, best: &mut Incumbent, clock: &mut StageClock) -> SkeletonStage {
+        let Planning { p, ref opts, plan_for, began, budget, deadline, greedy_pass, dense, .. } = *self;
+        let (n, threads, coarsenable) = (p.len(), opts.threads, self.coarsenable);
+        let fill_threads = threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
+        let fits = |share: f64, fill: Duration| began.elapsed() + budget.mul_f64(share) + fill < budget;
+        let mut skeleton = None;
+        let mut aligned_built = None;
+        let mut fill_pass = greedy_pass / fill_threads;
+        if best.high > lb
+            && !coarsenable
+            && opts.improve
+            && p.ivs.len() == n
+            && n >= LAYERED_MIN_ITEMS
+            && (dense || fits(SKELETON_BUDGET, fill_pass))
+            && let Some((items, hot)) = choose_skeleton(p, dense, plan_for)
+        {
+            // A dominant skeleton (`DOMINANT_AREA`) is the footprint, and what is filled in
+            // around it only has to fit under it: tiered too (the sweep is the cheaper
+            // fill: 54 ms against 195 ms on a 100k list with two populations, on 2 cores).
+            let dominant = area_share(p, &items) >= DOMINANT_AREA;
+            let tiered = dense || dominant;
+            let tail = if tiered { tail_items(p, &items) } else { Vec::new() };
+            if tiered {
+                fill_pass = tiered_fill_estimate(p, &items, &tail, fill_threads);
+            }
+            // A dense list's skeleton gets what its fill (guaranteed to finish) leaves, with a
+            // margin, or none (`tiered_share`).
+            let mut share = if tiered && !dominant {
+                tiered_share(budget, began.elapsed(), fill_pass)
+            } else {
+                Some(SKELETON_BUDGET)
+            };
+            // A dominant skeleton gets what the fill leaves: the fill is timed first,
+            // around the skeleton at its floor offsets (the construction it gives is
+            // offered like any other), where the estimate says it fits beside
+            // `SKELETON_BUDGET`; its greedy part stops when it takes half of what that
+            // would leave.
+            if dominant && fits(SKELETON_BUDGET, fill_pass) {
+                let at_floor: Vec<u64> = items.iter().map(|&i| best.off[i as usize]).collect();
+                let probe = Skeleton {
+                    items: items.clone(),
+                    off: at_floor,
+                    strategy: String::new(),
+                    tail: tail.clone(),
+                    hot: false,
+                };
+                let t = Instant::now();
+                let stop = t + budget.mul_f64(1.0 - SKELETON_BUDGET).saturating_sub(began.elapsed()) / 2;
+                if let Some((off, high)) = layered_now(p, &probe, fill_threads as usize, stop) {
+                    best.offer(high, off, "layered(floor)");
+                }
+                fill_pass = t.elapsed();
+                clock.end("fill-probe", Some(best.footprint()));
+                let spent = began.elapsed() + fill_pass * DOMINANT_FILL_MARGIN;
+                share =
+                    Some(dominant_share(budget.saturating_sub(spent).as_secs_f64() / budget.as_secs_f64()));
+            }
+            if let Some(share) = share
+                && fits(share, fill_pass)
+            {
+                let skeleton_for = match (dominant, hot) {
+                    (true, _) => PlanFor::Footprint,
+                    (false, true) => PlanFor::HotFill,
+                    (false, false) => PlanFor::Fill,
+                };
+                // On dense lists the portfolio's jobs on the whole list seldom fit after
+                // the skeleton and its fill: an online aligned construction of the whole
+                // list runs on a core of its own beside the skeleton's plan (see
+                // `skeleton_beside_aligned`).
+                skeleton = if dense && !dominant && threads >= 2 {
+                    let (sk, aligned) =
+                        skeleton_beside_aligned(p, items, budget.mul_f64(share), opts, tail, deadline);
+                    if let Some((off, high)) = aligned {
+                        aligned_built = Some(high);
+                        best.offer(high, off, ALIGNED_VARIANTS[0].2);
+                    }
+                    sk
+                } else {
+                    plan_skeleton(p, items, budget.mul_f64(share), opts, skeleton_for, tail)
+                        .map(|sk| Skeleton { hot, ..sk })
+                };
+                clock.end("skeleton", None);
+            }
+        }
+        SkeletonStage { skeleton, aligned_built, fill_pass }
+    }
 }
 
 /// The complete canonical search until `until` (see `place`); returns the bound, raised
