@@ -728,8 +728,7 @@ fn place_for(
         canonical,
         coarsenable,
     };
-    let opts = &planning.opts;
-    let CoarseStage { later: mut coarse, refined, improvement_steps: coarse_steps } =
+    let CoarseStage { later: coarse, refined, improvement_steps: coarse_steps } =
         planning.coarse_stage(lb, &mut best, &mut clock);
     improvement_steps += coarse_steps;
     let coarse_placed = best.strategy.starts_with("coarse");
@@ -763,93 +762,9 @@ fn place_for(
         clock.end("constructions", Some(best.footprint()));
     }
     let greedy_high = best.high;
-    // Coarsening, late (a coarse instance more than half the size): when a few greedy
-    // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
-    // the end when that is expected within its budget).
-    if let Some(c) = coarse.take() {
-        let pass = built.greedy_estimate.max(built.sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
-        let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
-        if best.high > lb && pass * 4 <= share {
-            solve_coarse(&c, share, opts, &mut best);
-            clock.end("coarse", Some(best.footprint()));
-        }
-    }
-    // Complete canonical search (at most CANONICAL_MAX_ITEMS items): at the bound first —
-    // tight instances, where the constructions stop a few percent short, it places there in
-    // milliseconds — then, when it proves the bound infeasible, between the bound and the
-    // best placement; each capacity proved infeasible raises the bound reported (and where
-    // the later stages stop). Lists of single intervals give it 15% of what is left, before
-    // the contour search and the restarts. Lists with alias groups (only the improvement
-    // stage follows) run it on a core of its own beside the improvement chains until the
-    // deadline when that leaves the chains two cores or more, whichever settles the answer
-    // first stopping the other; with fewer cores it takes half of what is left first.
-    let single = p.ivs.len() == n && n > EXACT_MAX_ITEMS && opts.improve;
-    let canonical_beside = canonical && !single && threads >= 3;
-    if best.high > lb && canonical && !canonical_beside {
-        let share = if single { 0.15 } else { 0.5 };
-        let now = Instant::now();
-        let until = now + deadline.saturating_duration_since(now).mul_f64(share);
-        lb = canonical_stage(&p, lb, Until::at(until), &mut best);
-        clock.end("canonical", Some(best.footprint()));
-    }
-    // Fixed-height contour search (single-interval problems) for 40% of what is left,
-    // when a few skyline passes fit in it.
-    let now = Instant::now();
-    let until = now + deadline.saturating_duration_since(now).mul_f64(0.4);
-    if best.high > lb && single && !refined && built.sky_estimate * 6 <= until.saturating_duration_since(now)
-    {
-        contour_stage(&p, lb, until, opts.seed, threads, &mut best);
-        clock.end("contour", Some(best.footprint()));
-    }
-    // Randomised restarts (single-interval problems): where the repairing sweep came out
-    // below every other construction, more of it (other seeds) for `REPAIR_RESTARTS_SHARE`
-    // of what is left when one fits; else for a quarter of it, half of them of the aligned
-    // construction where it led the skyline, else all of the skyline, skipped when fewer
-    // than two skyline passes would fit (large inputs: the improvement stage gains more from
-    // the time).
-    let now = Instant::now();
-    let left = deadline.saturating_duration_since(now);
-    let repeat_repair = built.repair_led.is_some_and(|t| t <= left.mul_f64(REPAIR_RESTARTS_SHARE));
-    let until = now + if repeat_repair { left.mul_f64(REPAIR_RESTARTS_SHARE) } else { left / 4 };
-    if best.high > lb
-        && single
-        && !refined
-        && (repeat_repair || built.sky_estimate * 2 <= until.saturating_duration_since(now))
-    {
-        let family =
-            if repeat_repair { Restarts::Repair } else { Restarts::family(built.aligned_led, plan_for) };
-        restarts(&p, lb, until, opts.seed, threads, family, &mut best);
-        clock.end("restarts", Some(best.footprint()));
-    }
-    if best.high > lb
-        && n <= EXACT_MAX_ITEMS
-        && let Some(off) = exact(&p, lb, best.high)
-    {
-        let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
-        best.offer(high, off, "exact");
-        clock.end("exact", Some(best.footprint()));
-    }
-    if best.high > lb && canonical_beside {
-        let chains = Instant::now() < improve_from;
-        let (proved, steps) =
-            canonical_beside_chains(&p, lb, pairs, deadline, opts.seed, threads, chains, &mut best);
-        improvement_steps += steps;
-        lb = proved;
-        clock.end("canonical+improvement", Some(best.footprint()));
-    } else if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && Instant::now() < improve_from {
-        // Shared by the chains: the first at the bound stops the others.
-        let settled = AtomicBool::new(false);
-        improvement_steps += improvement_chains(
-            &p,
-            lb,
-            pairs,
-            Until::or_raised(deadline, &settled),
-            opts.seed,
-            threads,
-            &mut best,
-        );
-        clock.end("improvement", Some(best.footprint()));
-    }
+    let (proved, search_steps) = planning.searches(lb, &built, coarse, refined, &mut best, &mut clock);
+    lb = proved;
+    improvement_steps += search_steps;
     let mut placement = finish(best, lb, greedy_high, built, improvement_steps, clock);
     if let Some(twin) = twin {
         let waited = Instant::now();
@@ -1044,6 +959,117 @@ impl Planning<'_> {
             }
         }
         SkeletonStage { skeleton, aligned_built, fill_pass }
+    }
+
+    /// The searches after the constructions: a coarse instance left for later, the canonical
+    /// search, the contour search, the restarts, the exact search and the improvement stage,
+    /// each where it applies (see the comments); `built` is what the portfolio did. Returns
+    /// the bound (raised where the canonical search proved a capacity infeasible) and the
+    /// improvement stage's steps.
+    fn searches(
+        &self,
+        mut lb: u64,
+        built: &Portfolio,
+        coarse: Option<Coarse>,
+        refined: bool,
+        best: &mut Incumbent,
+        clock: &mut StageClock,
+    ) -> (u64, u64) {
+        let Planning { p, ref opts, plan_for, deadline, improve_from, pairs, canonical, .. } = *self;
+        let (n, threads) = (p.len(), opts.threads);
+        let mut steps = 0;
+        // Coarsening, late (a coarse instance more than half the size): when a few greedy
+        // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
+        // the end when that is expected within its budget).
+        if let Some(c) = coarse {
+            let pass =
+                built.greedy_estimate.max(built.sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
+            let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
+            if best.high > lb && pass * 4 <= share {
+                solve_coarse(&c, share, opts, best);
+                clock.end("coarse", Some(best.footprint()));
+            }
+        }
+        // Complete canonical search (at most CANONICAL_MAX_ITEMS items): at the bound first —
+        // tight instances, where the constructions stop a few percent short, it places there in
+        // milliseconds — then, when it proves the bound infeasible, between the bound and the
+        // best placement; each capacity proved infeasible raises the bound reported (and where
+        // the later stages stop). Lists of single intervals give it 15% of what is left, before
+        // the contour search and the restarts. Lists with alias groups (only the improvement
+        // stage follows) run it on a core of its own beside the improvement chains until the
+        // deadline when that leaves the chains two cores or more, whichever settles the answer
+        // first stopping the other; with fewer cores it takes half of what is left first.
+        let single = p.ivs.len() == n && n > EXACT_MAX_ITEMS && opts.improve;
+        let canonical_beside = canonical && !single && threads >= 3;
+        if best.high > lb && canonical && !canonical_beside {
+            let share = if single { 0.15 } else { 0.5 };
+            let now = Instant::now();
+            let until = now + deadline.saturating_duration_since(now).mul_f64(share);
+            lb = canonical_stage(p, lb, Until::at(until), best);
+            clock.end("canonical", Some(best.footprint()));
+        }
+        // Fixed-height contour search (single-interval problems) for 40% of what is left,
+        // when a few skyline passes fit in it.
+        let now = Instant::now();
+        let until = now + deadline.saturating_duration_since(now).mul_f64(0.4);
+        if best.high > lb
+            && single
+            && !refined
+            && built.sky_estimate * 6 <= until.saturating_duration_since(now)
+        {
+            contour_stage(p, lb, until, opts.seed, threads, best);
+            clock.end("contour", Some(best.footprint()));
+        }
+        // Randomised restarts (single-interval problems): where the repairing sweep came
+        // out below every other construction, more of it (other seeds) for
+        // `REPAIR_RESTARTS_SHARE` of what is left when one fits; else for a quarter of it,
+        // half of them of the aligned construction where it led the skyline, else all of
+        // the skyline, skipped when fewer than two skyline passes would fit (large inputs:
+        // the improvement stage gains more from the time).
+        let now = Instant::now();
+        let left = deadline.saturating_duration_since(now);
+        let repeat_repair = built.repair_led.is_some_and(|t| t <= left.mul_f64(REPAIR_RESTARTS_SHARE));
+        let until = now + if repeat_repair { left.mul_f64(REPAIR_RESTARTS_SHARE) } else { left / 4 };
+        if best.high > lb
+            && single
+            && !refined
+            && (repeat_repair || built.sky_estimate * 2 <= until.saturating_duration_since(now))
+        {
+            let family =
+                if repeat_repair { Restarts::Repair } else { Restarts::family(built.aligned_led, plan_for) };
+            restarts(p, lb, until, opts.seed, threads, family, best);
+            clock.end("restarts", Some(best.footprint()));
+        }
+        if best.high > lb
+            && n <= EXACT_MAX_ITEMS
+            && let Some(off) = exact(p, lb, best.high)
+        {
+            let high = (0..n).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+            best.offer(high, off, "exact");
+            clock.end("exact", Some(best.footprint()));
+        }
+        if best.high > lb && canonical_beside {
+            let chains = Instant::now() < improve_from;
+            let (proved, chain_steps) =
+                canonical_beside_chains(p, lb, pairs, deadline, opts.seed, threads, chains, best);
+            steps += chain_steps;
+            lb = proved;
+            clock.end("canonical+improvement", Some(best.footprint()));
+        } else if best.high > lb && n > EXACT_MAX_ITEMS && opts.improve && Instant::now() < improve_from {
+            // Shared by the chains: the first at the bound stops the others.
+            let settled = AtomicBool::new(false);
+            steps += improvement_chains(
+                p,
+                lb,
+                pairs,
+                Until::or_raised(deadline, &settled),
+                opts.seed,
+                threads,
+                best,
+            );
+            clock.end("improvement", Some(best.footprint()));
+        }
+        (lb, steps)
     }
 }
 
