@@ -4,7 +4,7 @@
 
 use super::*;
 
-/// The constructions [`restarts`] draws from.
+/// The constructions [`restarts()`] draws from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Restarts {
     /// Skyline passes, each with a random rule and noise on its choices.
