@@ -153,14 +153,23 @@ impl Drop for SetOnDrop<'_> {
 }
 
 /// The greedy orders after the first (breadth / best fit, which places most schedules at
-/// their bound) on lists that no skyline pass takes (alias groups), as indices into
-/// [`Strategy::PORTFOLIO`]: size and area with the lowest offset lead there, then the
-/// orders that schedules' windows mix to reach their bound (breadth / lowest offset, start /
-/// best fit). Lists of 10k buffers in alias groups (members recurring at a period, scattered
-/// at random, or one after another with gaps), each order alone: size / lowest ranks first
-/// on average, 1.4% above the lowest, area / lowest second, breadth / best fit last, 15%
-/// above (docs/planner.md, "Lists with alias groups").
-const GROUPS_AFTER_FIRST: [usize; 9] = [4, 2, 6, 1, 8, 3, 5, 7, 9];
+/// their bound) on lists that no skyline pass takes (alias groups): size and area with the
+/// lowest offset lead there, then the orders that schedules' windows mix to reach their bound
+/// (breadth / lowest offset, start / best fit). Lists of 10k buffers in alias groups (members
+/// recurring at a period, scattered at random, or one after another with gaps), each order
+/// alone: size / lowest ranks first on average, 1.4% above the lowest, area / lowest second,
+/// breadth / best fit last, 15% above (docs/planner.md, "Lists with alias groups").
+const GROUPS_AFTER_FIRST: [Strategy; 9] = [
+    Strategy { order: Order::Size, fit: Fit::LowestOffset },
+    Strategy { order: Order::Breadth, fit: Fit::LowestOffset },
+    Strategy { order: Order::Area, fit: Fit::LowestOffset },
+    Strategy { order: Order::Size, fit: Fit::BestFit },
+    Strategy { order: Order::Start, fit: Fit::BestFit },
+    Strategy { order: Order::Area, fit: Fit::BestFit },
+    Strategy { order: Order::Lifetime, fit: Fit::BestFit },
+    Strategy { order: Order::Lifetime, fit: Fit::LowestOffset },
+    Strategy { order: Order::Start, fit: Fit::LowestOffset },
+];
 
 /// The portfolio's jobs, most useful first: the layered fill's `fill_parts` stretches, then
 /// greedy orders, skyline rules and the online aligned constructions interleaved; dense
@@ -201,7 +210,9 @@ fn job_order(
         order.extend((1..SKYLINE_RULES.len()).map(Job::Skyline));
         order.extend((2..Strategy::PORTFOLIO.len()).map(Job::Greedy));
     } else {
-        order.extend(GROUPS_AFTER_FIRST.map(Job::Greedy));
+        order.extend(GROUPS_AFTER_FIRST.map(|s| {
+            Job::Greedy(Strategy::PORTFOLIO.iter().position(|x| *x == s).expect("an order of the portfolio"))
+        }));
     }
     if repair && let Some(k) = order.iter().position(|j| matches!(j, Job::Aligned(_))) {
         order.insert(k + 1, Job::Repair);
