@@ -68,6 +68,32 @@ fn a_buffer_list_is_planned_and_every_offset_printed() {
 /// Three alias groups, each pair live together at some step but never all three: the lower
 /// bound (a clique of groups) is above the live bound, and the report shows both.
 #[test]
+fn repeated_iterations_are_planned_from_one_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four iterations of the same 100 buffers, 60 steps apart (nothing live between them).
+    let mut text = String::from("buffer,start,end,size\n");
+    for copy in 0..4u64 {
+        for k in 0..100u64 {
+            let start = k % 50 + 60 * copy;
+            text.push_str(&format!("i{copy}b{k},{start},{},{}KiB\n", start + 1 + k % 7, k % 13 + 1));
+        }
+    }
+    let csv = write(dir.path(), "iterations.csv", &text);
+    let report = stdout(&plan(&["--buffers", csv.to_str().unwrap()]));
+    assert!(row(&report, "strategy").starts_with("parts(4, 1 distinct: "), "{report}");
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&plan(&["--buffers", csv.to_str().unwrap(), "--json"]))).unwrap();
+    assert_eq!(json["stages"][0]["name"], "parts");
+    // Every iteration's buffers sit where the first iteration's do.
+    let offsets: Vec<u64> =
+        json["buffers"].as_array().unwrap().iter().map(|b| b["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets.len(), 400);
+    for copy in 1..4 {
+        assert_eq!(offsets[100 * copy..100 * (copy + 1)], offsets[..100], "iteration {copy}");
+    }
+}
+
+#[test]
 fn alias_groups_show_the_live_bound_beside_the_lower_bound() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(

@@ -67,6 +67,33 @@ fn brute_force(b: &[Buffer]) -> u64 {
     if b.is_empty() { 0 } else { best }
 }
 
+/// Copies of one list of 64–100 buffers (alias groups numbered apart in each), one after the
+/// other in time with gaps of 0–3 steps, in shuffled order: a list of repeated parts.
+fn repeated_parts() -> impl Strategy<Value = Vec<Buffer>> {
+    let part = prop::collection::vec((0u64..40, 1u64..12, 0u64..64, 0u32..8), 64..100);
+    (part, 2u64..5, 0u64..4, any::<u64>()).prop_map(|(part, copies, gap, seed)| {
+        let period = part.iter().map(|&(start, len, _, _)| start + len).max().unwrap_or(0) + gap;
+        let mut out: Vec<Buffer> = (0..copies)
+            .flat_map(|c| {
+                part.iter().map(move |&(start, len, size, g)| Buffer {
+                    start: start + c * period,
+                    end: start + len + c * period,
+                    size,
+                    group: (g < 4).then_some(g + 4 * c as u32),
+                })
+            })
+            .collect();
+        let mut x = seed | 1;
+        for i in (1..out.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        out
+    })
+}
+
 /// Alias groups of 1–4 members at separate times (gaps between them), every member of a
 /// group the same size, and lone buffers: multi-interval items.
 fn grouped(groups: usize, lone: usize) -> impl Strategy<Value = Vec<Buffer>> {
@@ -239,6 +266,18 @@ fn bounds_below_the_optimum(b: &[Buffer]) -> Result<(), TestCaseError> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Repeated parts are planned from one copy of each: the plan is valid for every copy.
+    #[test]
+    fn repeated_parts_are_valid(b in repeated_parts()) {
+        let p = place(&b, &quick()).unwrap();
+        verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(p.live_bound, live_bound(&b).unwrap());
+        prop_assert!(p.footprint >= p.lower_bound && p.lower_bound >= p.live_bound);
+        for (i, x) in b.iter().enumerate() {
+            prop_assert!(p.offsets[i] + x.size <= p.footprint);
+        }
+    }
 
     #[test]
     fn multi_interval_groups_are_valid(b in grouped(12, 40)) {

@@ -71,6 +71,10 @@
 //! 7. an **exact** branch-and-bound search over canonical placements when there are at most
 //!    [`EXACT_MAX_ITEMS`] items.
 //!
+//! Before all of this, a list whose clock falls into parts that no buffer spans, some of them
+//! copies of others (the same buffers shifted in time: repeated iterations), keeps one copy
+//! of each part, and every copy takes its copy's offsets (see `parts`).
+//!
 //! Buffers sharing an alias group are placed as one item at one offset: the item is a set
 //! of disjoint intervals (the union of its members' intervals, gaps kept) and is as large
 //! as the largest member; conflicts are checked interval by interval.
@@ -314,10 +318,11 @@ impl Default for PlaceOptions {
 /// once it ended.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stage {
-    /// `prepare` (the compressed problem, its bounds), `floor` (online best fit), `coarsen`
-    /// (the coarse instance built), `coarse` (the coarse instance planned), `refine` (the
-    /// coarse plan refined) or `refine+improvement` (beside the improvement stage on the
-    /// items), `fill-probe` (the layered construction's fill timed around a dominant
+    /// `parts` (the list split into parts that share no moment, one copy of each kept: the
+    /// stages after it plan those), `prepare` (the compressed problem, its bounds), `floor`
+    /// (online best fit), `coarsen` (the coarse instance built), `coarse` (the coarse
+    /// instance planned), `refine` (the coarse plan refined) or `refine+improvement` (beside
+    /// the improvement stage on the items), `fill-probe` (the layered construction's fill timed around a dominant
     /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
     /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
     /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or
@@ -361,7 +366,9 @@ pub struct Placement {
     /// are live together count once).
     pub live_bound: u64,
     /// What produced the placement (a strategy name, `mixed(...)` when windows chose
-    /// different strategies, `+improved` when the improvement stage lowered it, `exact`).
+    /// different strategies, `+improved` when the improvement stage lowered it, `exact`;
+    /// `parts(N, K distinct: ...)` when the list fell into N parts that share no moment, of
+    /// which K differ, and was planned from one copy of each).
     pub strategy: String,
     /// Wall-clock time spent.
     pub elapsed: Duration,
@@ -430,6 +437,7 @@ mod index;
 mod layered;
 mod marks;
 mod online;
+mod parts;
 mod portfolio;
 mod problem;
 mod restarts;
@@ -554,9 +562,26 @@ pub(crate) fn workers_for(threads: usize, left: Duration) -> usize {
     if left < Duration::from_millis(4) { 1 } else { threads.max(1) }
 }
 
-/// Places `buffers`: see the module documentation for how.
+/// Places `buffers`: see the module documentation for how. A list whose clock falls into
+/// parts that no buffer spans, some of them the same buffers shifted in time (repeated
+/// iterations), is planned from one copy of each.
 pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, PlaceError> {
-    place_for(buffers, opts, PlanFor::Footprint, Mirror::Beside)
+    let began = Instant::now();
+    match parts::split(buffers) {
+        Some(split) => parts::place_parts(split, began, opts),
+        None => place_for(buffers, opts, PlanFor::Footprint, Mirror::Beside),
+    }
+}
+
+/// `opts.time_budget`, capped for a list of `intervals` live intervals where `opts` say so
+/// ([`PlaceOptions::scaled_budget_per_item`]).
+fn capped_budget(opts: &PlaceOptions, intervals: usize) -> Duration {
+    match opts.scaled_budget_per_item {
+        Some(per) => {
+            opts.time_budget.min((per * intervals as u32 + Duration::from_millis(5)).max(MIN_CAPPED_BUDGET))
+        }
+        None => opts.time_budget,
+    }
 }
 
 /// Whether a plan may run its mirror image beside it (see [`place_for`]).
@@ -621,12 +646,8 @@ fn place_for(
     let mut clock = StageClock { last: began, stages: Vec::new() };
     let p = Problem::build(buffers)?;
     let n = p.len();
-    let mut budget = opts.time_budget;
-    if let Some(per) = opts.scaled_budget_per_item {
-        budget = budget.min((per * p.ivs.len() as u32 + Duration::from_millis(5)).max(MIN_CAPPED_BUDGET));
-    }
     // Every stage, and every share of the budget, works within what the reserve leaves.
-    let budget = budget.mul_f64(1.0 - DEADLINE_RESERVE);
+    let budget = capped_budget(opts, p.ivs.len()).mul_f64(1.0 - DEADLINE_RESERVE);
     let deadline = began + budget;
     let mut lb = p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound());
     let pairs = p.overlapping_pairs();
