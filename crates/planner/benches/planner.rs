@@ -51,6 +51,8 @@ fn bench(c: &mut Criterion) {
         ("bimodal_100k".into(), workload::random_bimodal(100_000, 1)),
         // Half the buffers in alias groups that recur at a period: greedy passes only.
         ("grouped_10k".into(), workload::random_grouped(10_000, 1)),
+        // Ten iterations of one list: split into parts, one copy planned.
+        ("repeated_10k".into(), workload::repeated_iterations(10_000, 1)),
         // An eager training step as an allocator sees it (seed 3: its floor is 1.03 × the
         // bound, so the search runs).
         ("training_10k_seed3".into(), workload::training_trace(10_000, 3)),

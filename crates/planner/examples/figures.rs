@@ -23,7 +23,8 @@
 //! buffers live at once (`workload::random_uniform_sizes_busy`); `similar` rows lists whose
 //! sizes lie within a factor of three (`workload::random_similar_sizes`); `grouped` rows
 //! random lists with half the buffers in alias groups whose members recur at a period
-//! (`workload::random_grouped`).
+//! (`workload::random_grouped`); `repeated` rows ten iterations of one random list, nothing
+//! live between them (`workload::repeated_iterations`).
 
 use std::time::Duration;
 
@@ -128,6 +129,7 @@ fn main() {
     generated(&mut cases, "longshort", &sizes[1..], &seeds, "", workload::random_long_short);
     generated(&mut cases, "training", &sizes, &seeds, "", workload::training_trace);
     generated(&mut cases, "grouped", &sizes[1..], &seeds, "", workload::random_grouped);
+    generated(&mut cases, "repeated", &sizes[1..], &seeds, "", workload::repeated_iterations);
     generated(&mut cases, "packed", &[100, 1_000, 10_000], &seeds, "", workload::packed);
     generated(&mut cases, "packed", &sizes, &seeds, " budget=1s", workload::packed);
     // Tilings of other shapes: short pieces (one step per piece: many cuts meet), cuts at

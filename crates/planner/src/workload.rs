@@ -126,6 +126,23 @@ pub fn random_grouped(n: usize, seed: u64) -> Vec<Buffer> {
     out
 }
 
+/// `n` buffers as a trace of ten iterations of one step: [`random_uniform`]'s list of `n / 10`
+/// buffers ten times over, each iteration starting one clock step after the last buffer of
+/// the one before has ended (nothing is live between iterations), in order of iteration.
+pub fn repeated_iterations(n: usize, seed: u64) -> Vec<Buffer> {
+    let iteration = random_uniform(n / 10, seed);
+    let period = iteration.iter().map(|b| b.end).max().unwrap_or(0) + 1;
+    (0..10u64)
+        .flat_map(|k| {
+            iteration.iter().map(move |b| Buffer {
+                start: b.start + k * period,
+                end: b.end + k * period,
+                ..*b
+            })
+        })
+        .collect()
+}
+
 /// About `n` buffers as an allocator sees one pipeline rank's training step in eager mode:
 /// microbatches in 1F1B order (as many forwards as are kept in flight, then one forward and
 /// one backward in turn, then the remaining backwards) through every layer, one clock step
@@ -379,6 +396,21 @@ mod tests {
         assert!(b.iter().any(|x| x.size % 512 != 0));
         assert_eq!(random_similar_sizes(20_000, 3), b);
         assert_ne!(random_similar_sizes(20_000, 4), b);
+    }
+
+    /// Repeated iterations: ten copies of one list, apart in time, each the same buffers.
+    #[test]
+    fn repeated_iterations_are_copies_apart_in_time() {
+        let b = repeated_iterations(10_000, 4);
+        assert_eq!(b.len(), 10_000);
+        let one = &b[..1000];
+        let period = one.iter().map(|x| x.end).max().unwrap() + 1;
+        for (k, copy) in b.chunks(1000).enumerate() {
+            let k = k as u64;
+            assert!(copy.iter().all(|x| x.start >= k * period && x.end < (k + 1) * period));
+            assert!(copy.iter().zip(one).all(|(x, y)| x.start - k * period == y.start && x.size == y.size));
+        }
+        assert_ne!(repeated_iterations(10_000, 5)[..1000], b[..1000]);
     }
 
     /// Grouped lists: about half the buffers in groups, each group's members of one size,
