@@ -103,7 +103,7 @@ pub(super) fn split(buffers: &[Buffer]) -> Option<Split> {
     };
     let (t0, t1) = hull_of(&vec![true; hulls.len()], true)?;
     let mut spanning: Vec<bool> =
-        (0..hulls.len()).map(|u| lone[u] && (hulls[u].1 - hulls[u].0) * 2 >= t1 - t0).collect();
+        (0..hulls.len()).map(|u| lone[u] && hulls[u].1 - hulls[u].0 >= (t1 - t0).div_ceil(2)).collect();
     let mut settled = false;
     for _ in 0..SPANNING_PASSES {
         let Some((s, e)) = hull_of(&spanning, false) else { break };
@@ -411,6 +411,17 @@ mod tests {
         list.push(Buffer { start: 0, end: 3, size: 1 << 20, group: Some(7777) });
         list.push(Buffer { start: end - 3, end, size: 1 << 20, group: Some(7777) });
         assert!(split_none(&list));
+    }
+
+    #[test]
+    fn clocks_near_the_end_of_u64_are_split_alike() {
+        let part = iteration(100, 1, 13);
+        let (mut list, _) = repeated(&part, 3, 1 << 62, 14);
+        list.push(Buffer { start: 0, end: u64::MAX, size: 1 << 30, group: None });
+        let split = split(&list).expect("three copies beside a buffer live throughout");
+        assert_eq!((split.spanning.len(), split.parts, split.distinct.len()), (1, 3, 1));
+        let placed = place(&list, &opts()).unwrap();
+        verify(&list, &placed.offsets).unwrap();
     }
 
     #[test]
