@@ -68,10 +68,12 @@ fn brute_force(b: &[Buffer]) -> u64 {
 }
 
 /// Copies of one list of 64–100 buffers (alias groups numbered apart in each), one after the
-/// other in time with gaps of 0–3 steps, in shuffled order: a list of repeated parts.
+/// other in time with gaps of 0–3 steps, beside up to two buffers live from somewhere in the
+/// first copy to the end, in shuffled order: a list of repeated parts.
 fn repeated_parts() -> impl Strategy<Value = Vec<Buffer>> {
     let part = prop::collection::vec((0u64..40, 1u64..12, 0u64..64, 0u32..8), 64..100);
-    (part, 2u64..5, 0u64..4, any::<u64>()).prop_map(|(part, copies, gap, seed)| {
+    let long = prop::collection::vec((0u64..40, 1u64..64), 0..3);
+    (part, 2u64..5, 0u64..4, long, any::<u64>()).prop_map(|(part, copies, gap, long, seed)| {
         let period = part.iter().map(|&(start, len, _, _)| start + len).max().unwrap_or(0) + gap;
         let mut out: Vec<Buffer> = (0..copies)
             .flat_map(|c| {
@@ -83,6 +85,8 @@ fn repeated_parts() -> impl Strategy<Value = Vec<Buffer>> {
                 })
             })
             .collect();
+        let end = copies * period + 1;
+        out.extend(long.into_iter().map(|(start, size)| Buffer { start, end, size, group: None }));
         let mut x = seed | 1;
         for i in (1..out.len()).rev() {
             x ^= x << 13;

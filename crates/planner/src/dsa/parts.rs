@@ -6,9 +6,10 @@
 //! of the clock at a time, reaches few of them (ten iterations of 1000 random buffers, ten
 //! seeds: median 1.032 of the bound planned whole, 1.013 from one copy). The list of the
 //! distinct parts, one after the other on the clock, is planned with the whole list's
-//! budget. Buffers live whenever any part is (weights, optimizer state) would join every part
-//! into one: they are set aside and planned beside the copies as buffers live throughout,
-//! which loses nothing.
+//! budget. Buffers live through most of the trace (weights, gradients, optimizer state) would
+//! join every part into one: they are set aside and planned beside the copies as buffers live
+//! throughout, which loses nothing where every distinct part has a copy inside all their
+//! lifetimes ([`split`]).
 
 use super::*;
 
@@ -26,7 +27,7 @@ pub(super) struct Split {
     distinct: Vec<(Vec<Buffer>, usize)>,
     /// Where every buffer goes.
     of: Vec<Home>,
-    /// The sizes of the buffers live whenever any part is (see [`split`]).
+    /// The sizes of the buffers set aside, planned as live throughout (see [`split`]).
     spanning: Vec<u64>,
     /// Parts of the list.
     parts: usize,
@@ -41,7 +42,7 @@ enum Home {
     Nowhere,
     /// Position `at` of distinct part `part`.
     Part { part: u32, at: u32 },
-    /// The `k`th of the buffers live whenever any part is.
+    /// The `k`th of the buffers set aside.
     Spanning(u32),
 }
 
@@ -49,64 +50,99 @@ enum Home {
 /// others (each check can send some back, which widens that hull).
 const SPANNING_PASSES: usize = 4;
 
+/// Whether a buffer is live (an empty one, or one that ends where it starts, never is).
+fn live(b: &Buffer) -> bool {
+    b.end > b.start && b.size > 0
+}
+
+/// What a list's parts are made of: lone live buffers, and alias groups (with their members
+/// that are never live).
+struct Units {
+    /// Every buffer's unit (`u32::MAX`: never live, in no group with a live member).
+    unit_of: Vec<u32>,
+    /// Every unit's hull of live members and its buffers: (start, end, buffers).
+    hulls: Vec<(u64, u64, u32)>,
+    /// Units that are one buffer of one interval (no alias group).
+    lone: Vec<bool>,
+}
+
+impl Units {
+    fn of(buffers: &[Buffer]) -> Units {
+        let mut unit_of = vec![u32::MAX; buffers.len()];
+        let mut hulls: Vec<(u64, u64, u32)> = Vec::new();
+        let mut lone: Vec<bool> = Vec::new();
+        let mut group_unit: HashMap<u32, u32> = HashMap::new();
+        for (i, b) in buffers.iter().enumerate().filter(|(_, b)| live(b)) {
+            let fresh = hulls.len() as u32;
+            let u = match b.group {
+                Some(g) => *group_unit.entry(g).or_insert(fresh),
+                None => fresh,
+            };
+            if u == fresh {
+                hulls.push((b.start, b.end, 0));
+                lone.push(b.group.is_none());
+            }
+            let h = &mut hulls[u as usize];
+            h.0 = h.0.min(b.start);
+            h.1 = h.1.max(b.end);
+            h.2 += 1;
+            unit_of[i] = u;
+        }
+        // Members of a group that are never live (or empty) follow the group.
+        for (i, b) in buffers.iter().enumerate().filter(|(_, b)| !live(b)) {
+            if let Some(&u) = b.group.and_then(|g| group_unit.get(&g)) {
+                unit_of[i] = u;
+                hulls[u as usize].2 += 1;
+            }
+        }
+        Units { unit_of, hulls, lone }
+    }
+
+    /// The hull of the units whose mark in `set` is `want`.
+    fn hull(&self, set: &[bool], want: bool) -> Option<(u64, u64)> {
+        let units = self.hulls.iter().zip(set).filter(|(_, s)| **s == want);
+        units.fold(None, |acc, (h, _)| {
+            Some(acc.map_or((h.0, h.1), |(s, e): (u64, u64)| (s.min(h.0), e.max(h.1))))
+        })
+    }
+}
+
 /// The parts of `buffers`, where there are two or more of at least [`MIN_PART_BUFFERS`]
 /// buffers each and some are copies of others; `None` otherwise, and where a buffer ends
-/// before it starts (the plan of the whole list reports that). Buffers live at every moment
-/// at which any other part of the list is (weights and optimizer state through a trace of
-/// iterations) are set aside first: they separate nothing, and in any placement the rest
-/// lies in the bytes they leave free at every moment, so planning them beside one copy of
-/// each part, live throughout, loses nothing.
+/// before it starts (the plan of the whole list reports that).
+///
+/// Lone buffers live over half the clock or more (weights, gradients and optimizer state
+/// through a trace of iterations) are set aside first: they would join every part into one.
+/// They are planned as buffers live throughout the list of distinct parts, which loses
+/// nothing where every distinct part has a copy inside the lifetimes of all of them (at such
+/// a copy they are all live, so a placement of the list needs as many bytes as the distinct
+/// part with them stacked under it; and stacking buffers live throughout under a placement
+/// costs nothing). Where some distinct part has no such copy, only the buffers live
+/// throughout the hull of everything else are set aside.
 pub(super) fn split(buffers: &[Buffer]) -> Option<Split> {
-    let n = buffers.len();
-    if n < 2 * MIN_PART_BUFFERS || buffers.iter().any(|b| b.end < b.start) {
+    if buffers.len() < 2 * MIN_PART_BUFFERS || buffers.iter().any(|b| b.end < b.start) {
         return None;
     }
-    let live = |b: &Buffer| b.end > b.start && b.size > 0;
-    // Units: a lone live buffer, or an alias group with its live members' hull.
-    let mut unit_of = vec![u32::MAX; n];
-    let mut hulls: Vec<(u64, u64, u32)> = Vec::new(); // (start, end, buffers)
-    // Units that are one buffer of one interval (no alias group).
-    let mut lone: Vec<bool> = Vec::new();
-    let mut group_unit: HashMap<u32, u32> = HashMap::new();
-    for (i, b) in buffers.iter().enumerate().filter(|(_, b)| live(b)) {
-        let fresh = hulls.len() as u32;
-        let u = match b.group {
-            Some(g) => *group_unit.entry(g).or_insert(fresh),
-            None => fresh,
-        };
-        if u == fresh {
-            hulls.push((b.start, b.end, 0));
-            lone.push(b.group.is_none());
-        }
-        let h = &mut hulls[u as usize];
-        h.0 = h.0.min(b.start);
-        h.1 = h.1.max(b.end);
-        h.2 += 1;
-        unit_of[i] = u;
+    let units = Units::of(buffers);
+    let hulls = &units.hulls;
+    let (t0, t1) = units.hull(&vec![true; hulls.len()], true)?;
+    let long: Vec<bool> =
+        (0..hulls.len()).map(|u| units.lone[u] && hulls[u].1 - hulls[u].0 >= (t1 - t0).div_ceil(2)).collect();
+    // All of them live at once over [latest start, earliest end).
+    let within = (0..hulls.len())
+        .filter(|&u| long[u])
+        .fold((t0, t1), |(s, e), u| (s.max(hulls[u].0), e.min(hulls[u].1)));
+    match parts_beside(buffers, &units, &long, within) {
+        Parted::Split(split) => return Some(split),
+        Parted::NoCopies => return None,
+        Parted::NotWithin => {}
     }
-    // Members of a group that are never live (or empty) follow the group.
-    for (i, b) in buffers.iter().enumerate().filter(|(_, b)| !live(b)) {
-        if let Some(&u) = b.group.and_then(|g| group_unit.get(&g)) {
-            unit_of[i] = u;
-            hulls[u as usize].2 += 1;
-        }
-    }
-    // Lone buffers live throughout the hull of the other units are set aside. Candidates
-    // are those live over half the clock or more; one that does not cover the hull of the
-    // others goes back to them, which can widen that hull, until none goes back (within
-    // `SPANNING_PASSES`, else none is set aside).
-    let hull_of = |set: &[bool], want: bool| {
-        let units = hulls.iter().zip(set).filter(|(_, s)| **s == want);
-        units.fold(None, |acc: Option<(u64, u64)>, (h, _)| {
-            Some(acc.map_or((h.0, h.1), |(s, e)| (s.min(h.0), e.max(h.1))))
-        })
-    };
-    let (t0, t1) = hull_of(&vec![true; hulls.len()], true)?;
-    let mut spanning: Vec<bool> =
-        (0..hulls.len()).map(|u| lone[u] && hulls[u].1 - hulls[u].0 >= (t1 - t0).div_ceil(2)).collect();
+    // Those live throughout the hull of the others: one that is not goes back to them, which
+    // can widen that hull, until none goes back (within `SPANNING_PASSES`, else none).
+    let mut spanning = long;
     let mut settled = false;
     for _ in 0..SPANNING_PASSES {
-        let Some((s, e)) = hull_of(&spanning, false) else { break };
+        let Some((s, e)) = units.hull(&spanning, false) else { break };
         let mut back = false;
         for (u, set) in spanning.iter_mut().enumerate() {
             if *set && !(hulls[u].0 <= s && hulls[u].1 >= e) {
@@ -122,10 +158,30 @@ pub(super) fn split(buffers: &[Buffer]) -> Option<Split> {
     if !settled {
         spanning.fill(false);
     }
+    match parts_beside(buffers, &units, &spanning, (t0, t1)) {
+        Parted::Split(split) => Some(split),
+        Parted::NoCopies | Parted::NotWithin => None,
+    }
+}
+
+/// What [`parts_beside`] found.
+enum Parted {
+    Split(Split),
+    /// Fewer than two parts, or no part a copy of another.
+    NoCopies,
+    /// Copies, but some distinct part has none inside the interval asked for.
+    NotWithin,
+}
+
+/// The parts of `buffers` with the units marked in `set_aside` set aside (see [`split`]),
+/// where every distinct part has a copy inside `within`.
+fn parts_beside(buffers: &[Buffer], units: &Units, set_aside: &[bool], within: (u64, u64)) -> Parted {
+    let n = buffers.len();
+    let Units { unit_of, hulls, .. } = units;
     // Components of the clock: a unit starting at or after the end of every unit before it
     // starts a new one. Components join into parts of at least `min_part` buffers.
     let mut by_start: Vec<(u64, u32)> =
-        hulls.iter().enumerate().filter(|&(u, _)| !spanning[u]).map(|(u, h)| (h.0, u as u32)).collect();
+        hulls.iter().enumerate().filter(|&(u, _)| !set_aside[u]).map(|(u, h)| (h.0, u as u32)).collect();
     by_start.sort_unstable();
     let min_part = MIN_PART_BUFFERS.max(n / MAX_PARTS);
     let mut part_of_unit = vec![u32::MAX; hulls.len()];
@@ -158,33 +214,35 @@ pub(super) fn split(buffers: &[Buffer]) -> Option<Split> {
     }
     let parts = outline.len();
     if parts < 2 {
-        return None;
+        return Parted::NoCopies;
     }
-    for (b, &u) in buffers.iter().zip(&unit_of).filter(|(_, u)| **u != u32::MAX && !spanning[**u as usize]) {
+    for (b, &u) in buffers.iter().zip(unit_of).filter(|(_, u)| **u != u32::MAX && !set_aside[**u as usize]) {
         let o = &mut outline[part_of_unit[u as usize] as usize];
         o.3 = o.3.wrapping_add(b.size);
     }
     let mut shapes: Vec<(usize, u64, u64)> = outline.iter().map(|&(k, s, e, z)| (k, e - s, z)).collect();
     shapes.sort_unstable();
     if shapes.windows(2).all(|w| w[0] != w[1]) {
-        return None;
+        return Parted::NoCopies;
     }
     // Each part in a canonical form: its buffers sorted by (start, end, size) from the part's
     // first start, groups renumbered in that order; equal forms are one distinct part.
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); parts];
     let mut of = vec![Home::Nowhere; n];
-    let mut set_aside = Vec::new();
+    let mut spanning = Vec::new();
     for (i, &u) in unit_of.iter().enumerate().filter(|(_, u)| **u != u32::MAX) {
-        if spanning[u as usize] {
-            of[i] = Home::Spanning(set_aside.len() as u32);
-            set_aside.push(buffers[i].size);
+        if set_aside[u as usize] {
+            of[i] = Home::Spanning(spanning.len() as u32);
+            spanning.push(buffers[i].size);
         } else {
             members[part_of_unit[u as usize] as usize].push(i as u32);
         }
     }
     let mut index: HashMap<Vec<Buffer>, u32> = HashMap::new();
     let mut copies: Vec<usize> = Vec::new();
-    for mut m in members {
+    // Whether each distinct part has a copy inside `within`.
+    let mut inside: Vec<bool> = Vec::new();
+    for (p, mut m) in members.into_iter().enumerate() {
         let t0 = m.iter().filter(|&&i| live(&buffers[i as usize])).map(|&i| buffers[i as usize].start).min();
         let t0 = t0.expect("every part holds a live buffer");
         let shifted = |b: &Buffer| if live(b) { (b.start - t0, b.end - t0) } else { (0, 0) };
@@ -207,21 +265,26 @@ pub(super) fn split(buffers: &[Buffer]) -> Option<Split> {
         let d = *index.entry(canonical).or_insert(fresh);
         if d == fresh {
             copies.push(0);
+            inside.push(false);
         }
         copies[d as usize] += 1;
+        inside[d as usize] |= within.0 <= outline[p].1 && outline[p].2 <= within.1;
         for (at, &i) in m.iter().enumerate() {
             of[i as usize] = Home::Part { part: d, at: at as u32 };
         }
     }
     if index.len() == parts {
-        return None;
+        return Parted::NoCopies;
+    }
+    if inside.contains(&false) {
+        return Parted::NotWithin;
     }
     let mut distinct = vec![(Vec::new(), 0); index.len()];
     for (canonical, d) in index {
         distinct[d as usize] = (canonical, copies[d as usize]);
     }
     let intervals = buffers.iter().filter(|b| live(b)).count();
-    Some(Split { distinct, of, spanning: set_aside, parts, intervals })
+    Parted::Split(Split { distinct, of, spanning, parts, intervals })
 }
 
 /// Plans a list from its `split` (begun at `began`; see the module documentation) within the
@@ -394,19 +457,33 @@ mod tests {
         let end = 8 * 260;
         list.push(Buffer { start: 0, end, size: 96 << 20, group: None });
         list.push(Buffer { start: 0, end: end + 7, size: 32 << 20, group: None });
-        let split = split(&list).expect("the iterations are copies once the two are set aside");
-        assert_eq!(split.spanning, [96 << 20, 32 << 20]);
-        assert_eq!((split.parts, split.distinct.len()), (8, 1));
+        let parts = split(&list).expect("the iterations are copies once the two are set aside");
+        assert_eq!(parts.spanning, [96 << 20, 32 << 20]);
+        assert_eq!((parts.parts, parts.distinct.len()), (8, 1));
         let placed = place(&list, &opts()).unwrap();
         verify(&list, &placed.offsets).unwrap();
         assert!(placed.strategy.starts_with("parts(8, 1 distinct: "), "{}", placed.strategy);
         assert_eq!(placed.live_bound, live_bound(&list).unwrap());
-        // A buffer live through all but the first iteration is not set aside (the first
-        // iteration lives without it): it holds the other seven together, and no part is a
-        // copy of another.
+        // A buffer live through all but the first iteration is set aside too: the second to
+        // the eighth lie inside all three lifetimes.
         let mut longer = list.clone();
         longer.push(Buffer { start: 260, end, size: 8 << 20, group: None });
+        let parts = split(&longer).unwrap();
+        assert_eq!((parts.spanning.len(), parts.parts, parts.distinct.len()), (3, 8, 1));
+        let placed = place(&longer, &opts()).unwrap();
+        verify(&longer, &placed.offsets).unwrap();
+        assert_eq!(placed.live_bound, live_bound(&longer).unwrap());
+        // Unless the first iteration is one of its kind (a warm-up): then nothing shows what
+        // it needs beside that buffer, which joins the other seven into one part.
+        let first = longer.iter().position(|b| b.start < 260 && b.group.is_none() && b.end < 260).unwrap();
+        longer[first].size += 512;
         assert!(split_none(&longer));
+        // Without that buffer, the warm-up is a part of its own beside seven copies.
+        longer.pop();
+        let parts = split(&longer).unwrap();
+        assert_eq!((parts.spanning.len(), parts.parts, parts.distinct.len()), (2, 8, 2));
+        let placed = place(&longer, &opts()).unwrap();
+        verify(&longer, &placed.offsets).unwrap();
         // Nor is an alias group, however far apart its members: it spans every iteration.
         list.push(Buffer { start: 0, end: 3, size: 1 << 20, group: Some(7777) });
         list.push(Buffer { start: end - 3, end, size: 1 << 20, group: Some(7777) });
