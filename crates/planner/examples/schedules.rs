@@ -106,14 +106,14 @@ fn outcome(plan: &Plan) -> String {
 /// Plans random explicit orders (see the module documentation).
 fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
     let opts = PlaceOptions { time_budget: Duration::from_millis(budget_ms), ..PlaceOptions::default() };
-    let (mut above, mut worst, mut slowest) = (0, 1.0f64, Duration::ZERO);
+    let (mut above, mut worst, mut slowest) = (0, 1.0f64, (Duration::ZERO, 0));
     let count = cases.clone().count();
     for case in cases {
         let ExplicitCase { chunks: v, microbatches: m, window, eager, layers, input } =
             random_explicit_case(case);
         let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
-        slowest = slowest.max(plan.elapsed);
+        slowest = slowest.max((plan.elapsed, case));
         if plan.ratio() > 1.001 || plan.elapsed > opts.time_budget.mul_f64(1.25) {
             above += usize::from(plan.ratio() > 1.001);
             println!(
@@ -123,8 +123,9 @@ fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
         }
     }
     println!(
-        "{count} explicit orders, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}, slowest plan {:.1} ms",
-        slowest.as_secs_f64() * 1e3
+        "{count} explicit orders, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}, slowest plan {:.1} ms (case {})",
+        slowest.0.as_secs_f64() * 1e3,
+        slowest.1
     );
 }
 
@@ -201,12 +202,12 @@ fn main() {
     let opts =
         PlaceOptions { time_budget: Duration::from_millis(budget_ms), threads, ..PlaceOptions::default() };
     let began = Instant::now();
-    let (mut above, mut worst, mut slowest) = (0, 1.0f64, Duration::ZERO);
+    let (mut above, mut worst, mut slowest) = (0, 1.0f64, (Duration::ZERO, 0));
     for case in first..=cases {
         let (schedule, layers, input) = draw(case, large);
         let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
-        slowest = slowest.max(plan.elapsed);
+        slowest = slowest.max((plan.elapsed, case));
         let stages = stage_list(&plan);
         if plan.elapsed > opts.time_budget.mul_f64(1.25) {
             println!(
@@ -222,9 +223,10 @@ fn main() {
         }
     }
     println!(
-        "{} schedules, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}, slowest plan {:.1} ms ({:.1} s in all)",
+        "{} schedules, {budget_ms} ms each: {above} above 1.001 × the bound, worst {worst:.4}, slowest plan {:.1} ms (case {}; {:.1} s in all)",
         cases + 1 - first,
-        slowest.as_secs_f64() * 1e3,
+        slowest.0.as_secs_f64() * 1e3,
+        slowest.1,
         began.elapsed().as_secs_f64()
     );
 }
