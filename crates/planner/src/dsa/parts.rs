@@ -14,7 +14,8 @@
 use super::*;
 
 /// Parts of fewer buffers join the part before them (the first part, the one after it): a
-/// plan of its own costs a floor and threads, and a part this small decides little.
+/// list cut every few buffers is compared in pieces of some size, and iterations with cuts
+/// inside them still come out as runs of parts that are alike.
 const MIN_PART_BUFFERS: usize = 64;
 
 /// At most about this many parts: smaller ones join up in order of time.
