@@ -199,6 +199,15 @@ pub struct Buffer {
     pub group: Option<u32>,
 }
 
+impl Buffer {
+    /// Whether the buffer needs bytes at all: live at some step (`end > start`) and not
+    /// empty. Only such buffers must be kept apart; the others go at offset 0, or at their
+    /// alias group's offset.
+    pub fn is_live(&self) -> bool {
+        self.end > self.start && self.size > 0
+    }
+}
+
 /// How a greedy strategy picks among the free gaps that fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Fit {

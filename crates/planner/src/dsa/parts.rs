@@ -51,13 +51,8 @@ enum Home {
 /// others (each check can send some back, which widens that hull).
 const SPANNING_PASSES: usize = 4;
 
-/// Whether a buffer is live (an empty one, or one that ends where it starts, never is).
-fn live(b: &Buffer) -> bool {
-    b.end > b.start && b.size > 0
-}
-
-/// What a list's parts are made of: lone live buffers, and alias groups (with their members
-/// that are never live).
+/// What a list's parts are made of: its items (lone live buffers, and alias groups with
+/// their members that are never live).
 struct Units {
     /// Every buffer's unit (`u32::MAX`: never live, in no group with a live member).
     unit_of: Vec<u32>,
@@ -68,35 +63,21 @@ struct Units {
 }
 
 impl Units {
-    fn of(buffers: &[Buffer]) -> Units {
-        let mut unit_of = vec![u32::MAX; buffers.len()];
-        let mut hulls: Vec<(u64, u64, u32)> = Vec::new();
-        let mut lone: Vec<bool> = Vec::new();
-        let mut group_unit: HashMap<u32, u32> = HashMap::new();
-        for (i, b) in buffers.iter().enumerate().filter(|(_, b)| live(b)) {
-            let fresh = hulls.len() as u32;
-            let u = match b.group {
-                Some(g) => *group_unit.entry(g).or_insert(fresh),
-                None => fresh,
-            };
-            if u == fresh {
-                hulls.push((b.start, b.end, 0));
-                lone.push(b.group.is_none());
-            }
+    /// The units of `buffers`; `None` where a buffer ends before it starts.
+    fn of(buffers: &[Buffer]) -> Option<Units> {
+        let (unit_of, units, _) = number_items(buffers).ok()?;
+        let mut hulls = vec![(u64::MAX, 0u64, 0u32); units as usize];
+        let mut lone = vec![true; units as usize];
+        for (b, &u) in buffers.iter().zip(&unit_of).filter(|(_, u)| **u != u32::MAX) {
             let h = &mut hulls[u as usize];
-            h.0 = h.0.min(b.start);
-            h.1 = h.1.max(b.end);
-            h.2 += 1;
-            unit_of[i] = u;
-        }
-        // Members of a group that are never live (or empty) follow the group.
-        for (i, b) in buffers.iter().enumerate().filter(|(_, b)| !live(b)) {
-            if let Some(&u) = b.group.and_then(|g| group_unit.get(&g)) {
-                unit_of[i] = u;
-                hulls[u as usize].2 += 1;
+            if b.is_live() {
+                h.0 = h.0.min(b.start);
+                h.1 = h.1.max(b.end);
             }
+            h.2 += 1;
+            lone[u as usize] &= b.group.is_none();
         }
-        Units { unit_of, hulls, lone }
+        Some(Units { unit_of, hulls, lone })
     }
 
     /// The hull of the units whose mark in `set` is `want`.
@@ -121,10 +102,10 @@ impl Units {
 /// costs nothing). Where some distinct part has no such copy, only the buffers live
 /// throughout the hull of everything else are set aside.
 pub(super) fn split(buffers: &[Buffer]) -> Option<Split> {
-    if buffers.len() < 2 * MIN_PART_BUFFERS || buffers.iter().any(|b| b.end < b.start) {
+    if buffers.len() < 2 * MIN_PART_BUFFERS {
         return None;
     }
-    let units = Units::of(buffers);
+    let units = Units::of(buffers)?;
     let hulls = &units.hulls;
     let (t0, t1) = units.hull(&vec![true; hulls.len()], true)?;
     let long: Vec<bool> =
@@ -244,9 +225,9 @@ fn parts_beside(buffers: &[Buffer], units: &Units, set_aside: &[bool], within: (
     // Whether each distinct part has a copy inside `within`.
     let mut inside: Vec<bool> = Vec::new();
     for (p, mut m) in members.into_iter().enumerate() {
-        let t0 = m.iter().filter(|&&i| live(&buffers[i as usize])).map(|&i| buffers[i as usize].start).min();
+        let t0 = m.iter().map(|&i| &buffers[i as usize]).filter(|b| b.is_live()).map(|b| b.start).min();
         let t0 = t0.expect("every part holds a live buffer");
-        let shifted = |b: &Buffer| if live(b) { (b.start - t0, b.end - t0) } else { (0, 0) };
+        let shifted = |b: &Buffer| if b.is_live() { (b.start - t0, b.end - t0) } else { (0, 0) };
         m.sort_by_key(|&i| {
             let b = &buffers[i as usize];
             (shifted(b), b.size, b.group.is_some(), i)
@@ -284,7 +265,7 @@ fn parts_beside(buffers: &[Buffer], units: &Units, set_aside: &[bool], within: (
     for (canonical, d) in index {
         distinct[d as usize] = (canonical, copies[d as usize]);
     }
-    let intervals = buffers.iter().filter(|b| live(b)).count();
+    let intervals = buffers.iter().filter(|b| b.is_live()).count();
     Parted::Split(Split { distinct, of, spanning, parts, intervals })
 }
 
@@ -307,7 +288,7 @@ pub(super) fn place_parts(
         let part_groups = part.iter().filter_map(|b| b.group).max().map_or(0, |g| g + 1);
         let span = part.iter().map(|b| b.end).max().unwrap_or(0);
         list.extend(part.iter().map(|b| {
-            let (start, end) = if b.end > b.start { (b.start + clock, b.end + clock) } else { (0, 0) };
+            let (start, end) = if b.is_live() { (b.start + clock, b.end + clock) } else { (0, 0) };
             Buffer { start, end, size: b.size, group: b.group.map(|g| g + groups) }
         }));
         groups += part_groups;

@@ -29,44 +29,59 @@ pub(super) struct Problem {
     pub(super) events: std::sync::OnceLock<Vec<(u32, bool, u32)>>,
 }
 
+/// Every buffer's item — a lone live buffer, or an alias group with a live member — numbered
+/// in order of their first live buffer; `u32::MAX` for a buffer that is never live (or empty)
+/// and in no such group (members of a group that are not live follow their group). With the
+/// number of items and whether any buffer has a group. Fails on a buffer that ends before it
+/// starts.
+pub(super) fn number_items(buffers: &[Buffer]) -> Result<(Vec<u32>, u32, bool), PlaceError> {
+    let mut groups: HashMap<u32, u32, KeyHashing> = HashMap::default();
+    let mut item_of = vec![u32::MAX; buffers.len()];
+    let mut items = 0u32;
+    let mut grouped = false;
+    for (index, b) in buffers.iter().enumerate() {
+        if b.end < b.start {
+            return Err(PlaceError::Reversed { index, start: b.start, end: b.end });
+        }
+        grouped |= b.group.is_some();
+        if !b.is_live() {
+            continue;
+        }
+        item_of[index] = match b.group {
+            Some(g) => *groups.entry(g).or_insert_with(|| {
+                items += 1;
+                items - 1
+            }),
+            None => {
+                items += 1;
+                items - 1
+            }
+        };
+    }
+    if grouped {
+        for (index, b) in buffers.iter().enumerate() {
+            if item_of[index] == u32::MAX
+                && let Some(g) = b.group
+                && let Some(&item) = groups.get(&g)
+            {
+                item_of[index] = item;
+            }
+        }
+    }
+    Ok((item_of, items, grouped))
+}
+
 impl Problem {
     pub(super) fn build(buffers: &[Buffer]) -> Result<Problem, PlaceError> {
-        let mut groups: HashMap<u32, u32> = HashMap::new();
-        let mut item_of = vec![u32::MAX; buffers.len()];
-        // (item, start, end, size) of every buffer that is live and not empty; items are
-        // numbered in order of their first member.
-        let mut members: Vec<(u32, u64, u64, u64)> = Vec::with_capacity(buffers.len());
-        let mut items = 0u32;
-        for (index, b) in buffers.iter().enumerate() {
-            if b.end < b.start {
-                return Err(PlaceError::Reversed { index, start: b.start, end: b.end });
-            }
-            if b.end == b.start || b.size == 0 {
-                continue;
-            }
-            let item = match b.group {
-                Some(g) => *groups.entry(g).or_insert_with(|| {
-                    items += 1;
-                    items - 1
-                }),
-                None => {
-                    items += 1;
-                    items - 1
-                }
-            };
-            item_of[index] = item;
-            members.push((item, b.start, b.end, b.size));
-        }
-        // Zero-size or never-live members of a group follow the group.
-        if !groups.is_empty() {
-            for (index, b) in buffers.iter().enumerate() {
-                if item_of[index] == u32::MAX
-                    && let Some(g) = b.group
-                    && let Some(&item) = groups.get(&g)
-                {
-                    item_of[index] = item;
-                }
-            }
+        let (item_of, items, grouped) = number_items(buffers)?;
+        // (item, start, end, size) of every live buffer.
+        let mut members: Vec<(u32, u64, u64, u64)> = buffers
+            .iter()
+            .zip(&item_of)
+            .filter(|(b, _)| b.is_live())
+            .map(|(b, &item)| (item, b.start, b.end, b.size))
+            .collect();
+        if grouped {
             // Members of one item together, intervals by start (lone buffers are in item
             // order already).
             members.sort_unstable();

@@ -60,7 +60,7 @@ pub fn verify(buffers: &[Buffer], offsets: &[u64]) -> Result<(), VerifyError> {
         if b.size > 0 && offsets[i].checked_add(b.size).is_none() {
             return Err(VerifyError::PastAddressSpace(i));
         }
-        if b.size > 0 && b.end > b.start {
+        if b.is_live() {
             events.push((b.start, true, i));
             events.push((b.end, false, i));
         }
