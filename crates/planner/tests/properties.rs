@@ -73,29 +73,24 @@ fn brute_force(b: &[Buffer]) -> u64 {
 fn repeated_parts() -> impl Strategy<Value = Vec<Buffer>> {
     let part = prop::collection::vec((0u64..40, 1u64..12, 0u64..64, 0u32..8), 64..100);
     let long = prop::collection::vec((0u64..40, 1u64..64), 0..3);
-    (part, 2u64..5, 0u64..4, long, any::<u64>()).prop_map(|(part, copies, gap, long, seed)| {
-        let period = part.iter().map(|&(start, len, _, _)| start + len).max().unwrap_or(0) + gap;
-        let mut out: Vec<Buffer> = (0..copies)
-            .flat_map(|c| {
-                part.iter().map(move |&(start, len, size, g)| Buffer {
-                    start: start + c * period,
-                    end: start + len + c * period,
-                    size,
-                    group: (g < 4).then_some(g + 4 * c as u32),
+    (part, 2u64..5, 0u64..4, long)
+        .prop_map(|(part, copies, gap, long)| {
+            let period = part.iter().map(|&(start, len, _, _)| start + len).max().unwrap_or(0) + gap;
+            let mut out: Vec<Buffer> = (0..copies)
+                .flat_map(|c| {
+                    part.iter().map(move |&(start, len, size, g)| Buffer {
+                        start: start + c * period,
+                        end: start + len + c * period,
+                        size,
+                        group: (g < 4).then_some(g + 4 * c as u32),
+                    })
                 })
-            })
-            .collect();
-        let end = copies * period + 1;
-        out.extend(long.into_iter().map(|(start, size)| Buffer { start, end, size, group: None }));
-        let mut x = seed | 1;
-        for i in (1..out.len()).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            out.swap(i, (x % (i as u64 + 1)) as usize);
-        }
-        out
-    })
+                .collect();
+            let end = copies * period + 1;
+            out.extend(long.into_iter().map(|(start, size)| Buffer { start, end, size, group: None }));
+            out
+        })
+        .prop_shuffle()
 }
 
 /// Alias groups of 1–4 members at separate times (gaps between them), every member of a

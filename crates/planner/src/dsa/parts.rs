@@ -80,10 +80,10 @@ impl Units {
         Some(Units { unit_of, hulls, lone })
     }
 
-    /// The hull of the units whose mark in `set` is `want`.
-    fn hull(&self, set: &[bool], want: bool) -> Option<(u64, u64)> {
-        let units = self.hulls.iter().zip(set).filter(|(_, s)| **s == want);
-        units.fold(None, |acc, (h, _)| {
+    /// The hull of the units `keep` keeps.
+    fn hull(&self, keep: impl Fn(usize) -> bool) -> Option<(u64, u64)> {
+        let kept = self.hulls.iter().enumerate().filter(|&(u, _)| keep(u));
+        kept.fold(None, |acc, (_, h)| {
             Some(acc.map_or((h.0, h.1), |(s, e): (u64, u64)| (s.min(h.0), e.max(h.1))))
         })
     }
@@ -107,7 +107,7 @@ pub(super) fn split(buffers: &[Buffer]) -> Option<Split> {
     }
     let units = Units::of(buffers)?;
     let hulls = &units.hulls;
-    let (t0, t1) = units.hull(&vec![true; hulls.len()], true)?;
+    let (t0, t1) = units.hull(|_| true)?;
     let long: Vec<bool> =
         (0..hulls.len()).map(|u| units.lone[u] && hulls[u].1 - hulls[u].0 >= (t1 - t0).div_ceil(2)).collect();
     // All of them live at once over [latest start, earliest end).
@@ -124,7 +124,7 @@ pub(super) fn split(buffers: &[Buffer]) -> Option<Split> {
     let mut spanning = long;
     let mut settled = false;
     for _ in 0..SPANNING_PASSES {
-        let Some((s, e)) = units.hull(&spanning, false) else { break };
+        let Some((s, e)) = units.hull(|u| !spanning[u]) else { break };
         let mut back = false;
         for (u, set) in spanning.iter_mut().enumerate() {
             if *set && !(hulls[u].0 <= s && hulls[u].1 >= e) {
