@@ -1204,6 +1204,38 @@ mod timing {
             );
         }
     }
+
+    /// What looking for repeated parts costs a list that has none (best of five runs).
+    #[test]
+    #[ignore]
+    fn parts_split_time() {
+        use crate::pipeline::{schedule_buffers, transformer_layers};
+        let schedule = crate::Schedule::Interleaved {
+            pp_size: 16,
+            pp_rank: 15,
+            num_microbatches: 1024,
+            virtual_chunks: 4,
+        };
+        let layers = transformer_layers(schedule.chunks(), 9, 4096, 1, 1024);
+        let input = crate::SchedulePlanInput { schedule, layers };
+        for (name, b) in [
+            ("interleaved pp16 v4 M1024", schedule_buffers(&input).unwrap().buffers),
+            ("random", crate::workload::random(100_000, 1)),
+            ("dense", crate::workload::random_dense(100_000, 1)),
+            ("packed", crate::workload::packed(100_000, 1)),
+            ("training", crate::workload::training_trace(100_000, 1)),
+        ] {
+            let best = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    assert!(parts::split(&b).is_none());
+                    t.elapsed()
+                })
+                .min()
+                .unwrap();
+            println!("{name}, {} buffers: {:.2} ms", b.len(), best.as_secs_f64() * 1e3);
+        }
+    }
 }
 
 #[cfg(test)]
