@@ -4,7 +4,7 @@
 //! of the copies is one of every part like it, with the same footprint. Planned as one list,
 //! every copy's peak has to be brought down at once, and the search, which lowers one stretch
 //! of the clock at a time, reaches few of them (ten iterations of 1000 random buffers, ten
-//! seeds: median 1.032 of the bound planned whole, 1.013 from one copy). The list of the
+//! seeds: median 1.031 of the bound planned whole, 1.005 from one copy). The list of the
 //! distinct parts, one after the other on the clock, is planned with the whole list's
 //! budget. Buffers live through most of the trace (weights, gradients, optimizer state) would
 //! join every part into one: they are set aside and planned beside the copies as buffers live
