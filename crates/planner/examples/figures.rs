@@ -4,7 +4,9 @@
 //!
 //! `FIGURES_SEEDS=1-10` runs the generated lists with other seeds (default `1-3`);
 //! `FIGURES_BUDGET_MS=2000` gives every row that budget instead of the default cap;
-//! `FIGURES_STAGES=1` prints the planner's stages under every row (time, footprint after).
+//! `FIGURES_STAGES=1` prints the planner's stages under every row (time, footprint after);
+//! `FIGURES_SIZES=17000,25000` generates the random lists and tilings at those sizes instead
+//! of 1k, 10k and 100k buffers.
 //!
 //! Columns: `floor`, `greedy` and `ratio` are the online best-fit floor, the construction
 //! the later stages start from (the lowest, or the one around a hot skeleton, which may be
@@ -24,7 +26,8 @@
 //! sizes lie within a factor of three (`workload::random_similar_sizes`); `grouped` rows
 //! random lists with half the buffers in alias groups whose members recur at a period
 //! (`workload::random_grouped`); `repeated` rows ten iterations of one random list, nothing
-//! live between them (`workload::repeated_iterations`).
+//! live between them (`workload::repeated_iterations`); `pow2` rows lists of power-of-two
+//! sizes, about 260 buffers live at once (`workload::random_powers_of_two`).
 
 use std::time::Duration;
 
@@ -118,18 +121,27 @@ fn main() {
             cases.push((format!("{name} seed={seed}"), Box::new(move || buffers_of(schedule, layers))));
         }
     }
-    let sizes = [1_000, 10_000, 100_000];
+    // The sizes of the generated lists; rows that start at 10k keep to the larger ones.
+    let (sizes, larger): (Vec<usize>, Vec<usize>) = match std::env::var("FIGURES_SIZES") {
+        Ok(v) => {
+            let sizes: Vec<usize> =
+                v.split(',').map(|n| n.trim().parse().expect("FIGURES_SIZES: N,N,...")).collect();
+            (sizes.clone(), sizes)
+        }
+        Err(_) => (vec![1_000, 10_000, 100_000], vec![10_000, 100_000]),
+    };
     generated(&mut cases, "random", &sizes, &seeds, "", workload::random);
     generated(&mut cases, "uniform", &sizes, &seeds, "", workload::random_uniform);
-    generated(&mut cases, "usize", &sizes[1..], &seeds, "", workload::random_uniform_sizes);
-    generated(&mut cases, "usize-busy", &sizes[1..], &seeds, "", workload::random_uniform_sizes_busy);
-    generated(&mut cases, "similar", &sizes[1..], &seeds, "", workload::random_similar_sizes);
-    generated(&mut cases, "dense", &sizes[1..], &seeds, "", workload::random_dense);
-    generated(&mut cases, "bimodal", &sizes[1..], &seeds, "", workload::random_bimodal);
-    generated(&mut cases, "longshort", &sizes[1..], &seeds, "", workload::random_long_short);
+    generated(&mut cases, "usize", &larger, &seeds, "", workload::random_uniform_sizes);
+    generated(&mut cases, "usize-busy", &larger, &seeds, "", workload::random_uniform_sizes_busy);
+    generated(&mut cases, "similar", &larger, &seeds, "", workload::random_similar_sizes);
+    generated(&mut cases, "dense", &larger, &seeds, "", workload::random_dense);
+    generated(&mut cases, "bimodal", &larger, &seeds, "", workload::random_bimodal);
+    generated(&mut cases, "pow2", &larger, &seeds, "", workload::random_powers_of_two);
+    generated(&mut cases, "longshort", &larger, &seeds, "", workload::random_long_short);
     generated(&mut cases, "training", &sizes, &seeds, "", workload::training_trace);
-    generated(&mut cases, "grouped", &sizes[1..], &seeds, "", workload::random_grouped);
-    generated(&mut cases, "repeated", &sizes[1..], &seeds, "", workload::repeated_iterations);
+    generated(&mut cases, "grouped", &larger, &seeds, "", workload::random_grouped);
+    generated(&mut cases, "repeated", &larger, &seeds, "", workload::repeated_iterations);
     generated(&mut cases, "packed", &[100, 1_000, 10_000], &seeds, "", workload::packed);
     generated(&mut cases, "packed", &sizes, &seeds, " budget=1s", workload::packed);
     // Tilings of other shapes: short pieces (one step per piece: many cuts meet), cuts at

@@ -64,6 +64,16 @@ pub fn random_dense(n: usize, seed: u64) -> Vec<Buffer> {
     })
 }
 
+/// `n` random buffers of power-of-two sizes: starts uniform over `[0, n)`, lifetimes
+/// log-uniform in `1..=2000` steps (about 260 buffers live at a time), sizes `2^k` bytes
+/// with `k` uniform in `10..=26` (1 KiB..=64 MiB, as tensors of power-of-two shapes and
+/// allocators that round up to powers of two give them). Busy enough that one greedy pass
+/// takes most of a 10k list's default budget (docs/planner.md, "Lists of power-of-two
+/// sizes").
+pub fn random_powers_of_two(n: usize, seed: u64) -> Vec<Buffer> {
+    uniform_starts(n, Rng::new(seed ^ 0x706f_7732), |rng| (rng.log_uniform(1, 2000), 1 << rng.range(10, 26)))
+}
+
 /// `n` random buffers of two populations, as in training, where weights and optimizer
 /// state live long beside short-lived activations: 2% large and long-lived (lifetimes
 /// uniform in `n/100..=n/5` steps, sizes uniform in 64..=256 MiB), the others small and
@@ -396,6 +406,20 @@ mod tests {
         assert!(b.iter().any(|x| x.size % 512 != 0));
         assert_eq!(random_similar_sizes(20_000, 3), b);
         assert_ne!(random_similar_sizes(20_000, 4), b);
+    }
+
+    /// Power-of-two sizes span 1 KiB..=64 MiB, lifetimes 1..=2000 steps, and a seed gives one
+    /// list.
+    #[test]
+    fn powers_of_two_keep_to_their_ranges() {
+        let b = random_powers_of_two(20_000, 3);
+        assert_eq!(b.len(), 20_000);
+        assert!(b.iter().all(|x| x.start < 20_000 && (1..=2000).contains(&(x.end - x.start))));
+        assert!(b.iter().all(|x| x.size.is_power_of_two() && (1 << 10..=64 << 20).contains(&x.size)));
+        assert!(b.iter().any(|x| x.size == 1 << 10) && b.iter().any(|x| x.size == 64 << 20));
+        assert!(b.iter().all(|x| x.group.is_none()));
+        assert_eq!(random_powers_of_two(20_000, 3), b);
+        assert_ne!(random_powers_of_two(20_000, 4), b);
     }
 
     /// Repeated iterations: ten copies of one list, apart in time, each the same buffers.
