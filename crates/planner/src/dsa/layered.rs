@@ -231,15 +231,14 @@ pub(super) fn hot_items(p: &Problem) -> Option<Vec<u32>> {
 }
 
 /// The skeleton of the layered construction of `p` (one interval each; `dense`: the list's
-/// greedy pass costs most of the budget, see `place`), planned for `plan_for`: the items
-/// with the largest areas ([`skeleton_items`]) where they hold [`DOMINANT_AREA`] of it or
+/// greedy pass is not expected to fit in the budget, see `place`), planned for `plan_for`: the
+/// items with the largest areas ([`skeleton_items`]) where they hold [`DOMINANT_AREA`] of it or
 /// the list is dense (the tiered fill sweeps most items in around them, and a hot skeleton
-/// there measured worse), or `p` is itself a skeleton planned for the fill around it (its
-/// hot steps are where the skeleton's bytes peak, not where the list's top is decided;
-/// measured on lists of power-of-two sizes, 100k, seeds 1–9: median 1.016 without a hot
-/// skeleton in the plan of their dense skeleton, 1.026 with, mean 1.021 both ways); else the
-/// [`hot_items`], else the items with the largest areas. The items, and whether they are the
-/// hot ones.
+/// there measured worse), or `p` is itself a skeleton planned for the fill around it (its hot
+/// steps are where the skeleton's bytes peak, not where the list's top is decided; measured on
+/// lists of power-of-two sizes, 100k, seeds 1–9: median 1.016 without a hot skeleton in the
+/// plan of their dense skeleton, 1.026 with, mean 1.021 both ways); else the [`hot_items`],
+/// else the items with the largest areas. The items, and whether they are the hot ones.
 pub(super) fn choose_skeleton(p: &Problem, dense: bool, plan_for: PlanFor) -> Option<(Vec<u32>, bool)> {
     let by_area = skeleton_items(p);
     let dominant = by_area.as_ref().is_some_and(|items| area_share(p, items) >= DOMINANT_AREA);
