@@ -5,8 +5,8 @@
 //! `FIGURES_SEEDS=1-10` runs the generated lists with other seeds (default `1-3`);
 //! `FIGURES_BUDGET_MS=2000` gives every row that budget instead of the default cap;
 //! `FIGURES_STAGES=1` prints the planner's stages under every row (time, footprint after);
-//! `FIGURES_SIZES=17000,25000` generates the random lists and tilings at those sizes instead
-//! of 1k, 10k and 100k buffers.
+//! `FIGURES_SIZES=17000,25000` generates the random lists and the 1 s tilings at those sizes
+//! instead of 1k, 10k and 100k buffers (the default-cap tilings keep 100, 1k and 10k).
 //!
 //! Columns: `floor`, `greedy` and `ratio` are the online best-fit floor, the construction
 //! the later stages start from (the lowest, or the one around a hot skeleton, which may be
