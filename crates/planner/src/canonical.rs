@@ -29,11 +29,17 @@
 //! Candidates are tried lowest floor first, then by a priority. Restarts take three static
 //! priorities (most bytes live at the item's busiest rank, lifetime, size × lifetime, in
 //! different precedence), then the same keys scaled by random factors, with node limits
-//! that follow the Luby sequence. The search is deterministic (seeded by the capacity) but
-//! for its deadline (and the flag of a search running beside it).
+//! that follow the Luby sequence; with several workers, each runs a stream of restarts of
+//! its own on a thread of its own, and the answer is the one a single interleaved sequence
+//! would give ([`fits_restarting`]). The search is deterministic (seeded by the capacity,
+//! for a number of workers) but for its deadline (and the flag of a search running beside
+//! it).
 
 use crate::items::Items;
 use crate::rng::Rng;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use crate::until::Until;
 
 /// What a search at one capacity found.
@@ -67,25 +73,127 @@ impl Order {
 /// by a random factor in [0.5, 1.5) ([`Prepared::noisy_rank`]): searches on instances with
 /// a few hundred alias groups are heavy-tailed, and a different order of ties often finds
 /// in milliseconds what one order misses for seconds. Any fixed order keeps the search
-/// complete. Deterministic (seeded by the capacity) but for the deadline.
-pub(crate) fn fits_restarting(prep: &Prepared<'_>, capacity: u64, until: Until<'_>) -> Outcome {
-    let unit = prep.items.size.len() as u64 * 2;
-    let mut rng = Rng::new(capacity);
-    for restart in 1u64.. {
-        let order = Order::ALL[(restart % 3) as usize];
-        let noisy;
-        let rank = if restart <= 3 {
-            &prep.rank[order as usize]
-        } else {
-            noisy = prep.noisy_rank(order, &mut rng);
-            &noisy
-        };
-        match fits(prep, capacity, until, rank, unit.saturating_mul(luby(restart))) {
-            Outcome::Unknown if !until.passed() => {}
-            other => return other,
+/// complete.
+///
+/// With `workers` > 1, each worker runs a stream of restarts of its own on a thread of its
+/// own (worker 0 the stream above, the others noisy orders only, from seeds of their own),
+/// and restart `r` of worker `w` counts as restart `(r − 1) × workers + w` of one sequence.
+/// The answer is the placement of the earliest restart in that sequence that finds one: a
+/// worker that finds one stops the workers busy with later restarts and lets those with
+/// earlier ones finish them. So the answer depends on the number of workers but not on
+/// which thread runs faster; deterministic (seeded by the capacity) but for the deadline.
+pub(crate) fn fits_restarting(
+    prep: &Prepared<'_>,
+    capacity: u64,
+    until: Until<'_>,
+    workers: usize,
+) -> Outcome {
+    let streams = Streams::new(workers.max(1));
+    if workers <= 1 {
+        streams.run(prep, capacity, until, 0);
+    } else {
+        std::thread::scope(|scope| {
+            // A worker without a thread leaves its restarts to nobody: the others neither wait
+            // for it nor need it.
+            let started: Vec<_> = (1..workers)
+                .filter_map(|w| {
+                    std::thread::Builder::new()
+                        .name("graphpool-canonical".into())
+                        .stack_size(SEARCH_STACK_BYTES)
+                        .spawn_scoped(scope, {
+                            let streams = &streams;
+                            move || streams.run(prep, capacity, until, w)
+                        })
+                        .ok()
+                })
+                .collect();
+            streams.run(prep, capacity, until, 0);
+            for worker in started {
+                worker.join().expect("a canonical search worker panicked");
+            }
+        });
+    }
+    streams.outcome()
+}
+
+/// What the workers of [`fits_restarting`] share.
+struct Streams {
+    workers: usize,
+    /// The earliest restart (in the one sequence) that found a placement, `u64::MAX` while
+    /// none has; 0 once a worker proved the capacity infeasible.
+    earliest: AtomicU64,
+    /// The restart each worker is in.
+    current: Vec<AtomicU64>,
+    /// Raised for a worker whose restart can no longer be the answer.
+    moot: Vec<AtomicBool>,
+    /// The placement of `earliest`, or the proof.
+    answer: Mutex<Option<Outcome>>,
+}
+
+impl Streams {
+    fn new(workers: usize) -> Streams {
+        Streams {
+            workers,
+            earliest: AtomicU64::new(u64::MAX),
+            current: (0..workers).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            moot: (0..workers).map(|_| AtomicBool::new(false)).collect(),
+            answer: Mutex::new(None),
         }
     }
-    unreachable!("restarts end with an answer or at the deadline")
+
+    /// Worker `w`'s restarts until an answer, the deadline, or an earlier restart's answer.
+    fn run(&self, prep: &Prepared<'_>, capacity: u64, until: Until<'_>, w: usize) {
+        let unit = prep.items.size.len() as u64 * 2;
+        let mut rng = Rng::new(capacity ^ (w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let stop = until.and_raised(&self.moot[w]);
+        for restart in 1u64.. {
+            let index = (restart - 1) * self.workers as u64 + w as u64;
+            // Announce the restart before reading the earliest answer: a worker that finds
+            // one first records it and then reads the announcements (both sequentially
+            // consistent), so either it sees this restart and stops it, or this reads its
+            // answer and stops here.
+            self.current[w].store(index, Ordering::SeqCst);
+            if index > self.earliest.load(Ordering::SeqCst) || stop.passed() {
+                return;
+            }
+            let order = Order::ALL[(restart % 3) as usize];
+            let noisy;
+            let rank = if restart <= 3 && w == 0 {
+                &prep.rank[order as usize]
+            } else {
+                noisy = prep.noisy_rank(order, &mut rng);
+                &noisy
+            };
+            match fits(prep, capacity, stop, rank, unit.saturating_mul(luby(restart))) {
+                Outcome::Unknown => {}
+                Outcome::Infeasible => {
+                    *self.answer.lock().expect("no worker panics holding the answer") =
+                        Some(Outcome::Infeasible);
+                    self.earliest.store(0, Ordering::SeqCst);
+                    self.moot.iter().for_each(|m| m.store(true, Ordering::SeqCst));
+                    return;
+                }
+                Outcome::Fits(off) => {
+                    let mut answer = self.answer.lock().expect("no worker panics holding the answer");
+                    if index < self.earliest.load(Ordering::SeqCst) {
+                        self.earliest.store(index, Ordering::SeqCst);
+                        *answer = Some(Outcome::Fits(off));
+                    }
+                    drop(answer);
+                    for (m, at) in self.moot.iter().zip(&self.current) {
+                        if at.load(Ordering::SeqCst) > index {
+                            m.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn outcome(self) -> Outcome {
+        self.answer.into_inner().expect("no worker panics holding the answer").unwrap_or(Outcome::Unknown)
+    }
 }
 
 /// Term `i` (from 1) of the Luby sequence: 1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8, …
@@ -106,12 +214,14 @@ fn luby(i: u64) -> u64 {
 /// lower end; the first undecided one ends the search. Returns the lowest placement found
 /// with its footprint, and the proved lower bound (`lower` or higher). Raises `until`'s flag
 /// when the search settles the question (the two ends meet: the placement found is optimal,
-/// or nothing below `upper` fits).
+/// or nothing below `upper` fits). Each capacity is searched by `workers` streams of
+/// restarts on threads of their own ([`fits_restarting`]).
 pub(crate) fn search(
     items: &Items<'_>,
     lower: u64,
     upper: u64,
     until: Until<'_>,
+    workers: usize,
 ) -> (Option<(Vec<u64>, u64)>, u64) {
     // The search recurses once per item placed (~0.5 KiB a level in release builds, more in
     // debug ones): its own thread with a stack for that, whatever the caller's.
@@ -119,7 +229,7 @@ pub(crate) fn search(
         std::thread::Builder::new()
             .name("graphpool-canonical".into())
             .stack_size(SEARCH_STACK_BYTES)
-            .spawn_scoped(scope, || bisect(items, lower, upper, until))
+            .spawn_scoped(scope, || bisect(items, lower, upper, until, workers))
             .map(|h| h.join().expect("the canonical search panicked"))
             // No thread (resources exhausted): nothing proved, nothing found.
             .unwrap_or((None, lower))
@@ -130,7 +240,13 @@ pub(crate) fn search(
 /// recursion many times over.
 const SEARCH_STACK_BYTES: usize = 64 << 20;
 
-fn bisect(items: &Items<'_>, lower: u64, upper: u64, until: Until<'_>) -> (Option<(Vec<u64>, u64)>, u64) {
+fn bisect(
+    items: &Items<'_>,
+    lower: u64,
+    upper: u64,
+    until: Until<'_>,
+    workers: usize,
+) -> (Option<(Vec<u64>, u64)>, u64) {
     let prep = Prepared::new(items);
     let (mut lo, mut hi) = (lower, upper);
     let mut best = None;
@@ -138,7 +254,7 @@ fn bisect(items: &Items<'_>, lower: u64, upper: u64, until: Until<'_>) -> (Optio
     while lo < hi && !until.passed() {
         let capacity = if first { lo } else { lo + (hi - lo) / 2 };
         first = false;
-        match fits_restarting(&prep, capacity, until) {
+        match fits_restarting(&prep, capacity, until, workers) {
             Outcome::Fits(off) => {
                 hi = (0..items.size.len()).map(|i| off[i] + items.size[i]).max().unwrap_or(0);
                 best = Some((off, hi));
@@ -553,11 +669,17 @@ mod tests {
 
     /// Decides `groups` (each item a list of intervals) at `capacity`.
     fn run_groups(groups: &[Vec<(u32, u32)>], size: &[u64], capacity: u64) -> Outcome {
+        run_workers(groups, size, capacity, 1)
+    }
+
+    /// [`run_groups`] with `workers` streams of restarts.
+    fn run_workers(groups: &[Vec<(u32, u32)>], size: &[u64], capacity: u64, workers: usize) -> Outcome {
         with_items(groups, size, |items| {
             fits_restarting(
                 &Prepared::new(items),
                 capacity,
                 Until::at(Instant::now() + Duration::from_secs(10)),
+                workers,
             )
         })
     }
@@ -662,6 +784,30 @@ mod tests {
         }
     }
 
+    /// Streams of restarts on several threads answer as one sequence of restarts would:
+    /// the same placement in every run, whichever thread is faster (tilings whose static
+    /// orders miss, so that noisy restarts decide).
+    #[test]
+    fn workers_answer_as_one_sequence() {
+        for seed in [2, 3, 8] {
+            let bufs = crate::workload::packed(200, seed);
+            let mut times: Vec<u64> = bufs.iter().flat_map(|b| [b.start, b.end]).collect();
+            times.sort_unstable();
+            times.dedup();
+            let r = |t: u64| times.binary_search(&t).expect("a time of the list") as u32;
+            let ivs: Vec<(u32, u32)> = bufs.iter().map(|b| (r(b.start), r(b.end))).collect();
+            let size: Vec<u64> = bufs.iter().map(|b| b.size).collect();
+            let first = run_workers(&single(&ivs), &size, 1 << 32, 4);
+            match &first {
+                Outcome::Fits(off) => assert!(valid(&single(&ivs), &size, 1 << 32, off), "seed {seed}"),
+                other => panic!("seed {seed}: {other:?}"),
+            }
+            for _ in 0..3 {
+                assert_eq!(run_workers(&single(&ivs), &size, 1 << 32, 4), first, "seed {seed}");
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -734,12 +880,20 @@ mod tests {
                 other => prop_assert!(false, "{:?} at the optimum {}", other, best),
             }
             prop_assert_eq!(run_groups(&groups, &size, best - 1), Outcome::Infeasible);
+            // Several streams of restarts decide the same.
+            match run_workers(&groups, &size, best, 3) {
+                Outcome::Fits(off) => prop_assert!(valid(&groups, &size, best, &off)),
+                other => prop_assert!(false, "{:?} at the optimum {} with 3 workers", other, best),
+            }
+            prop_assert_eq!(run_workers(&groups, &size, best - 1, 3), Outcome::Infeasible);
             // Bisecting from 0 proves the optimum as the bound and places there.
-            let (found, proved) = with_items(&groups, &size, |items| {
-                search(items, 0, 2 * best + 1, Until::at(Instant::now() + Duration::from_secs(10)))
-            });
-            prop_assert_eq!(proved, best);
-            prop_assert_eq!(found.map(|f| f.1), Some(best));
+            for workers in [1, 2] {
+                let (found, proved) = with_items(&groups, &size, |items| {
+                    search(items, 0, 2 * best + 1, Until::at(Instant::now() + Duration::from_secs(10)), workers)
+                });
+                prop_assert_eq!(proved, best);
+                prop_assert_eq!(found.map(|f| f.1), Some(best));
+            }
         }
     }
 }

@@ -5,24 +5,34 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// A deadline, and optionally a flag that stops the search before it.
+/// A deadline, and optionally flags that stop the search before it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Until<'a> {
     /// The search stops at this instant at the latest.
     pub deadline: Instant,
     /// Raised by whichever search running beside this one knows the answer.
     pub flag: Option<&'a AtomicBool>,
+    /// A second flag that stops only this search and the searches it starts (one of several
+    /// workers whose work another worker's answer made moot): [`Until::and_raised`].
+    pub also: Option<&'a AtomicBool>,
 }
 
 impl<'a> Until<'a> {
     /// Stops at `deadline` only.
     pub(crate) fn at(deadline: Instant) -> Until<'static> {
-        Until { deadline, flag: None }
+        Until { deadline, flag: None, also: None }
     }
 
     /// Stops at `deadline` or once `flag` is raised.
     pub(crate) fn or_raised(deadline: Instant, flag: &'a AtomicBool) -> Until<'a> {
-        Until { deadline, flag: Some(flag) }
+        Until { deadline, flag: Some(flag), also: None }
+    }
+
+    /// Stops where `self` stops or once `also` is raised; [`Until::raise`] still raises
+    /// `self`'s flag only. `self` must have no second flag of its own.
+    pub(crate) fn and_raised(self, also: &'a AtomicBool) -> Until<'a> {
+        debug_assert!(self.also.is_none(), "one second flag at most");
+        Until { also: Some(also), ..self }
     }
 
     /// Whether the search must stop now.
@@ -30,9 +40,10 @@ impl<'a> Until<'a> {
         self.raised() || Instant::now() > self.deadline
     }
 
-    /// Whether the flag is raised (without reading the clock).
+    /// Whether a flag is raised (without reading the clock).
     pub(crate) fn raised(&self) -> bool {
         self.flag.is_some_and(|f| f.load(Ordering::Relaxed))
+            || self.also.is_some_and(|f| f.load(Ordering::Relaxed))
     }
 
     /// Raises the flag (every search sharing it stops); nothing without a flag.
@@ -60,5 +71,17 @@ mod tests {
         let plain = Until::at(later);
         plain.raise();
         assert!(!plain.passed(), "a deadline without a flag stops only at the deadline");
+    }
+
+    #[test]
+    fn a_second_flag_stops_only_its_own_search() {
+        let later = Instant::now() + Duration::from_secs(3600);
+        let (shared, own) = (AtomicBool::new(false), AtomicBool::new(false));
+        let outer = Until::or_raised(later, &shared);
+        let inner = outer.and_raised(&own);
+        own.store(true, Ordering::Relaxed);
+        assert!(inner.passed() && !outer.passed());
+        inner.raise();
+        assert!(outer.passed(), "raising the inner search raises the shared flag");
     }
 }

@@ -1031,14 +1031,15 @@ impl Planning<'_> {
         // the contour search and the restarts. Lists with alias groups (only the improvement
         // stage follows) run it on a core of its own beside the improvement chains until the
         // deadline when that leaves the chains two cores or more, whichever settles the answer
-        // first stopping the other; with fewer cores it takes half of what is left first.
+        // first stopping the other; with fewer cores it takes half of what is left first. Run
+        // as a stage of its own, it runs a stream of restarts on every core.
         let single = p.ivs.len() == n && n > EXACT_MAX_ITEMS && opts.improve;
         let canonical_beside = canonical && !single && threads >= 3;
         if best.high > lb && canonical && !canonical_beside {
             let share = if single { 0.15 } else { 0.5 };
             let now = Instant::now();
             let until = now + deadline.saturating_duration_since(now).mul_f64(share);
-            lb = canonical_stage(p, lb, Until::at(until), best);
+            lb = canonical_stage(p, lb, Until::at(until), threads, best);
             clock.end("canonical", Some(best.footprint()));
         }
         // Fixed-height contour search (single-interval problems) for 40% of what is left,
@@ -1106,10 +1107,12 @@ impl Planning<'_> {
     }
 }
 
-/// The complete canonical search until `until` (see `place`); returns the bound, raised
-/// where it proved a capacity infeasible.
-fn canonical_stage(p: &Problem, lb: u64, until: Until<'_>, best: &mut Incumbent) -> u64 {
-    let (found, proved) = crate::canonical::search(&p.items(), lb, best.high, until);
+/// The complete canonical search until `until` (see `place`), with a stream of restarts on
+/// each of `threads` cores; returns the bound, raised where it proved a capacity infeasible.
+fn canonical_stage(p: &Problem, lb: u64, until: Until<'_>, threads: usize, best: &mut Incumbent) -> u64 {
+    let left = until.deadline.saturating_duration_since(Instant::now());
+    let (found, proved) =
+        crate::canonical::search(&p.items(), lb, best.high, until, workers_for(threads, left));
     if let Some((off, high)) = found {
         best.offer(high, off, "canonical");
     }
@@ -1135,8 +1138,9 @@ fn canonical_beside_chains(
     let settled = AtomicBool::new(false);
     let upper = best.high;
     let ((found, proved), steps) = std::thread::scope(|scope| {
-        let search = scope
-            .spawn(|| crate::canonical::search(&p.items(), lb, upper, Until::or_raised(deadline, &settled)));
+        let search = scope.spawn(|| {
+            crate::canonical::search(&p.items(), lb, upper, Until::or_raised(deadline, &settled), 1)
+        });
         let until = Until::or_raised(deadline, &settled);
         let steps = if chains {
             improvement_chains(p, lb, pairs, until, seed, threads.saturating_sub(1), best)
