@@ -765,18 +765,22 @@ mod tests {
         assert_eq!(run(&ivs, &[1, 2, 3], 5), Outcome::Infeasible);
     }
 
+    /// `workload::packed(n, seed)` over its compressed clock: intervals and sizes.
+    fn tiling(n: usize, seed: u64) -> (Vec<(u32, u32)>, Vec<u64>) {
+        let bufs = crate::workload::packed(n, seed);
+        let mut times: Vec<u64> = bufs.iter().flat_map(|b| [b.start, b.end]).collect();
+        times.sort_unstable();
+        times.dedup();
+        let r = |t: u64| times.binary_search(&t).expect("a time of the list") as u32;
+        (bufs.iter().map(|b| (r(b.start), r(b.end))).collect(), bufs.iter().map(|b| b.size).collect())
+    }
+
     /// Tilings (every rank exactly full at the bound) fit at the bound: 100 pieces in
     /// well under a second.
     #[test]
     fn tilings_fit_at_their_bound() {
         for seed in 1..=3 {
-            let bufs = crate::workload::packed(100, seed);
-            let mut times: Vec<u64> = bufs.iter().flat_map(|b| [b.start, b.end]).collect();
-            times.sort_unstable();
-            times.dedup();
-            let r = |t: u64| times.binary_search(&t).expect("a time of the list") as u32;
-            let ivs: Vec<(u32, u32)> = bufs.iter().map(|b| (r(b.start), r(b.end))).collect();
-            let size: Vec<u64> = bufs.iter().map(|b| b.size).collect();
+            let (ivs, size) = tiling(100, seed);
             match run(&ivs, &size, 1 << 32) {
                 Outcome::Fits(off) => assert!(valid(&single(&ivs), &size, 1 << 32, &off), "seed {seed}"),
                 other => panic!("seed {seed}: {other:?}"),
@@ -790,13 +794,19 @@ mod tests {
     #[test]
     fn workers_answer_as_one_sequence() {
         for seed in [2, 3, 8] {
-            let bufs = crate::workload::packed(200, seed);
-            let mut times: Vec<u64> = bufs.iter().flat_map(|b| [b.start, b.end]).collect();
-            times.sort_unstable();
-            times.dedup();
-            let r = |t: u64| times.binary_search(&t).expect("a time of the list") as u32;
-            let ivs: Vec<(u32, u32)> = bufs.iter().map(|b| (r(b.start), r(b.end))).collect();
-            let size: Vec<u64> = bufs.iter().map(|b| b.size).collect();
+            let (ivs, size) = tiling(200, seed);
+            // The static orders' restarts alone do not place it.
+            with_items(&single(&ivs), &size, |items| {
+                let prep = Prepared::new(items);
+                let far = Until::at(Instant::now() + Duration::from_secs(10));
+                for (restart, order) in
+                    [(1, Order::TotalWidthArea), (2, Order::WidthAreaTotal), (3, Order::TotalAreaWidth)]
+                {
+                    let limit = 2 * ivs.len() as u64 * luby(restart);
+                    let out = fits(&prep, 1 << 32, far, &prep.rank[order as usize], limit);
+                    assert_eq!(out, Outcome::Unknown, "seed {seed}, restart {restart}");
+                }
+            });
             let first = run_workers(&single(&ivs), &size, 1 << 32, 4);
             match &first {
                 Outcome::Fits(off) => assert!(valid(&single(&ivs), &size, 1 << 32, off), "seed {seed}"),
