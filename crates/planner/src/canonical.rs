@@ -229,7 +229,7 @@ pub(crate) fn search(
         std::thread::Builder::new()
             .name("graphpool-canonical".into())
             .stack_size(SEARCH_STACK_BYTES)
-            .spawn_scoped(scope, || bisect(items, lower, upper, until, workers))
+            .spawn_scoped(scope, || bisect(items, (lower, upper), until, workers))
             .map(|h| h.join().expect("the canonical search panicked"))
             // No thread (resources exhausted): nothing proved, nothing found.
             .unwrap_or((None, lower))
@@ -240,15 +240,14 @@ pub(crate) fn search(
 /// recursion many times over.
 const SEARCH_STACK_BYTES: usize = 64 << 20;
 
+/// [`search`] on its thread: bisects `[lo, hi]`.
 fn bisect(
     items: &Items<'_>,
-    lower: u64,
-    upper: u64,
+    (mut lo, mut hi): (u64, u64),
     until: Until<'_>,
     workers: usize,
 ) -> (Option<(Vec<u64>, u64)>, u64) {
     let prep = Prepared::new(items);
-    let (mut lo, mut hi) = (lower, upper);
     let mut best = None;
     let mut first = true;
     while lo < hi && !until.passed() {
