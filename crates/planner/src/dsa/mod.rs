@@ -124,6 +124,11 @@ pub const CANONICAL_MAX_ITEMS: usize = 2000;
 /// Pairs of items live together the canonical search takes at most (its neighbour lists
 /// are built before the search and cost time in proportion).
 pub const CANONICAL_MAX_PAIRS: u64 = 1_000_000;
+/// Streams of restarts the canonical search runs at most when it is a stage of its own (one
+/// per core up to this): measured up to the GPU host's 16 cores, where MiniMalloc's trace I
+/// reached its bound in 7 ms instead of 500 (docs/planner.md, stage 7). Each capacity the
+/// search bisects starts its workers anew, and what more would gain is not measured.
+pub const CANONICAL_MAX_WORKERS: usize = 16;
 
 /// Share of the time left a coarse instance of at most half the items gets, planned before
 /// anything else, on lists too large for the canonical search: where one exists its plan is
@@ -1108,11 +1113,12 @@ impl Planning<'_> {
 }
 
 /// The complete canonical search until `until` (see `place`), with a stream of restarts on
-/// each of `threads` cores; returns the bound, raised where it proved a capacity infeasible.
+/// each of `threads` cores (at most [`CANONICAL_MAX_WORKERS`]); returns the bound, raised
+/// where it proved a capacity infeasible.
 fn canonical_stage(p: &Problem, lb: u64, until: Until<'_>, threads: usize, best: &mut Incumbent) -> u64 {
     let left = until.deadline.saturating_duration_since(Instant::now());
-    let (found, proved) =
-        crate::canonical::search(&p.items(), lb, best.high, until, workers_for(threads, left));
+    let workers = workers_for(threads, left).min(CANONICAL_MAX_WORKERS);
+    let (found, proved) = crate::canonical::search(&p.items(), lb, best.high, until, workers);
     if let Some((off, high)) = found {
         best.offer(high, off, "canonical");
     }
