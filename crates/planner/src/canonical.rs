@@ -35,11 +35,11 @@
 //! for a number of workers) but for its deadline (and the flag of a search running beside
 //! it).
 
-use crate::items::Items;
-use crate::rng::Rng;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use crate::items::Items;
+use crate::rng::Rng;
 use crate::until::Until;
 
 /// What a search at one capacity found.
