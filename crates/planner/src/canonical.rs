@@ -208,6 +208,14 @@ fn luby(i: u64) -> u64 {
     }
 }
 
+/// The greatest common divisor of `a` and `b` (`b` when `a` is 0).
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while a != 0 {
+        (a, b) = (b % a, a);
+    }
+    b
+}
+
 /// Bisects the capacities between `lower` (a lower bound) and `upper` (the footprint of a
 /// placement known) until `until` passes: first `lower` itself, then midpoints. A capacity
 /// that fits lowers the upper end to the placement found; one proved infeasible raises the
@@ -314,6 +322,8 @@ pub(crate) struct Prepared<'a> {
     /// The keys of the orders: the most bytes live at any rank of the item, its lifetime.
     total: Vec<u64>,
     width: Vec<u64>,
+    /// The greatest common divisor of the sizes: every floor is a multiple of it.
+    sizes_gcd: u64,
 }
 
 impl<'a> Prepared<'a> {
@@ -366,7 +376,8 @@ impl<'a> Prepared<'a> {
                 rank
             })
             .collect();
-        Prepared { items, nb: Neighbours::new(items), load, cut, rank, total, width }
+        let sizes_gcd = items.size.iter().fold(0, |g, &z| gcd(g, z)).max(1);
+        Prepared { items, nb: Neighbours::new(items), load, cut, rank, total, width, sizes_gcd }
     }
 
     /// A priority rank like `order`'s, its first key scaled by a random factor in
@@ -429,6 +440,15 @@ pub(crate) fn fits(
         off: vec![0; n],
         undo: Vec::new(),
         lowest: vec![0; ranks],
+        // Floors in units that fit in 32 bits below the capacity: the sizes' common divisor
+        // where it does (exact), else coarser (floors rounded down: the test they serve
+        // prunes less, never wrongly). Lanes of 32 bits take the per-rank minimum of floors,
+        // the search's most frequent step, several times faster than 64-bit ones.
+        floor_unit: if capacity / prep.sizes_gcd < u64::from(u32::MAX) {
+            prep.sizes_gcd
+        } else {
+            capacity / (u64::from(u32::MAX) - 1) + 1
+        },
     };
     let all: Vec<u32> = (0..n as u32).collect();
     match solver.decompose(&all, 0, ranks) {
@@ -468,7 +488,10 @@ struct Solver<'a, 'b> {
     off: Vec<u64>,
     /// (item, floor before) for every floor raised.
     undo: Vec<(u32, u64)>,
-    lowest: Vec<u64>,
+    /// The lowest floor of the unplaced items live at each rank, in `floor_unit`s.
+    lowest: Vec<u32>,
+    /// Bytes per unit of `lowest` (every floor below the capacity fits in 32 bits).
+    floor_unit: u64,
 }
 
 impl Solver<'_, '_> {
@@ -528,8 +551,9 @@ impl Solver<'_, '_> {
         let mut ceiling = c.checked_sub(most)?;
         // Nothing may go at or above the lowest top of an unplaced item first (that item fits
         // wholly below; dropping it there gives a placement another branch reaches).
+        let unit = self.floor_unit;
         let lowest = &mut self.lowest[lo..hi];
-        lowest.fill(u64::MAX);
+        lowest.fill(u32::MAX);
         for &j in part {
             let j = j as usize;
             if self.placed[j] {
@@ -541,16 +565,18 @@ impl Solver<'_, '_> {
                 return None;
             }
             ceiling = ceiling.min(top - 1);
+            // `f ≤ c` here, and `c / unit` fits below `u32::MAX`.
+            let fu = (f / unit) as u32;
             for &(s, e) in self.items.ivs(j) {
                 for x in &mut lowest[s as usize - lo..e as usize - lo] {
-                    *x = (*x).min(f);
+                    *x = (*x).min(fu);
                 }
             }
         }
         // At every rank, the unplaced items live there stack from the lowest of their
         // floors (and the level) up.
         for (t, &x) in lowest.iter().enumerate() {
-            if x != u64::MAX && x.max(level) + self.load[lo + t] > c {
+            if x != u32::MAX && (u64::from(x) * unit).max(level) + self.load[lo + t] > c {
                 return None;
             }
         }
@@ -764,9 +790,41 @@ mod tests {
         assert_eq!(run(&ivs, &[1, 2, 3], 5), Outcome::Infeasible);
     }
 
+    /// Floors counted in units coarser than a byte where bytes do not fit in 32 bits (sizes
+    /// with no common divisor, a capacity past 2^32 of them) still decide exactly: the
+    /// per-rank test prunes less, never a placement that fits.
+    #[test]
+    fn floors_beyond_32_bits_decide_exactly() {
+        let big = 1u64 << 33;
+        // Two items live together, then one of the two sizes and a third of the rest: the
+        // capacity is their sum exactly.
+        let ivs = [(0, 2), (0, 1), (1, 2), (1, 2)];
+        let size = [big + 1, 3 * big + 7, big + 3, 2 * big + 4];
+        let capacity = 4 * big + 8;
+        match run(&ivs, &size, capacity) {
+            Outcome::Fits(off) => assert!(valid(&single(&ivs), &size, capacity, &off)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(run(&ivs, &size, capacity - 1), Outcome::Infeasible);
+        // Tilings of 2^32 bytes cut at any byte (floors in units of 2 bytes) fit at their bound.
+        let shape = crate::workload::Tiling { granularity: 1, ..Default::default() };
+        for seed in 1..=3 {
+            let bufs = crate::workload::packed_tiling(100, seed, &shape);
+            let (ivs, size) = compressed(&bufs);
+            match run(&ivs, &size, 1 << 32) {
+                Outcome::Fits(off) => assert!(valid(&single(&ivs), &size, 1 << 32, &off), "seed {seed}"),
+                other => panic!("seed {seed}: {other:?}"),
+            }
+        }
+    }
+
     /// `workload::packed(n, seed)` over its compressed clock: intervals and sizes.
     fn tiling(n: usize, seed: u64) -> (Vec<(u32, u32)>, Vec<u64>) {
-        let bufs = crate::workload::packed(n, seed);
+        compressed(&crate::workload::packed(n, seed))
+    }
+
+    /// `bufs` over their compressed clock: intervals and sizes.
+    fn compressed(bufs: &[crate::Buffer]) -> (Vec<(u32, u32)>, Vec<u64>) {
         let mut times: Vec<u64> = bufs.iter().flat_map(|b| [b.start, b.end]).collect();
         times.sort_unstable();
         times.dedup();

@@ -25,6 +25,7 @@ impl<'a> Items<'a> {
     }
 
     /// Item `i`'s intervals.
+    #[inline]
     pub fn ivs(&self, i: usize) -> &'a [(u32, u32)] {
         match self.ivp {
             Some(p) => &self.ivs[p[i] as usize..p[i + 1] as usize],
