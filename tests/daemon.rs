@@ -495,17 +495,7 @@ async fn concurrent_clients_leave_an_empty_ledger_and_no_fds() {
     for t in tasks {
         t.await.unwrap();
     }
-    let empty = wait_until(Duration::from_secs(2), || {
-        let mut c = c.clone();
-        async move {
-            let u = usage(&mut c).await;
-            u.devices.iter().all(|d| d.granted_bytes == 0 && d.grants == 0) && u.jobs.is_empty()
-        }
-    })
-    .await;
-    assert!(empty.is_some(), "ledger not empty: {:?}", usage(&mut c).await);
-    let back = wait_until(Duration::from_secs(3), || async { d.open_fds() <= baseline }).await;
-    assert!(back.is_some(), "daemon fds {} > baseline {baseline}", d.open_fds());
+    assert_all_released(&d, &mut c, baseline).await;
 }
 
 #[tokio::test]

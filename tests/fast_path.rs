@@ -373,14 +373,7 @@ async fn fast_path_leaks_no_fds_on_either_side() {
         ],
         &["CHILD-CLEAN"],
     );
-    let empty = wait_until(Duration::from_secs(2), || {
-        let mut c = c.clone();
-        async move { usage(&mut c).await.jobs.is_empty() && granted_total(&mut c).await == 0 }
-    })
-    .await;
-    assert!(empty.is_some(), "ledger not empty: {:?}", usage(&mut c).await);
-    let back = wait_until(Duration::from_secs(3), || async { d.open_fds() <= baseline }).await;
-    assert!(back.is_some(), "daemon fds {} > baseline {baseline}", d.open_fds());
+    assert_all_released(&d, &mut c, baseline).await;
 }
 
 #[tokio::test]

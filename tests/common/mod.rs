@@ -164,6 +164,23 @@ where
     None
 }
 
+/// Asserts that the daemon's ledger empties (no job, no grant, no granted byte) within 2 s
+/// and its open descriptors fall back to `baseline` within 3 s: what every test of crashing
+/// or churning clients ends with.
+pub async fn assert_all_released(d: &Daemon, c: &mut Clients, baseline: usize) {
+    let empty = wait_until(Duration::from_secs(2), || {
+        let mut c = c.clone();
+        async move {
+            let u = usage(&mut c).await;
+            u.devices.iter().all(|d| d.granted_bytes == 0 && d.grants == 0) && u.jobs.is_empty()
+        }
+    })
+    .await;
+    assert!(empty.is_some(), "ledger not empty: {:?}", usage(c).await);
+    let back = wait_until(Duration::from_secs(3), || async { d.open_fds() <= baseline }).await;
+    assert!(back.is_some(), "daemon fds {} > baseline {baseline}", d.open_fds());
+}
+
 /// Whether the daemon closed `s` (end of stream, or reset) within `within`.
 pub fn closed_within(s: &mut std::os::unix::net::UnixStream, within: Duration) -> bool {
     use std::io::Read;
