@@ -301,10 +301,7 @@ async fn client_killed_mid_request_is_reclaimed() {
         let _ = child.wait();
         let took = wait_until(Duration::from_secs(1), || {
             let mut c = c.clone();
-            async move {
-                let u = usage(&mut c).await;
-                u.devices.iter().all(|d| d.granted_bytes == 0 && d.grants == 0) && u.jobs.is_empty()
-            }
+            async move { ledger_empty(&mut c).await }
         })
         .await;
         assert!(took.is_some(), "not reclaimed within 1 s: {:?}\n{}", usage(&mut c).await, d.log());

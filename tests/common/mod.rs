@@ -164,16 +164,19 @@ where
     None
 }
 
+/// Whether the daemon's ledger holds no job, no grant and no granted byte.
+pub async fn ledger_empty(c: &mut Clients) -> bool {
+    let u = usage(c).await;
+    u.devices.iter().all(|d| d.granted_bytes == 0 && d.grants == 0) && u.jobs.is_empty()
+}
+
 /// Asserts that the daemon's ledger empties (no job, no grant, no granted byte) within 2 s
 /// and its open descriptors fall back to `baseline` within 3 s: what every test of crashing
 /// or churning clients ends with.
 pub async fn assert_all_released(d: &Daemon, c: &mut Clients, baseline: usize) {
     let empty = wait_until(Duration::from_secs(2), || {
         let mut c = c.clone();
-        async move {
-            let u = usage(&mut c).await;
-            u.devices.iter().all(|d| d.granted_bytes == 0 && d.grants == 0) && u.jobs.is_empty()
-        }
+        async move { ledger_empty(&mut c).await }
     })
     .await;
     assert!(empty.is_some(), "ledger not empty: {:?}", usage(c).await);
