@@ -646,7 +646,8 @@ fn mirrors_on(threads: usize, items: usize) -> bool {
 /// the canonical search (tilings), half the cores plan the list's mirror image
 /// ([`mirrored`]) from the start to the deadline and the lower plan is kept. The merge
 /// rules of the coarsening do not depend on the direction of the clock (the two coarse
-/// instances are one another's mirror image), but where the constructions stall does, so
+/// instances are one another's mirror image, but for chains through identical blocks on
+/// some tilings whose sizes repeat), but where the constructions stall does, so
 /// the two plans differ by up to 0.05 of the bound either way; the lower of the two
 /// is below one plan on all the cores on most tilings of 10k pieces on two cores and of 100k
 /// on sixteen (docs/planner.md, "The mirror image beside").
