@@ -114,12 +114,23 @@ struct Block {
 const NO_SUCC: u32 = u32::MAX;
 
 /// The share of the items (one in this many) that undecided hand-over keys must reach in the
-/// first round for a coarsening to decide them by lifetime ([`pair_by_lifetime`]), once
-/// nothing else merges. Tilings whose sizes repeat (cut at halves and quarters: 5.9–7.8% of
-/// the pieces at 10k and 100k) reach it, and stall at those keys otherwise; tilings cut
-/// anywhere (0.1–3.2%), where a wrong chain high in the merge tree costs more than the few
-/// chains gained, do not.
+/// first round for a coarsening to decide them by lifetime alone ([`pair_by_lifetime`] with
+/// [`Evidence::Lifetime`]); below it they need [`Evidence::NextMerge`]. Tilings whose sizes
+/// repeat (cut at halves and quarters: 5.9–7.8% of the pieces at 10k and 100k) reach it, and
+/// stall at those keys otherwise; on tilings cut anywhere (0.1–3.2%) a lifetime alone is
+/// shared by chance too often, and a wrong chain high in the merge tree costs more than the
+/// chains gained.
 const LIFETIME_PAIRING_SHARE: usize = 20;
+
+/// What [`pair_by_lifetime`] asks of an ender and a starter before it chains them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Evidence {
+    /// Another block already has the lifetime they would span together.
+    Lifetime,
+    /// That, and the chain with all the blocks of that lifetime adds up to the size of a
+    /// block that ends where they start or starts where they end: the merge after the next.
+    NextMerge,
+}
 
 /// Fills `keys` with how the blocks of `cur` start and end at each (rank, size) key.
 fn hand_over_keys(cur: &[Block], keys: &mut KeyMap<KeyUse>) {
@@ -150,12 +161,19 @@ fn undecided_keys(keys: &KeyMap<KeyUse>) -> usize {
 }
 
 /// At hand-over keys whose pairing is not certain, chains a block that ends there to one that
-/// starts there when together they would span a lifetime that some block already has, and
-/// that pairing is the only such one for both: in a tiling, a rectangle cut in time lies in
-/// a band beside others of its lifetime, with which the chain then stacks. `succ` and
-/// `has_pred` are the round's chains; only blocks without a successor (enders) or without a
-/// predecessor (starters) take part.
-fn pair_by_lifetime(cur: &[Block], keys: &KeyMap<KeyUse>, succ: &mut [u32], has_pred: &mut [bool]) {
+/// starts there when together they would span a lifetime that some block already has (and
+/// with [`Evidence::NextMerge`], the stack they would make with those chains on), and that
+/// pairing is the only such one for both: in a tiling, a rectangle cut in time lies in a
+/// band beside others of its lifetime, with which the chain then stacks, and that stack is
+/// cut in time from its neighbours. `succ` and `has_pred` are the round's chains; only
+/// blocks without a successor (enders) or without a predecessor (starters) take part.
+fn pair_by_lifetime(
+    cur: &[Block],
+    keys: &KeyMap<KeyUse>,
+    evidence: Evidence,
+    succ: &mut [u32],
+    has_pred: &mut [bool],
+) {
     let undecided = |key: (u32, u64), ending: bool| {
         keys.get(&key).is_some_and(|u| !u.pairs() && if ending { u.starts > 0 } else { u.ends > 0 })
     };
@@ -172,11 +190,19 @@ fn pair_by_lifetime(cur: &[Block], keys: &KeyMap<KeyUse>, succ: &mut [u32], has_
     if enders.is_empty() || starters.is_empty() {
         return;
     }
-    let mut lives: KeyMap<()> = KeyMap::with_capacity_and_hasher(cur.len(), Default::default());
+    // The bytes of each lifetime.
+    let mut lives: KeyMap<u64> = KeyMap::with_capacity_and_hasher(cur.len(), Default::default());
     for x in cur {
-        lives.insert((x.s, x.e as u64), ());
+        *lives.entry((x.s, x.e as u64)).or_default() += x.size;
     }
-    let spans = |a: u32, b: u32| lives.contains_key(&(cur[a as usize].s, cur[b as usize].e as u64));
+    let spans = |a: u32, b: u32| {
+        let (x, y) = (cur[a as usize], cur[b as usize]);
+        let Some(&others) = lives.get(&(x.s, y.e as u64)) else { return false };
+        let whole = others + x.size;
+        evidence == Evidence::Lifetime
+            || keys.get(&(x.s, whole)).is_some_and(|u| u.ends > 0)
+            || keys.get(&(y.e, whole)).is_some_and(|u| u.starts > 0)
+    };
     enders.sort_unstable();
     starters.sort_unstable();
     let (mut i, mut j) = (0, 0);
@@ -216,8 +242,8 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
         MergeOrder::ChainingStacksFirst => 0,
     };
     let mut level = first_level;
-    // Whether undecided hand-overs are common enough to decide them by lifetime, once
-    // nothing else merges (set in the first round).
+    // Whether undecided hand-overs are common enough to decide them by lifetime alone, once
+    // nothing else merges (set in the first round; otherwise they need the next merge too).
     let mut by_lifetime = false;
     // Scratch kept across rounds (the maps keep their capacity when cleared).
     let mut keys: KeyMap<KeyUse> = KeyMap::with_capacity_and_hasher(2 * n, Default::default());
@@ -285,8 +311,9 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
         if round == 0 {
             by_lifetime = undecided_keys(&keys) * LIFETIME_PAIRING_SHARE >= n;
         }
-        if by_lifetime && level == 2 {
-            pair_by_lifetime(&cur, &keys, &mut succ, &mut has_pred);
+        if level == 2 {
+            let evidence = if by_lifetime { Evidence::Lifetime } else { Evidence::NextMerge };
+            pair_by_lifetime(&cur, &keys, evidence, &mut succ, &mut has_pred);
         }
         next.clear();
         for k in 0..len {
@@ -759,19 +786,23 @@ mod coarse_tests {
         list.iter().enumerate().map(|(k, &(s, e, size))| Block { s, e, size, root: k as u32 }).collect()
     }
 
-    /// Pairs [`pair_by_lifetime`] links in `cur`, as (ender, starter).
-    fn lifetime_pairs(cur: &[Block]) -> Vec<(u32, u32)> {
+    /// Pairs [`pair_by_lifetime`] links in `cur` on `evidence`, as (ender, starter).
+    fn pairs_on(cur: &[Block], evidence: Evidence) -> Vec<(u32, u32)> {
         let mut keys = KeyMap::default();
         hand_over_keys(cur, &mut keys);
         let mut succ = vec![NO_SUCC; cur.len()];
         let mut has_pred = vec![false; cur.len()];
-        pair_by_lifetime(cur, &keys, &mut succ, &mut has_pred);
+        pair_by_lifetime(cur, &keys, evidence, &mut succ, &mut has_pred);
         let links: Vec<(u32, u32)> = (0..cur.len() as u32)
             .filter(|&k| succ[k as usize] != NO_SUCC)
             .map(|k| (k, succ[k as usize]))
             .collect();
         assert_eq!(links.len(), has_pred.iter().filter(|&&x| x).count());
         links
+    }
+
+    fn lifetime_pairs(cur: &[Block]) -> Vec<(u32, u32)> {
+        pairs_on(cur, Evidence::Lifetime)
     }
 
     #[test]
@@ -787,6 +818,21 @@ mod coarse_tests {
         // A key that pairs on its own (one of each) is left to the round's chaining.
         let cur = blocks(&[(0, 2, 1), (2, 4, 1), (0, 4, 1)]);
         assert_eq!(lifetime_pairs(&cur), vec![]);
+    }
+
+    #[test]
+    fn the_next_merge_must_follow_where_asked() {
+        // As above: 0 then 2 would span [0, 4), as block 4 does; with it 2 bytes, which no
+        // block ends with at rank 0 or starts with at rank 4.
+        let base = [(0, 2, 1), (1, 2, 1), (2, 4, 1), (2, 3, 1), (0, 4, 1)];
+        assert_eq!(pairs_on(&blocks(&base), Evidence::NextMerge), vec![]);
+        // A block of 2 bytes from rank 4 on: the stack of [0, 4) would chain with it.
+        let mut more = base.to_vec();
+        more.push((4, 6, 2));
+        assert_eq!(pairs_on(&blocks(&more), Evidence::NextMerge), vec![(0, 2)]);
+        // One of 3 bytes does not add up.
+        more[5] = (4, 6, 3);
+        assert_eq!(pairs_on(&blocks(&more), Evidence::NextMerge), vec![]);
     }
 
     #[test]
