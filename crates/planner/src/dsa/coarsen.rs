@@ -212,6 +212,11 @@ fn pair_by_lifetime(
         let je = j + starters[j..].iter().take_while(|x| x.0 <= key).count();
         let first = j + starters[j..je].iter().take_while(|x| x.0 < key).count();
         let (group_e, group_s) = (&enders[i..ie], &starters[first..je]);
+        (i, j) = (ie, je);
+        // Crowded keys are left undecided: the test is quadratic in their blocks.
+        if group_e.len() * group_s.len() > LIFETIME_PAIRING_MAX_CANDIDATES {
+            continue;
+        }
         for &(_, a) in group_e {
             let mut partners = group_s.iter().filter(|&&(_, b)| spans(a, b));
             let (Some(&(_, b)), None) = (partners.next(), partners.next()) else { continue };
@@ -220,9 +225,12 @@ fn pair_by_lifetime(
                 has_pred[b as usize] = true;
             }
         }
-        (i, j) = (ie, je);
     }
 }
+
+/// Pairs of an ender and a starter at one key beyond which [`pair_by_lifetime`] leaves the
+/// key undecided (the keys that stall tilings hold two to six blocks).
+const LIFETIME_PAIRING_MAX_CANDIDATES: usize = 1024;
 
 /// Coarsens `p` (items of one interval each) in one merge order: see [`Coarse`]. Starts no
 /// round after `until` but the first.
@@ -818,6 +826,22 @@ mod coarse_tests {
         // A key that pairs on its own (one of each) is left to the round's chaining.
         let cur = blocks(&[(0, 2, 1), (2, 4, 1), (0, 4, 1)]);
         assert_eq!(lifetime_pairs(&cur), vec![]);
+    }
+
+    #[test]
+    fn crowded_keys_are_left_undecided() {
+        // 40 blocks end at rank 50 and 40 start there, one size, all different lifetimes; a
+        // block spans [0, 100), the lifetime of the first ender chained to the first starter.
+        let mut list: Vec<(u32, u32, u64)> = (0..40).map(|k| (k, 50, 1)).collect();
+        list.extend((0..40).map(|k| (50, 100 + k, 1)));
+        list.push((0, 100, 7));
+        assert_eq!(lifetime_pairs(&blocks(&list)), vec![]);
+        // Within the limit the same pairing is decided.
+        let mut few: Vec<(u32, u32, u64)> = (0..20).map(|k| (k, 50, 1)).collect();
+        few.extend((0..20).map(|k| (50, 100 + k, 1)));
+        few.push((0, 100, 7));
+        const { assert!(40 * 40 > LIFETIME_PAIRING_MAX_CANDIDATES && 20 * 20 <= LIFETIME_PAIRING_MAX_CANDIDATES) };
+        assert_eq!(lifetime_pairs(&blocks(&few)), vec![(0, 20)]);
     }
 
     #[test]
