@@ -128,7 +128,8 @@ enum Evidence {
     /// Another block already has the lifetime they would span together.
     Lifetime,
     /// That, and the chain with all the blocks of that lifetime adds up to the size of a
-    /// block that ends where they start or starts where they end: the merge after the next.
+    /// block that ends where they start or starts where they end: the stack the chain would
+    /// join would chain in turn.
     NextMerge,
 }
 
@@ -198,7 +199,7 @@ fn pair_by_lifetime(
     let spans = |a: u32, b: u32| {
         let (x, y) = (cur[a as usize], cur[b as usize]);
         let Some(&others) = lives.get(&(x.s, y.e as u64)) else { return false };
-        let whole = others + x.size;
+        let whole = others.saturating_add(x.size);
         evidence == Evidence::Lifetime
             || keys.get(&(x.s, whole)).is_some_and(|u| u.ends > 0)
             || keys.get(&(y.e, whole)).is_some_and(|u| u.starts > 0)
