@@ -277,7 +277,9 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
         // chains). Chains run forward in time, so they have no cycles; one pass finds them
         // all (a merge only removes keys whose buffers all pair, so it makes no new pair). A
         // merged key's counts are zeroed: no buffer left starts or ends there, so the counts
-        // then describe the chained buffers and still serve the stacking.
+        // then describe the chained buffers and still serve the stacking. Once nothing else
+        // merges (level 2), the keys left undecided are decided by lifetime where that
+        // evidence settles them ([`pair_by_lifetime`]).
         hand_over_keys(&cur, &mut keys);
         let len = cur.len();
         succ.clear();
