@@ -110,6 +110,15 @@ struct Block {
     root: u32,
 }
 
+impl Block {
+    /// Every item of `p` as a block of its own.
+    fn items(p: &Problem) -> Vec<Block> {
+        (0..p.len())
+            .map(|i| Block { s: p.ivs[i].0, e: p.ivs[i].1, size: p.size[i], root: i as u32 })
+            .collect()
+    }
+}
+
 /// No successor in a chain (`succ` of [`coarsen_in_order`]).
 const NO_SUCC: u32 = u32::MAX;
 
@@ -241,8 +250,7 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
     // `delta` bytes above its parent. A block's root is its first member.
     let mut parent: Vec<u32> = (0..n as u32).collect();
     let mut delta = vec![0u64; n];
-    let mut cur: Vec<Block> =
-        (0..n).map(|i| Block { s: p.ivs[i].0, e: p.ivs[i].1, size: p.size[i], root: i as u32 }).collect();
+    let mut cur = Block::items(p);
     // The stacks a round may make: 0, only those that chain at once; 1, those whose members
     // have no possible chain partner; 2, all (nothing else was left to merge). A round that
     // merges anything returns to the order's first level.
@@ -868,9 +876,7 @@ mod coarse_tests {
         let share = |shape: &Tiling, seed| {
             let b = packed_tiling(10_000, seed, shape);
             let p = Problem::build(&b).unwrap();
-            let cur: Vec<Block> = (0..p.len())
-                .map(|i| Block { s: p.ivs[i].0, e: p.ivs[i].1, size: p.size[i], root: i as u32 })
-                .collect();
+            let cur = Block::items(&p);
             let mut keys = KeyMap::default();
             hand_over_keys(&cur, &mut keys);
             undecided_keys(&keys) * LIFETIME_PAIRING_SHARE >= p.len()
