@@ -342,6 +342,86 @@ pub fn packed_skyline(n: usize, seed: u64) -> Vec<Buffer> {
     out
 }
 
+/// About `n` buffers (the last step's may add up to three) that fill a 4 GiB arena exactly,
+/// its memory re-cut as the clock runs: 16 buffers start at step 0; at every step,
+/// `runs_per_step` times, a run of one to four buffers lying side by side ends and the
+/// stretch they held is cut afresh (at 512-byte multiples) into one to four buffers that
+/// start there (runs that would overlap one already taken at the step are skipped). Unlike
+/// [`packed`]'s guillotine cuts, a new buffer may span the boundary between two old ones,
+/// and few buffers share a lifetime or hand over to one of their size. Every step has the
+/// arena's bytes live, so the optimum footprint is 4 GiB = the lower bound; shuffled.
+pub fn packed_recut(n: usize, seed: u64, runs_per_step: u32) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed ^ 0x7ec0_7000);
+    let unit: u64 = 512;
+    let height: u64 = 1 << 23; // in units: 4 GiB
+    // `span` units cut into up to `k` pieces at distinct places.
+    let cut = |rng: &mut Rng, span: u64, k: u64| -> Vec<u64> {
+        let k = k.min(span).max(1);
+        let mut at: Vec<u64> = Vec::with_capacity(k as usize + 1);
+        while at.len() + 1 < k as usize {
+            let c = rng.range(1, span - 1);
+            if !at.contains(&c) {
+                at.push(c);
+            }
+        }
+        at.push(0);
+        at.push(span);
+        at.sort_unstable();
+        at.windows(2).map(|w| w[1] - w[0]).collect()
+    };
+    // (offset, size, start) of the live buffers, by offset.
+    let mut live: Vec<(u64, u64, u64)> = Vec::new();
+    let mut o = 0;
+    for z in cut(&mut rng, height, 16) {
+        live.push((o, z, 0));
+        o += z;
+    }
+    let mut out: Vec<Buffer> = Vec::with_capacity(n + 4);
+    let mut t = 0;
+    while out.len() + live.len() < n {
+        t += 1;
+        let mut taken = vec![false; live.len()];
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for _ in 0..runs_per_step {
+            let i = rng.below(live.len() as u64) as usize;
+            let j = (i + rng.range(1, 4) as usize).min(live.len());
+            if taken[i..j].iter().any(|&x| x) {
+                continue;
+            }
+            taken[i..j].iter_mut().for_each(|x| *x = true);
+            runs.push((i, j));
+        }
+        runs.sort_unstable();
+        let mut next: Vec<(u64, u64, u64)> = Vec::with_capacity(live.len() + 8);
+        let mut k = 0;
+        for (i, j) in runs {
+            next.extend_from_slice(&live[k..i]);
+            let lo = live[i].0;
+            let span: u64 = live[i..j].iter().map(|x| x.1).sum();
+            for &(_, z, s) in &live[i..j] {
+                out.push(Buffer { start: s, end: t, size: z * unit, group: None });
+            }
+            let mut o = lo;
+            let pieces = rng.range(1, 4);
+            for z in cut(&mut rng, span, pieces) {
+                next.push((o, z, t));
+                o += z;
+            }
+            k = j;
+        }
+        next.extend_from_slice(&live[k..]);
+        live = next;
+    }
+    for &(_, z, s) in &live {
+        out.push(Buffer { start: s, end: t + 1, size: z * unit, group: None });
+    }
+    for i in (1..out.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        out.swap(i, j);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,6 +551,17 @@ mod tests {
             assert!(b.len() * 10 >= n * 8 && b.len() * 10 <= n * 12, "{} buffers for {n}", b.len());
             let horizon = b.iter().map(|x| x.end).max().unwrap();
             assert_eq!(area_and_bound(&b), (horizon as u128 * (4 << 30), 4 << 30));
+        }
+    }
+
+    #[test]
+    fn recut_lists_fill_their_arena() {
+        for (n, seed, runs) in [(1_000, 1, 1), (10_000, 2, 4)] {
+            let b = packed_recut(n, seed, runs);
+            assert!(b.len() >= n && b.len() <= n + 3, "{} buffers for {n}", b.len());
+            let horizon = b.iter().map(|x| x.end).max().unwrap();
+            assert_eq!(area_and_bound(&b), (horizon as u128 * (4 << 30), 4 << 30));
+            assert_eq!(packed_recut(n, seed, runs), b);
         }
     }
 }
