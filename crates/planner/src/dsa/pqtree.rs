@@ -1,0 +1,415 @@
+//! PQ-trees (Booth and Lueker) over small sets of leaves: every order of the leaves in which
+//! the sets asked for so far are consecutive. A P-node's children may come in any order, a
+//! Q-node's only as they are or reversed. [`Pq::reduce_replace`] asks for one more set to
+//! be consecutive and puts other leaves in its place; [`Pq::frontier_near`] reads one order
+//! out, as close as the tree allows to given positions. Recursive and allocating: meant for
+//! trees of tens to hundreds of leaves (the buffers live at one step of a list).
+
+use std::rc::Rc;
+
+/// A PQ-tree, or a subtree of one. Subtrees are shared, so a clone costs one count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Pq {
+    Leaf(u32),
+    /// Children in any order (two or more).
+    P(Rc<Vec<Pq>>),
+    /// Children in this order or reversed (three or more).
+    Q(Rc<Vec<Pq>>),
+}
+
+/// What a subtree holds of the set being made consecutive.
+enum Arranged {
+    /// None of it: the subtree as it was.
+    Empty(Pq),
+    /// Only leaves of the set.
+    Full,
+    /// Both: the subtree becomes these children followed by the set's leaves (a Q-node, the
+    /// set at its end).
+    Partial(Vec<Pq>),
+}
+
+impl Pq {
+    /// A node over `children`: none, the one child, or a P-node.
+    pub(super) fn group(mut children: Vec<Pq>) -> Option<Pq> {
+        match children.len() {
+            0 => None,
+            1 => children.pop(),
+            _ => Some(Pq::P(Rc::new(children))),
+        }
+    }
+
+    /// A Q-node over `children`, as few levels as that takes (two children make a P-node).
+    fn sequence(mut children: Vec<Pq>) -> Option<Pq> {
+        match children.len() {
+            0 => None,
+            1 => children.pop(),
+            2 => Some(Pq::P(Rc::new(children))),
+            _ => Some(Pq::Q(Rc::new(children))),
+        }
+    }
+
+    /// The number of leaves of the subtree for which `inside` holds, and of all its leaves.
+    fn count(&self, inside: &dyn Fn(u32) -> bool) -> (usize, usize) {
+        match self {
+            Pq::Leaf(x) => (usize::from(inside(*x)), 1),
+            Pq::P(c) | Pq::Q(c) => c.iter().fold((0, 0), |(a, b), x| {
+                let (i, n) = x.count(inside);
+                (a + i, b + n)
+            }),
+        }
+    }
+
+    /// Every leaf, in the tree's order.
+    #[cfg(test)]
+    pub(super) fn leaves(&self, out: &mut Vec<u32>) {
+        match self {
+            Pq::Leaf(x) => out.push(*x),
+            Pq::P(c) | Pq::Q(c) => c.iter().for_each(|x| x.leaves(out)),
+        }
+    }
+
+    /// The tree with the `set` leaves (`inside`, `set` of them in all) made consecutive and
+    /// replaced by `with` (removed when `None`); `None` when no order the tree allows has
+    /// them consecutive; with it, the subtree of `self` that the set was made consecutive in
+    /// (the deepest holding all of it: an order of it near given positions, by
+    /// [`Pq::frontier_near`], orders the set). `self` is left as it was either way.
+    pub(super) fn reduce_replace(
+        &self,
+        inside: &dyn Fn(u32) -> bool,
+        set: usize,
+        with: Option<Pq>,
+    ) -> Option<(Option<Pq>, Pq)> {
+        if set == 0 {
+            return None;
+        }
+        let (held, all) = self.count(inside);
+        if held != set {
+            return None;
+        }
+        if held == all {
+            return Some((with, self.clone()));
+        }
+        let (tree, root) = self.at_root(inside, set, with)?;
+        Some((Some(tree), root))
+    }
+
+    /// [`Pq::reduce_replace`] below the root of the whole set (the deepest node holding all
+    /// of it, not all leaves of the tree).
+    fn at_root(&self, inside: &dyn Fn(u32) -> bool, set: usize, with: Option<Pq>) -> Option<(Pq, Pq)> {
+        let children = match self {
+            Pq::Leaf(_) => unreachable!("a leaf holds all of a set or none"),
+            Pq::P(c) | Pq::Q(c) => c,
+        };
+        let counts: Vec<(usize, usize)> = children.iter().map(|c| c.count(inside)).collect();
+        if let Some(k) = counts.iter().position(|&(h, n)| h == set && h < n) {
+            // One child holds the whole set: the root is further down.
+            let mut out: Vec<Pq> = children.to_vec();
+            let root;
+            (out[k], root) = children[k].at_root(inside, set, with)?;
+            let tree = match self {
+                Pq::P(_) => Pq::P(Rc::new(out)),
+                _ => Pq::Q(Rc::new(out)),
+            };
+            return Some((tree, root));
+        }
+        let arranged: Vec<Arranged> = children
+            .iter()
+            .zip(&counts)
+            .map(|(c, &(h, n))| c.arrange(inside, h, n))
+            .collect::<Option<_>>()?;
+        match self {
+            Pq::P(_) => {
+                let mut empty = Vec::new();
+                let mut partial: Vec<Vec<Pq>> = Vec::new();
+                for a in arranged {
+                    match a {
+                        Arranged::Empty(c) => empty.push(c),
+                        Arranged::Full => {}
+                        Arranged::Partial(e) => partial.push(e),
+                    }
+                }
+                if partial.len() > 2 {
+                    return None;
+                }
+                // [first partial's rest] set [second partial's rest, reversed].
+                let mut run: Vec<Pq> = Vec::new();
+                let mut parts = partial.into_iter();
+                if let Some(first) = parts.next() {
+                    run.extend(first);
+                }
+                run.extend(with);
+                if let Some(mut second) = parts.next() {
+                    second.reverse();
+                    run.extend(second);
+                }
+                if let Some(block) = Pq::sequence(run) {
+                    empty.push(block);
+                }
+                Some((Pq::group(empty).expect("a root of a set keeps its other leaves"), self.clone()))
+            }
+            _ => {
+                // Empty*, [partial], full*, [partial], empty*.
+                let first = arranged.iter().position(|a| !matches!(a, Arranged::Empty(_)))?;
+                let last = arranged.iter().rposition(|a| !matches!(a, Arranged::Empty(_)))?;
+                if last > first + 1 && !arranged[first + 1..last].iter().all(|a| matches!(a, Arranged::Full))
+                {
+                    return None;
+                }
+                let mut out: Vec<Pq> = Vec::new();
+                for (k, a) in arranged.into_iter().enumerate() {
+                    match a {
+                        Arranged::Empty(c) => out.push(c),
+                        Arranged::Full if k == first => out.extend(with.clone()),
+                        Arranged::Full => {}
+                        Arranged::Partial(e) if k == first => {
+                            out.extend(e);
+                            out.extend(with.clone());
+                        }
+                        Arranged::Partial(mut e) => {
+                            e.reverse();
+                            out.extend(e);
+                        }
+                    }
+                }
+                Some((Pq::sequence(out).expect("a root of a set keeps its other leaves"), self.clone()))
+            }
+        }
+    }
+
+    /// How this subtree (holding `held` of the set among its `all` leaves) arranges to put
+    /// the set at one end; `None` when it cannot.
+    fn arrange(&self, inside: &dyn Fn(u32) -> bool, held: usize, all: usize) -> Option<Arranged> {
+        if held == 0 {
+            return Some(Arranged::Empty(self.clone()));
+        }
+        if held == all {
+            return Some(Arranged::Full);
+        }
+        let children = match self {
+            Pq::Leaf(_) => unreachable!("a leaf holds all of a set or none"),
+            Pq::P(c) | Pq::Q(c) => c,
+        };
+        let arranged: Vec<Arranged> = children
+            .iter()
+            .map(|c| {
+                let (h, n) = c.count(inside);
+                c.arrange(inside, h, n)
+            })
+            .collect::<Option<_>>()?;
+        match self {
+            Pq::P(_) => {
+                let mut empty = Vec::new();
+                let mut partial: Option<Vec<Pq>> = None;
+                for a in arranged {
+                    match a {
+                        Arranged::Empty(c) => empty.push(c),
+                        Arranged::Full => {}
+                        Arranged::Partial(e) => {
+                            if partial.replace(e).is_some() {
+                                return None;
+                            }
+                        }
+                    }
+                }
+                let mut out: Vec<Pq> = Pq::group(empty).into_iter().collect();
+                out.extend(partial.unwrap_or_default());
+                Some(Arranged::Partial(out))
+            }
+            _ => {
+                // Empty*, [partial], full* in one of the two directions.
+                let kinds: Vec<u8> = arranged
+                    .iter()
+                    .map(|a| match a {
+                        Arranged::Empty(_) => 0,
+                        Arranged::Partial(_) => 1,
+                        Arranged::Full => 2,
+                    })
+                    .collect();
+                let forwards =
+                    kinds.windows(2).all(|w| w[0] <= w[1]) && kinds.iter().filter(|&&k| k == 1).count() <= 1;
+                let backwards =
+                    kinds.windows(2).all(|w| w[0] >= w[1]) && kinds.iter().filter(|&&k| k == 1).count() <= 1;
+                let mut arranged = arranged;
+                if !forwards {
+                    if !backwards {
+                        return None;
+                    }
+                    arranged.reverse();
+                }
+                let mut out = Vec::new();
+                for a in arranged {
+                    match a {
+                        Arranged::Empty(c) => out.push(c),
+                        Arranged::Full => {}
+                        Arranged::Partial(e) => out.extend(e),
+                    }
+                }
+                Some(Arranged::Partial(out))
+            }
+        }
+    }
+
+    /// One order of the leaves the tree allows, each node's children sorted by where `key`
+    /// puts their leaves (by the lowest key, then the highest; a Q-node turned so that its
+    /// ends go that way), appended to `out`.
+    pub(super) fn frontier_near(&self, key: &dyn Fn(u32) -> u64, out: &mut Vec<u32>) {
+        let mut segments = Vec::new();
+        let mut scratch = Vec::new();
+        self.emit(key, out, &mut segments, &mut scratch);
+    }
+
+    /// [`Pq::frontier_near`] for one subtree, returning its (lowest, highest) key. Each
+    /// node's children are written out in turn, their stretches of `out` noted on the
+    /// `segments` stack, then put in order through `scratch`.
+    fn emit(
+        &self,
+        key: &dyn Fn(u32) -> u64,
+        out: &mut Vec<u32>,
+        segments: &mut Vec<((u64, u64), usize, usize)>,
+        scratch: &mut Vec<u32>,
+    ) -> (u64, u64) {
+        let children = match self {
+            Pq::Leaf(x) => {
+                out.push(*x);
+                return (key(*x), key(*x));
+            }
+            Pq::P(c) | Pq::Q(c) => c,
+        };
+        let base = out.len();
+        let first = segments.len();
+        for c in children.iter() {
+            let from = out.len();
+            let range = c.emit(key, out, segments, scratch);
+            segments.push((range, from, out.len()));
+        }
+        let mine = &mut segments[first..];
+        let lo = mine.iter().map(|s| s.0.0).min().unwrap_or(0);
+        let hi = mine.iter().map(|s| s.0.1).max().unwrap_or(0);
+        let sorted = match self {
+            Pq::P(_) => mine.windows(2).all(|w| w[0].0 <= w[1].0),
+            _ => mine.first().map(|s| s.0) <= mine.last().map(|s| s.0),
+        };
+        if !sorted {
+            match self {
+                Pq::P(_) => mine.sort_by_key(|s| s.0),
+                _ => mine.reverse(),
+            }
+            scratch.clear();
+            for &(_, from, to) in mine.iter() {
+                scratch.extend_from_slice(&out[from..to]);
+            }
+            out[base..].copy_from_slice(scratch);
+        }
+        segments.truncate(first);
+        (lo, hi)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+    use std::collections::BTreeSet;
+
+    /// Every order of the leaves that `t` allows.
+    fn frontiers(t: &Pq) -> BTreeSet<Vec<u32>> {
+        match t {
+            Pq::Leaf(x) => [vec![*x]].into_iter().collect(),
+            Pq::P(c) | Pq::Q(c) => {
+                let parts: Vec<Vec<Vec<u32>>> =
+                    c.iter().map(|x| frontiers(x).into_iter().collect()).collect();
+                let mut orders: Vec<Vec<usize>> = Vec::new();
+                if matches!(t, Pq::P(_)) {
+                    permutations(&(0..c.len()).collect::<Vec<_>>(), &mut Vec::new(), &mut orders);
+                } else {
+                    orders.push((0..c.len()).collect());
+                    orders.push((0..c.len()).rev().collect());
+                }
+                let mut out = BTreeSet::new();
+                for o in orders {
+                    let mut acc: Vec<Vec<u32>> = vec![Vec::new()];
+                    for &k in &o {
+                        acc = acc
+                            .iter()
+                            .flat_map(|a| parts[k].iter().map(move |p| [a.clone(), p.clone()].concat()))
+                            .collect();
+                    }
+                    out.extend(acc);
+                }
+                out
+            }
+        }
+    }
+
+    fn permutations(left: &[usize], cur: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if left.is_empty() {
+            out.push(cur.clone());
+        }
+        for (k, &x) in left.iter().enumerate() {
+            let rest: Vec<usize> =
+                left.iter().enumerate().filter(|&(j, _)| j != k).map(|(_, &y)| y).collect();
+            cur.push(x);
+            permutations(&rest, cur, out);
+            cur.pop();
+        }
+    }
+
+    /// Reducing and replacing agrees with filtering every order the tree allowed: those with
+    /// the set consecutive, the set collapsed into the new leaf.
+    #[test]
+    fn reductions_keep_exactly_the_orders_with_the_set_consecutive() {
+        let mut rng = Rng::new(7);
+        for case in 0..3000 {
+            let leaves = rng.range(2, 7) as u32;
+            let mut tree = Pq::P(Rc::new((0..leaves).map(Pq::Leaf).collect()));
+            let mut next_leaf = leaves;
+            for _ in 0..5 {
+                let mut present = Vec::new();
+                tree.leaves(&mut present);
+                if present.len() < 2 {
+                    break;
+                }
+                // A random set of 1..len leaves.
+                let k = rng.range(1, present.len() as u64) as usize;
+                for i in (1..present.len()).rev() {
+                    let j = rng.below(i as u64 + 1) as usize;
+                    present.swap(i, j);
+                }
+                let set: BTreeSet<u32> = present[..k].iter().copied().collect();
+                // One to three new leaves, in any order, take the set's place.
+                let fresh: Vec<u32> = (next_leaf..next_leaf + rng.range(1, 3) as u32).collect();
+                let mut fresh_orders = Vec::new();
+                permutations(&(0..fresh.len()).collect::<Vec<_>>(), &mut Vec::new(), &mut fresh_orders);
+                let before = frontiers(&tree);
+                let (fresh_ref, orders_ref) = (&fresh, &fresh_orders);
+                let expected: BTreeSet<Vec<u32>> = before
+                    .iter()
+                    .filter(|o| {
+                        let at: Vec<usize> = (0..o.len()).filter(|&i| set.contains(&o[i])).collect();
+                        at.last().unwrap() - at[0] + 1 == at.len()
+                    })
+                    .flat_map(|o| {
+                        let at: Vec<usize> = (0..o.len()).filter(|&i| set.contains(&o[i])).collect();
+                        orders_ref.iter().map(move |f| {
+                            let mut v: Vec<u32> = o[..at[0]].to_vec();
+                            v.extend(f.iter().map(|&k| fresh_ref[k]));
+                            v.extend_from_slice(&o[at.last().unwrap() + 1..]);
+                            v
+                        })
+                    })
+                    .collect();
+                let with = Pq::group(fresh.iter().map(|&x| Pq::Leaf(x)).collect());
+                let got = tree.reduce_replace(&|x| set.contains(&x), set.len(), with);
+                match got {
+                    None => assert!(expected.is_empty(), "case {case}: {tree:?} {set:?} refused"),
+                    Some((t, _)) => {
+                        let t = t.expect("new leaves replace the set");
+                        assert_eq!(frontiers(&t), expected, "case {case}: {tree:?} with {set:?} gave {t:?}");
+                        tree = t;
+                        next_leaf += fresh.len() as u32;
+                    }
+                }
+            }
+        }
+    }
+}
