@@ -15,7 +15,12 @@
 //!    together) would not fit in the budget; with noise on its choices, it also runs as a
 //!    *repairing sweep* (a portfolio job) that backs up to a checkpoint wherever it would
 //!    rise above a target, so that each stretch of the clock gets the best of its own tries
-//!    (`online_aligned_repair`);
+//!    (`online_aligned_repair`); on a *full* list (the bound live at every step where anything
+//!    is live) the floor leaves above the bound, the **refilling sweep** places the list at
+//!    its bound, or gives up within milliseconds, before any other stage: each step's
+//!    enders and starters split into runs, a PQ-tree kept going backwards holds every order
+//!    of the live buffers from which the rest of the clock can be placed, and each step's
+//!    order is read out of it going forwards (see `refill`);
 //! 3. **skyline** constructions (bottom-up: fill the lowest valley of the skyline with an
 //!    item that starts at its left edge; three pick rules), then a **portfolio of greedy
 //!    orders** (breadth, size, lifetime, size × lifetime, start) × (best-fit, lowest offset),
