@@ -18,8 +18,9 @@
 //! daemon's default budget of 200 ms. Rows `packed-h1`, `packed-b1` and `packed-area` are
 //! tilings of other shapes than `packed` (`workload::Tiling`: one step per piece, cuts at
 //! any byte, the largest of three pieces cut), `skyline` rows tilings filled bottom-up
-//! (`workload::packed_skyline`), `recut1` and `recut4` rows arenas whose memory is re-cut
-//! as the clock runs, one or four runs of buffers per step (`workload::packed_recut`).
+//! (`workload::packed_skyline`), `recut1`, `recut2` and `recut4` rows arenas whose memory
+//! is re-cut as the clock runs, one, two or four runs of buffers per step
+//! (`workload::packed_recut`).
 //! `training` rows are eager training steps of one pipeline
 //! rank as an allocator sees them (`workload::training_trace`); `longshort` rows a few
 //! long-lived buffers among many short-lived ones of the same sizes
@@ -160,8 +161,9 @@ fn main() {
         generated(&mut cases, name, &sizes, &seeds, " budget=1s", tiling);
     }
     generated(&mut cases, "skyline", &sizes, &seeds, " budget=1s", workload::packed_skyline);
-    // Arenas re-cut as the clock runs: one run of buffers ends and is re-cut per step, or four.
-    for (name, runs) in [("recut1", 1), ("recut4", 4)] {
+    // Arenas re-cut as the clock runs: one run of buffers ends and is re-cut per step, two or
+    // four.
+    for (name, runs) in [("recut1", 1), ("recut2", 2), ("recut4", 4)] {
         generated(&mut cases, name, &sizes, &seeds, " budget=1s", move |n, seed| {
             workload::packed_recut(n, seed, runs)
         });
