@@ -252,7 +252,7 @@ impl Pq {
     /// One order of the leaves the tree allows, each node's children sorted by where `key`
     /// puts their leaves (by the lowest key, then the highest; a Q-node turned so that its
     /// ends go that way), appended to `out`.
-    pub(super) fn frontier_near(&self, key: &dyn Fn(u32) -> u64, out: &mut Vec<u32>) {
+    pub(super) fn frontier_near(&self, key: &impl Fn(u32) -> u64, out: &mut Vec<u32>) {
         let mut segments = Vec::new();
         let mut scratch = Vec::new();
         self.emit(key, out, &mut segments, &mut scratch);
@@ -263,7 +263,7 @@ impl Pq {
     /// `segments` stack, then put in order through `scratch`.
     fn emit(
         &self,
-        key: &dyn Fn(u32) -> u64,
+        key: &impl Fn(u32) -> u64,
         out: &mut Vec<u32>,
         segments: &mut Vec<((u64, u64), usize, usize)>,
         scratch: &mut Vec<u32>,

@@ -218,12 +218,16 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
     // the search goes back to the nearest step after it (in time) where one of its starters
     // ended and another grouping is left (within `BACKTRACK_EXTRA_WORK`).
     let mut mark = vec![false; n];
-    let mut after: Vec<Option<Pq>> = vec![None; steps.len()];
     let options: Vec<Vec<Vec<usize>>> = steps.iter().map(|atoms| groupings(atoms.len())).collect();
+    let choice = |j: usize| options[j].len() > 1;
     let mut next_option = vec![0usize; steps.len()];
     let mut runs: Vec<Vec<Run>> = (0..steps.len()).map(|_| Vec::new()).collect();
     // The subtree each run's starters were found in.
     let mut found_in: Vec<Vec<Option<Pq>>> = (0..steps.len()).map(|_| Vec::new()).collect();
+    // The tree after the step being decided, and after each step with a choice of groupings
+    // (kept to go back to, and to order a step of several runs forwards).
+    let mut current: Option<Pq> = None;
+    let mut saved: Vec<Option<Pq>> = vec![None; steps.len()];
     let mut work = 0usize;
     let work_cap = steps.len() + BACKTRACK_EXTRA_WORK;
     let mut k = steps.len();
@@ -233,17 +237,19 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         if work > work_cap || (work.is_multiple_of(1024) && Instant::now() > until) {
             return None;
         }
+        if choice(j) && next_option[j] == 0 {
+            saved[j] = current.clone();
+        }
         let mut advanced = false;
         while next_option[j] < options[j].len() {
             let grouping = &options[j][next_option[j]];
             next_option[j] += 1;
             let step_runs = merged(&steps[j], grouping);
-            if let Some((t, roots)) = back_step(after[j].as_ref(), &step_runs, &mut mark) {
+            let input = if choice(j) { saved[j].as_ref() } else { current.as_ref() };
+            if let Some((t, roots)) = back_step(input, &step_runs, &mut mark) {
                 runs[j] = step_runs;
                 found_in[j] = roots;
-                if j > 0 {
-                    after[j - 1] = t;
-                }
+                current = t;
                 advanced = true;
                 break;
             }
@@ -252,89 +258,89 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
             k -= 1;
         } else {
             // Back to the nearest step after this one (in time) where one of this step's
-            // starters ended and another grouping is left: its grouping set where they lie.
+            // starters ended and another grouping is left (else the nearest step with one
+            // left): its grouping set where they lie.
             next_option[j] = 0;
+            let left = |c: &usize| *c > j && next_option[*c] < options[*c].len();
             let culprit = steps[j]
                 .iter()
                 .flat_map(|a| &a.starters)
                 .map(|&i| end_step[i as usize] as usize)
-                .filter(|&c| c > j && next_option[c] < options[c].len())
+                .filter(left)
                 .min();
-            let back = culprit.unwrap_or(j + 1);
+            let back = culprit.or_else(|| (j + 1..steps.len()).find(left))?;
             next_option[j + 1..back].iter_mut().for_each(|o| *o = 0);
+            current = saved[back].clone();
             k = back + 1;
-            if k > steps.len() {
-                return None;
-            }
         }
     }
-    // Forwards: each run's starters take its enders' place, nearest to the order already
-    // placed: in the order of the subtree they were found in where the step has one run,
-    // and of the whole tree after the step where it has more (the runs' orders depend on
-    // one another there).
+    // Forwards: each run's starters fill the stretch of memory its enders held, in an order
+    // read from the subtree they were found in where the step has one run, and from the
+    // whole tree after the step where it has more (the runs' orders depend on one another
+    // there), sorted nearest to the buffers already placed. The keys: twice the offset, plus
+    // one for a buffer already live; a run's starters all take twice the stretch's start.
     let mut off = vec![0u64; n];
-    let mut order: Vec<u32> = Vec::new();
-    let mut key = vec![0u64; n];
-    let mut next: Vec<u32> = Vec::new();
+    let mut run_of = vec![u32::MAX; n];
+    let mut bases: Vec<u64> = Vec::new();
     let mut seen: Vec<u32> = Vec::new();
+    let mut tiles: Vec<u32> = Vec::new();
+    let mut filled: Vec<Vec<u32>> = Vec::new();
     for (k, (runs, roots)) in runs.iter().zip(&found_in).enumerate() {
         if k.is_multiple_of(1024) && Instant::now() > until {
             return None;
         }
-        for (pos, &i) in order.iter().enumerate() {
-            key[i as usize] = 2 * pos as u64 + 1;
-        }
+        // Each run's enders must tile a stretch (then no byte of it is used by another
+        // buffer, and the starters filling it overlap nothing).
+        bases.clear();
         for run in runs {
-            let place = run.enders.iter().map(|&i| key[i as usize] - 1).min().unwrap_or(0);
-            run.starters.iter().for_each(|&i| key[i as usize] = place);
-        }
-        next.clear();
-        match (runs.as_slice(), roots.as_slice()) {
-            ([run], [root]) => {
-                // The enders replaced by the starters in the subtree's order.
-                seen.clear();
-                if let Some(root) = root {
-                    run.starters.iter().for_each(|&i| mark[i as usize] = true);
-                    root.frontier_near(&|i| key[i as usize], &mut seen);
-                    seen.retain(|&i| mark[i as usize]);
-                    run.starters.iter().for_each(|&i| mark[i as usize] = false);
-                }
-                if seen.len() != run.starters.len() {
+            tiles.clear();
+            tiles.extend_from_slice(&run.enders);
+            tiles.sort_unstable_by_key(|&i| off[i as usize]);
+            let base = tiles.first().map_or(0, |&i| off[i as usize]);
+            let mut top = base;
+            for &i in &tiles {
+                if off[i as usize] != top {
                     return None;
                 }
-                run.enders.iter().for_each(|&i| mark[i as usize] = true);
-                let mut put = run.enders.is_empty();
-                if put {
-                    next.extend_from_slice(&seen);
-                }
-                for &i in &order {
-                    if !mark[i as usize] {
-                        next.push(i);
-                    } else if !put {
-                        next.extend_from_slice(&seen);
-                        put = true;
-                    }
-                }
-                run.enders.iter().for_each(|&i| mark[i as usize] = false);
+                top += p.size[i as usize];
             }
+            bases.push(base);
+        }
+        for (r, run) in runs.iter().enumerate() {
+            run.starters.iter().for_each(|&i| run_of[i as usize] = r as u32);
+        }
+        let key = |i: u32| match run_of[i as usize] {
+            u32::MAX => 2 * off[i as usize] + 1,
+            r => 2 * bases[r as usize],
+        };
+        filled.resize_with(runs.len(), Vec::new);
+        filled.iter_mut().for_each(Vec::clear);
+        seen.clear();
+        match roots.as_slice() {
+            [Some(root)] => root.frontier_near(&key, &mut seen),
+            [None] => {}
             _ => {
-                if let Some(t) = &after[k] {
-                    t.frontier_near(&|i| key[i as usize], &mut next);
+                if let Some(t) = &saved[k] {
+                    t.frontier_near(&key, &mut seen);
                 }
             }
         }
-        // Offsets from the order: every live byte is used, so a buffer lies on the ones
-        // below it. A buffer that was live already must not move.
-        let mut top = 0u64;
-        for &i in &next {
-            let i = i as usize;
-            if key[i] % 2 == 1 && off[i] != top {
+        for &i in &seen {
+            if let Some(f) = filled.get_mut(run_of[i as usize] as usize) {
+                f.push(i);
+            }
+        }
+        for (r, run) in runs.iter().enumerate() {
+            run.starters.iter().for_each(|&i| run_of[i as usize] = u32::MAX);
+            if filled[r].len() != run.starters.len() {
                 return None;
             }
-            off[i] = top;
-            top += p.size[i];
+            let mut top = bases[r];
+            for &i in &filled[r] {
+                off[i as usize] = top;
+                top += p.size[i as usize];
+            }
         }
-        std::mem::swap(&mut order, &mut next);
     }
     Some(off)
 }
