@@ -49,7 +49,7 @@ impl Pq {
     }
 
     /// The number of leaves of the subtree for which `inside` holds, and of all its leaves.
-    fn count(&self, inside: &dyn Fn(u32) -> bool) -> (usize, usize) {
+    fn count(&self, inside: &impl Fn(u32) -> bool) -> (usize, usize) {
         match self {
             Pq::Leaf(x) => (usize::from(inside(*x)), 1),
             Pq::P(c) | Pq::Q(c) => c.iter().fold((0, 0), |(a, b), x| {
@@ -75,7 +75,7 @@ impl Pq {
     /// [`Pq::frontier_near`], orders the set). `self` is left as it was either way.
     pub(super) fn reduce_replace(
         &self,
-        inside: &dyn Fn(u32) -> bool,
+        inside: &impl Fn(u32) -> bool,
         set: usize,
         with: Option<Pq>,
     ) -> Option<(Option<Pq>, Pq)> {
@@ -95,22 +95,37 @@ impl Pq {
 
     /// [`Pq::reduce_replace`] below the root of the whole set (the deepest node holding all
     /// of it, not all leaves of the tree).
-    fn at_root(&self, inside: &dyn Fn(u32) -> bool, set: usize, with: Option<Pq>) -> Option<(Pq, Pq)> {
+    fn at_root(&self, inside: &impl Fn(u32) -> bool, set: usize, with: Option<Pq>) -> Option<(Pq, Pq)> {
         let children = match self {
             Pq::Leaf(_) => unreachable!("a leaf holds all of a set or none"),
             Pq::P(c) | Pq::Q(c) => c,
         };
-        let counts: Vec<(usize, usize)> = children.iter().map(|c| c.count(inside)).collect();
-        if let Some(k) = counts.iter().position(|&(h, n)| h == set && h < n) {
-            // One child holds the whole set: the root is further down.
-            let mut out: Vec<Pq> = children.to_vec();
-            let root;
-            (out[k], root) = children[k].at_root(inside, set, with)?;
-            let tree = match self {
-                Pq::P(_) => Pq::P(Rc::new(out)),
-                _ => Pq::Q(Rc::new(out)),
-            };
-            return Some((tree, root));
+        // Children are counted until the set is found: one child holding all of it and more
+        // is where the root lies (the others need no count), one child that is the set or a
+        // set spread over several makes this node the root.
+        let mut counts: Vec<(usize, usize)> = Vec::with_capacity(children.len());
+        let mut held = 0;
+        for (k, c) in children.iter().enumerate() {
+            if held == set {
+                counts.push((0, 0));
+                continue;
+            }
+            let (h, n) = c.count(inside);
+            if h == set && h < n {
+                let mut out: Vec<Pq> = children.to_vec();
+                let root;
+                (out[k], root) = children[k].at_root(inside, set, with)?;
+                let tree = match self {
+                    Pq::P(_) => Pq::P(Rc::new(out)),
+                    _ => Pq::Q(Rc::new(out)),
+                };
+                return Some((tree, root));
+            }
+            held += h;
+            counts.push((h, n));
+        }
+        if held != set {
+            return None;
         }
         let arranged: Vec<Arranged> = children
             .iter()
@@ -178,7 +193,7 @@ impl Pq {
 
     /// How this subtree (holding `held` of the set among its `all` leaves) arranges to put
     /// the set at one end; `None` when it cannot.
-    fn arrange(&self, inside: &dyn Fn(u32) -> bool, held: usize, all: usize) -> Option<Arranged> {
+    fn arrange(&self, inside: &impl Fn(u32) -> bool, held: usize, all: usize) -> Option<Arranged> {
         if held == 0 {
             return Some(Arranged::Empty(self.clone()));
         }
