@@ -145,11 +145,12 @@ pub const CANONICAL_MAX_WORKERS: usize = 16;
 pub const COARSE_FIRST_SHARE: f64 = 0.8;
 
 /// Share of the budget the refilling sweep (`refill`) may take on a full list before the
-/// other stages: it places an arena re-cut once per step of 100k buffers in ~0.25 s on the
-/// 2-core VM and up to twice that on the GPU host (one of 30 ran past 60% of 1 s there),
-/// and gives up within milliseconds on tilings cut along lines, within 0.2 s where its
-/// search runs out.
-pub const REFILL_SHARE: f64 = 0.75;
+/// other stages: it places an arena of 100k buffers re-cut once per step in ~0.17 s on the
+/// 2-core VM (about twice that on the GPU host), and gives up within milliseconds on
+/// tilings cut along lines. A sweep stopped by this share leaves the other stages little
+/// time (a plan of such a list on the GPU host, stopped at 75% of 1 s by a slower build,
+/// ended at 1.48 of the bound after 2.1 s).
+pub const REFILL_SHARE: f64 = 0.6;
 
 /// Coarsening runs only where the online best-fit floor is above this × the lower bound.
 /// Where the floor is already close, placing buffers in time order works on the list as it

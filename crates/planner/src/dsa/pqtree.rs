@@ -21,11 +21,21 @@ pub(super) enum Pq {
 enum Arranged {
     /// None of it: the subtree as it was.
     Empty(Pq),
-    /// Only leaves of the set.
-    Full,
+    /// Only leaves of the set: these, in an order the subtree allows.
+    Full(Vec<u32>),
     /// Both: the subtree becomes these children followed by the set's leaves (a Q-node, the
-    /// set at its end).
-    Partial(Vec<Pq>),
+    /// set at its end), in this order.
+    Partial(Vec<Pq>, Vec<u32>),
+}
+
+/// The order a reduction left a set in: the set's leaves in an order the tree allows, and a
+/// leaf outside the set on the side where that order begins (`true`) or ends (`false`); with
+/// no such leaf the set's order is free. The order read from the anchor's side is the
+/// order of the set outward from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SetOrder {
+    pub(super) set: Vec<u32>,
+    pub(super) anchor: Option<(u32, bool)>,
 }
 
 impl Pq {
@@ -60,7 +70,6 @@ impl Pq {
     }
 
     /// Every leaf, in the tree's order.
-    #[cfg(test)]
     pub(super) fn leaves(&self, out: &mut Vec<u32>) {
         match self {
             Pq::Leaf(x) => out.push(*x),
@@ -70,15 +79,14 @@ impl Pq {
 
     /// The tree with the `set` leaves (`inside`, `set` of them in all) made consecutive and
     /// replaced by `with` (removed when `None`); `None` when no order the tree allows has
-    /// them consecutive; with it, the subtree of `self` that the set was made consecutive in
-    /// (the deepest holding all of it: an order of it near given positions, by
-    /// [`Pq::frontier_near`], orders the set). `self` is left as it was either way.
+    /// them consecutive; with it, the order the set was left in ([`SetOrder`]). `self` is
+    /// left as it was either way.
     pub(super) fn reduce_replace(
         &self,
         inside: &impl Fn(u32) -> bool,
         set: usize,
         with: Option<Pq>,
-    ) -> Option<(Option<Pq>, Pq)> {
+    ) -> Option<(Option<Pq>, SetOrder)> {
         if set == 0 {
             return None;
         }
@@ -87,15 +95,25 @@ impl Pq {
             return None;
         }
         if held == all {
-            return Some((with, self.clone()));
+            let mut leaves = Vec::with_capacity(all);
+            self.leaves(&mut leaves);
+            return Some((with, SetOrder { set: leaves, anchor: None }));
         }
-        let (tree, root) = self.at_root(inside, set, with)?;
-        Some((Some(tree), root))
+        let (tree, order) = self.at_root(inside, set, with)?;
+        Some((Some(tree), order))
+    }
+
+    /// Any leaf of the subtree (its first).
+    fn any_leaf(&self) -> u32 {
+        match self {
+            Pq::Leaf(x) => *x,
+            Pq::P(c) | Pq::Q(c) => c[0].any_leaf(),
+        }
     }
 
     /// [`Pq::reduce_replace`] below the root of the whole set (the deepest node holding all
     /// of it, not all leaves of the tree).
-    fn at_root(&self, inside: &impl Fn(u32) -> bool, set: usize, with: Option<Pq>) -> Option<(Pq, Pq)> {
+    fn at_root(&self, inside: &impl Fn(u32) -> bool, set: usize, with: Option<Pq>) -> Option<(Pq, SetOrder)> {
         let children = match self {
             Pq::Leaf(_) => unreachable!("a leaf holds all of a set or none"),
             Pq::P(c) | Pq::Q(c) => c,
@@ -135,58 +153,90 @@ impl Pq {
         match self {
             Pq::P(_) => {
                 let mut empty = Vec::new();
-                let mut partial: Vec<Vec<Pq>> = Vec::new();
+                let mut full: Vec<u32> = Vec::new();
+                let mut partial: Vec<(Vec<Pq>, Vec<u32>)> = Vec::new();
                 for a in arranged {
                     match a {
                         Arranged::Empty(c) => empty.push(c),
-                        Arranged::Full => {}
-                        Arranged::Partial(e) => partial.push(e),
+                        Arranged::Full(leaves) => full.extend(leaves),
+                        Arranged::Partial(e, inner) => partial.push((e, inner)),
                     }
                 }
                 if partial.len() > 2 {
                     return None;
                 }
-                // [first partial's rest] set [second partial's rest, reversed].
+                // [first partial's rest] set [second partial's rest, reversed]; the set runs
+                // from the first partial's part of it through the full children to the
+                // second's, reversed.
                 let mut run: Vec<Pq> = Vec::new();
+                let mut order = Vec::with_capacity(set);
                 let mut parts = partial.into_iter();
-                if let Some(first) = parts.next() {
-                    run.extend(first);
+                let mut anchor = None;
+                if let Some((rest, inner)) = parts.next() {
+                    anchor = rest.first().map(|c| (c.any_leaf(), true));
+                    run.extend(rest);
+                    order.extend(inner);
                 }
+                order.extend(full);
                 run.extend(with);
-                if let Some(mut second) = parts.next() {
-                    second.reverse();
-                    run.extend(second);
+                if let Some((mut rest, mut inner)) = parts.next() {
+                    inner.reverse();
+                    order.extend(inner);
+                    rest.reverse();
+                    run.extend(rest);
                 }
                 if let Some(block) = Pq::sequence(run) {
                     empty.push(block);
                 }
-                Some((Pq::group(empty).expect("a root of a set keeps its other leaves"), self.clone()))
+                let tree = Pq::group(empty).expect("a root of a set keeps its other leaves");
+                Some((tree, SetOrder { set: order, anchor }))
             }
             _ => {
                 // Empty*, [partial], full*, [partial], empty*.
                 let first = arranged.iter().position(|a| !matches!(a, Arranged::Empty(_)))?;
                 let last = arranged.iter().rposition(|a| !matches!(a, Arranged::Empty(_)))?;
-                if last > first + 1 && !arranged[first + 1..last].iter().all(|a| matches!(a, Arranged::Full))
+                if last > first + 1
+                    && !arranged[first + 1..last].iter().all(|a| matches!(a, Arranged::Full(_)))
                 {
                     return None;
                 }
                 let mut out: Vec<Pq> = Vec::new();
+                let mut order = Vec::with_capacity(set);
+                // Where the set goes in the sequence.
+                let mut at = 0;
                 for (k, a) in arranged.into_iter().enumerate() {
                     match a {
                         Arranged::Empty(c) => out.push(c),
-                        Arranged::Full if k == first => out.extend(with.clone()),
-                        Arranged::Full => {}
-                        Arranged::Partial(e) if k == first => {
-                            out.extend(e);
-                            out.extend(with.clone());
+                        Arranged::Full(leaves) => {
+                            if k == first {
+                                at = out.len();
+                                out.extend(with.clone());
+                            }
+                            order.extend(leaves);
                         }
-                        Arranged::Partial(mut e) => {
+                        Arranged::Partial(e, inner) if k == first => {
+                            out.extend(e);
+                            at = out.len();
+                            out.extend(with.clone());
+                            order.extend(inner);
+                        }
+                        Arranged::Partial(mut e, mut inner) => {
+                            inner.reverse();
+                            order.extend(inner);
                             e.reverse();
                             out.extend(e);
                         }
                     }
                 }
-                Some((Pq::sequence(out).expect("a root of a set keeps its other leaves"), self.clone()))
+                // A leaf before the set in the sequence, or else one after it.
+                let after = at + usize::from(with.is_some());
+                let anchor = if at > 0 {
+                    Some((out[0].any_leaf(), true))
+                } else {
+                    out.get(after).map(|c| (c.any_leaf(), false))
+                };
+                let tree = Pq::sequence(out).expect("a root of a set keeps its other leaves");
+                Some((tree, SetOrder { set: order, anchor }))
             }
         }
     }
@@ -198,7 +248,9 @@ impl Pq {
             return Some(Arranged::Empty(self.clone()));
         }
         if held == all {
-            return Some(Arranged::Full);
+            let mut leaves = Vec::with_capacity(all);
+            self.leaves(&mut leaves);
+            return Some(Arranged::Full(leaves));
         }
         let children = match self {
             Pq::Leaf(_) => unreachable!("a leaf holds all of a set or none"),
@@ -214,21 +266,27 @@ impl Pq {
         match self {
             Pq::P(_) => {
                 let mut empty = Vec::new();
-                let mut partial: Option<Vec<Pq>> = None;
+                let mut full: Vec<u32> = Vec::new();
+                let mut partial: Option<(Vec<Pq>, Vec<u32>)> = None;
                 for a in arranged {
                     match a {
                         Arranged::Empty(c) => empty.push(c),
-                        Arranged::Full => {}
-                        Arranged::Partial(e) => {
-                            if partial.replace(e).is_some() {
+                        Arranged::Full(leaves) => full.extend(leaves),
+                        Arranged::Partial(e, inner) => {
+                            if partial.replace((e, inner)).is_some() {
                                 return None;
                             }
                         }
                     }
                 }
                 let mut out: Vec<Pq> = Pq::group(empty).into_iter().collect();
-                out.extend(partial.unwrap_or_default());
-                Some(Arranged::Partial(out))
+                let mut order = Vec::with_capacity(held);
+                if let Some((rest, inner)) = partial {
+                    out.extend(rest);
+                    order.extend(inner);
+                }
+                order.extend(full);
+                Some(Arranged::Partial(out, order))
             }
             _ => {
                 // Empty*, [partial], full* in one of the two directions.
@@ -236,14 +294,13 @@ impl Pq {
                     .iter()
                     .map(|a| match a {
                         Arranged::Empty(_) => 0,
-                        Arranged::Partial(_) => 1,
-                        Arranged::Full => 2,
+                        Arranged::Partial(..) => 1,
+                        Arranged::Full(_) => 2,
                     })
                     .collect();
-                let forwards =
-                    kinds.windows(2).all(|w| w[0] <= w[1]) && kinds.iter().filter(|&&k| k == 1).count() <= 1;
-                let backwards =
-                    kinds.windows(2).all(|w| w[0] >= w[1]) && kinds.iter().filter(|&&k| k == 1).count() <= 1;
+                let partials = kinds.iter().filter(|&&k| k == 1).count();
+                let forwards = kinds.windows(2).all(|w| w[0] <= w[1]) && partials <= 1;
+                let backwards = kinds.windows(2).all(|w| w[0] >= w[1]) && partials <= 1;
                 let mut arranged = arranged;
                 if !forwards {
                     if !backwards {
@@ -252,14 +309,18 @@ impl Pq {
                     arranged.reverse();
                 }
                 let mut out = Vec::new();
+                let mut order = Vec::with_capacity(held);
                 for a in arranged {
                     match a {
                         Arranged::Empty(c) => out.push(c),
-                        Arranged::Full => {}
-                        Arranged::Partial(e) => out.extend(e),
+                        Arranged::Full(leaves) => order.extend(leaves),
+                        Arranged::Partial(e, inner) => {
+                            out.extend(e);
+                            order.extend(inner);
+                        }
                     }
                 }
-                Some(Arranged::Partial(out))
+                Some(Arranged::Partial(out, order))
             }
         }
     }
@@ -417,7 +478,22 @@ mod tests {
                 let got = tree.reduce_replace(&|x| set.contains(&x), set.len(), with);
                 match got {
                     None => assert!(expected.is_empty(), "case {case}: {tree:?} {set:?} refused"),
-                    Some((t, _)) => {
+                    Some((t, order)) => {
+                        // The set's order is one the tree allowed, turned as its anchor says.
+                        let fits = before.iter().any(|o| {
+                            let at: Vec<usize> = (0..o.len()).filter(|&i| set.contains(&o[i])).collect();
+                            let (lo, hi) = (at[0], *at.last().unwrap());
+                            if hi - lo + 1 != at.len() {
+                                return false;
+                            }
+                            let pos = |x: u32| o.iter().position(|&y| y == x).unwrap();
+                            let seq: Vec<u32> = o[lo..=hi].to_vec();
+                            let mut rev = order.set.clone();
+                            rev.reverse();
+                            (seq == order.set && order.anchor.is_none_or(|(a, b)| (pos(a) < lo) == b))
+                                || (seq == rev && order.anchor.is_none_or(|(a, b)| (pos(a) > hi) == b))
+                        });
+                        assert!(fits, "case {case}: {tree:?} with {set:?} left {order:?}");
                         let t = t.expect("new leaves replace the set");
                         assert_eq!(frontiers(&t), expected, "case {case}: {tree:?} with {set:?} gave {t:?}");
                         tree = t;

@@ -11,15 +11,17 @@
 //! Which orders those are is decided by the whole clock, so the sweep runs twice. Backwards,
 //! a PQ-tree ([`Pq`]) keeps every order of the live buffers from which the rest of the clock
 //! can be placed: at each step, going back, the run's starters are made consecutive and
-//! replaced by its enders. Forwards, each step's starters take their enders' places in the
-//! order that the tree kept for just after the step allows, nearest to the order already
-//! placed; the offsets follow from the order, every live byte being used. The sweep gives up
-//! (`None`) where a list is not full, where a step has too many enders or starters to find
-//! its runs ([`RUN_MAX_BUFFERS`]: tilings cut along lines, whose time cuts meet in tens),
-//! or where no grouping it tries keeps every run consecutive (arenas re-cut at several
-//! places per step, whose runs merged or split by chance wrongly).
+//! replaced by its enders, and the order the reduction left them in is kept ([`SetOrder`]).
+//! Forwards, each run's starters fill the stretch its enders held in that order, turned so
+//! that its anchor (a buffer beside it in the tree) lies on the side where it already lies;
+//! every live byte being used, the offsets follow. The sweep gives up (`None`) where a list
+//! is not full, where a step has too many enders or starters to find its runs
+//! ([`RUN_MAX_BUFFERS`]: tilings cut along lines, whose time cuts meet in tens), where most
+//! steps hold a choice of runs ([`CHOICES_MAX`]), or where no grouping it tries keeps every
+//! run consecutive (arenas re-cut at several places per step, whose runs merged or split by
+//! chance wrongly).
 
-use super::pqtree::Pq;
+use super::pqtree::{Pq, SetOrder};
 use super::*;
 
 /// Enders or starters at one step beyond which the sweep does not look for its runs (it
@@ -169,9 +171,13 @@ fn merged(atoms: &[Run], grouping: &[usize]) -> Vec<Run> {
 }
 
 /// One step of the backward sweep: the tree before the step (going back) from the tree
-/// after it, with the subtree each run's starters were found in; `None` where the runs'
+/// after it, with the order each run's starters were left in; `None` where the runs'
 /// starters cannot be kept together.
-fn back_step(tree: Option<&Pq>, runs: &[Run], mark: &mut [bool]) -> Option<(Option<Pq>, Vec<Option<Pq>>)> {
+fn back_step(
+    tree: Option<&Pq>,
+    runs: &[Run],
+    mark: &mut [bool],
+) -> Option<(Option<Pq>, Vec<Option<SetOrder>>)> {
     let mut tree = tree.cloned();
     let mut found = Vec::with_capacity(runs.len());
     for run in runs {
@@ -238,8 +244,8 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
     let choice = |j: usize| options[j].len() > 1;
     let mut next_option = vec![0usize; steps.len()];
     let mut runs: Vec<Vec<Run>> = (0..steps.len()).map(|_| Vec::new()).collect();
-    // The subtree each run's starters were found in.
-    let mut found_in: Vec<Vec<Option<Pq>>> = (0..steps.len()).map(|_| Vec::new()).collect();
+    // The order each run's starters were left in.
+    let mut found_in: Vec<Vec<Option<SetOrder>>> = (0..steps.len()).map(|_| Vec::new()).collect();
     // The tree after the step being decided, and after each step with a choice of groupings
     // (kept to go back to, and to order a step of several runs forwards).
     let mut current: Option<Pq> = None;
@@ -290,8 +296,8 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
             k = back + 1;
         }
     }
-    // Forwards: each run's starters fill the stretch of memory its enders held, in an order
-    // read from the subtree they were found in where the step has one run, and from the
+    // Forwards: each run's starters fill the stretch of memory its enders held, in the order
+    // its reduction left them in where the step has one run, and in an order read from the
     // whole tree after the step where it has more (the runs' orders depend on one another
     // there), sorted nearest to the buffers already placed. The keys: twice the offset, plus
     // one for a buffer already live; a run's starters all take twice the stretch's start.
@@ -333,7 +339,16 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         filled.iter_mut().for_each(Vec::clear);
         seen.clear();
         match roots.as_slice() {
-            [Some(root)] => root.frontier_near(&key, &mut seen),
+            [Some(order)] => {
+                // The set's order outward from its anchor: reversed where the anchor lies
+                // above the stretch.
+                seen.extend_from_slice(&order.set);
+                if let Some((a, begins)) = order.anchor
+                    && (off[a as usize] < bases[0]) != begins
+                {
+                    seen.reverse();
+                }
+            }
             [None] => {}
             _ => {
                 if let Some(t) = &saved[k] {
