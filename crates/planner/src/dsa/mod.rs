@@ -145,12 +145,14 @@ pub const CANONICAL_MAX_WORKERS: usize = 16;
 pub const COARSE_FIRST_SHARE: f64 = 0.8;
 
 /// Share of the budget the refilling sweep (`refill`) may take on a full list before the
-/// other stages: it places an arena of 100k buffers re-cut once per step in ~0.17 s on the
-/// 2-core VM (about twice that on the GPU host), and gives up within milliseconds on
-/// tilings cut along lines. A sweep stopped by this share leaves the other stages little
-/// time (a plan of such a list on the GPU host, stopped at 75% of 1 s by a slower build,
-/// ended at 1.48 of the bound after 2.1 s).
-pub const REFILL_SHARE: f64 = 0.6;
+/// other stages (counted from the start of the plan): it places an arena of 100k buffers
+/// re-cut once per step in ~0.17 s on the 2-core VM and in 0.28–0.58 s on the GPU host
+/// (30 seeds, the first plan of a process the slowest), and gives up within milliseconds
+/// on tilings cut along lines. Where it gives up it has used little of its share (its
+/// search is limited by work, see `refill`); a sweep stopped by the share leaves the other
+/// stages little time (on the GPU host, a slower build stopped at 75% of 1 s ended at 1.48
+/// of the bound after 2.1 s).
+pub const REFILL_SHARE: f64 = 0.75;
 
 /// Coarsening runs only where the online best-fit floor is above this × the lower bound.
 /// Where the floor is already close, placing buffers in time order works on the list as it
