@@ -1,8 +1,9 @@
 //! PQ-trees (Booth and Lueker) over small sets of leaves: every order of the leaves in which
 //! the sets asked for so far are consecutive. A P-node's children may come in any order, a
 //! Q-node's only as they are or reversed. [`Pq::reduce_replace`] asks for one more set to
-//! be consecutive and puts other leaves in its place; [`Pq::frontier_near`] reads one order
-//! out, as close as the tree allows to given positions. Recursive and allocating: meant for
+//! be consecutive, puts other leaves in its place and says which order it left the set in;
+//! [`Pq::frontier_near`] reads one order of all the leaves out, as close as the tree allows
+//! to given positions. Recursive and allocating: meant for
 //! trees of tens to hundreds of leaves (the buffers live at one step of a list).
 
 use std::rc::Rc;
@@ -10,6 +11,7 @@ use std::rc::Rc;
 /// A PQ-tree, or a subtree of one. Subtrees are shared, so a clone costs one count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Pq {
+    /// One leaf (a buffer's item).
     Leaf(u32),
     /// Children in any order (two or more).
     P(Rc<Vec<Pq>>),
@@ -34,7 +36,9 @@ enum Arranged {
 /// order of the set outward from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct SetOrder {
+    /// The set's leaves.
     pub(super) set: Vec<u32>,
+    /// A leaf outside the set, and whether it lies where `set` begins.
     pub(super) anchor: Option<(u32, bool)>,
 }
 
