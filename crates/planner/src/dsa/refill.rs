@@ -195,9 +195,9 @@ fn back_step(
         let reduced =
             tree.as_ref().and_then(|t| t.reduce_replace(&|i| mark[i as usize], run.starters.len(), with));
         run.starters.iter().for_each(|&i| mark[i as usize] = false);
-        let (t, root) = reduced?;
+        let (t, order) = reduced?;
         tree = t;
-        found.push(Some(root));
+        found.push(Some(order));
     }
     Some((tree, found))
 }
@@ -245,7 +245,7 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
     let mut next_option = vec![0usize; steps.len()];
     let mut runs: Vec<Vec<Run>> = (0..steps.len()).map(|_| Vec::new()).collect();
     // The order each run's starters were left in.
-    let mut found_in: Vec<Vec<Option<SetOrder>>> = (0..steps.len()).map(|_| Vec::new()).collect();
+    let mut set_orders: Vec<Vec<Option<SetOrder>>> = (0..steps.len()).map(|_| Vec::new()).collect();
     // The tree after the step being decided, and after each step with a choice of groupings
     // (kept to go back to, and to order a step of several runs forwards).
     let mut current: Option<Pq> = None;
@@ -268,9 +268,9 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
             next_option[j] += 1;
             let step_runs = merged(&steps[j], grouping);
             let input = if choice(j) { saved[j].as_ref() } else { current.as_ref() };
-            if let Some((t, roots)) = back_step(input, &step_runs, &mut mark) {
+            if let Some((t, orders)) = back_step(input, &step_runs, &mut mark) {
                 runs[j] = step_runs;
-                found_in[j] = roots;
+                set_orders[j] = orders;
                 current = t;
                 advanced = true;
                 break;
@@ -307,7 +307,7 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
     let mut seen: Vec<u32> = Vec::new();
     let mut tiles: Vec<u32> = Vec::new();
     let mut filled: Vec<Vec<u32>> = Vec::new();
-    for (k, (runs, roots)) in runs.iter().zip(&found_in).enumerate() {
+    for (k, (runs, orders)) in runs.iter().zip(&set_orders).enumerate() {
         if k.is_multiple_of(1024) && Instant::now() > until {
             return None;
         }
@@ -338,7 +338,7 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         filled.resize_with(runs.len(), Vec::new);
         filled.iter_mut().for_each(Vec::clear);
         seen.clear();
-        match roots.as_slice() {
+        match orders.as_slice() {
             [Some(order)] => {
                 // The set's order outward from its anchor: reversed where the anchor lies
                 // above the stretch.
