@@ -202,45 +202,39 @@ fn back_step(
     Some((tree, found))
 }
 
-/// Places a full list at its live bound, or `None` (see the module documentation), or at
-/// `until`.
-pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
-    if !is_full(p) {
-        return None;
-    }
-    let n = p.len();
-    let ranks = p.ranks as usize + 1;
-    // Enders and starters of every rank.
-    let mut at: Vec<(Vec<u32>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); ranks];
-    for (i, &(s, e)) in p.ivs.iter().enumerate() {
-        at[s as usize].1.push(i as u32);
-        at[e as usize].0.push(i as u32);
-    }
-    // The atoms of every step where anything starts or ends, and the step each buffer ends at.
-    let mut steps: Vec<Vec<Run>> = Vec::new();
-    let mut end_step = vec![0u32; n];
-    for (t, (enders, starters)) in at.iter().enumerate() {
-        if enders.is_empty() && starters.is_empty() {
-            continue;
-        }
-        enders.iter().for_each(|&i| end_step[i as usize] = steps.len() as u32);
-        if t.is_multiple_of(1024) && Instant::now() > until {
-            return None;
-        }
-        steps.push(runs_of(p, enders, starters)?);
-    }
-    // Many steps of several atoms: a search that fails late (see `CHOICES_MAX_SHARE`).
-    let choices = steps.iter().filter(|atoms| atoms.len() > 1).count();
-    if choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > steps.len() {
-        return None;
-    }
-    // Backwards: the tree of the orders just after each step. A step's runs are its atoms
-    // grouped (sizes may add up by chance, so an atom may be part of a run), the coarsest
-    // grouping first whose starters the tree can keep together; where a step finds none,
+/// What the backward sweep decided: each step's runs, the order each run's starters were
+/// left in, and the tree after each step with a choice of groupings.
+struct Backwards {
+    runs: Vec<Vec<Run>>,
+    set_orders: Vec<Vec<Option<SetOrder>>>,
+    saved: Vec<Option<Pq>>,
+}
+
+/// The backward sweep over `steps` (their atoms, and the step each buffer ends at), trying
+/// each step's groupings from the coarsest or from the finest.
+fn backwards(
+    steps: &[Vec<Run>],
+    end_step: &[u32],
+    n: usize,
+    coarsest_first: bool,
+    until: Instant,
+) -> Option<Backwards> {
+    // The tree of the orders just after each step. A step's runs are its atoms grouped
+    // (sizes may add up by chance, so an atom may be part of a run), the first grouping in
+    // the order asked for whose starters the tree can keep together; where a step finds none,
     // the search goes back to the nearest step after it (in time) where one of its starters
     // ended and another grouping is left (within `BACKTRACK_EXTRA_WORK`).
     let mut mark = vec![false; n];
-    let options: Vec<Vec<Vec<usize>>> = steps.iter().map(|atoms| groupings(atoms.len())).collect();
+    let options: Vec<Vec<Vec<usize>>> = steps
+        .iter()
+        .map(|atoms| {
+            let mut g = groupings(atoms.len());
+            if !coarsest_first {
+                g.reverse();
+            }
+            g
+        })
+        .collect();
     let choice = |j: usize| options[j].len() > 1;
     let mut next_option = vec![0usize; steps.len()];
     let mut runs: Vec<Vec<Run>> = (0..steps.len()).map(|_| Vec::new()).collect();
@@ -296,6 +290,47 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
             k = back + 1;
         }
     }
+    Some(Backwards { runs, set_orders, saved })
+}
+
+/// Places a full list at its live bound, or `None` (see the module documentation), or at
+/// `until`.
+pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
+    if !is_full(p) {
+        return None;
+    }
+    let n = p.len();
+    let ranks = p.ranks as usize + 1;
+    // Enders and starters of every rank.
+    let mut at: Vec<(Vec<u32>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); ranks];
+    for (i, &(s, e)) in p.ivs.iter().enumerate() {
+        at[s as usize].1.push(i as u32);
+        at[e as usize].0.push(i as u32);
+    }
+    // The atoms of every step where anything starts or ends, and the step each buffer ends at.
+    let mut steps: Vec<Vec<Run>> = Vec::new();
+    let mut end_step = vec![0u32; n];
+    for (t, (enders, starters)) in at.iter().enumerate() {
+        if enders.is_empty() && starters.is_empty() {
+            continue;
+        }
+        enders.iter().for_each(|&i| end_step[i as usize] = steps.len() as u32);
+        if t.is_multiple_of(1024) && Instant::now() > until {
+            return None;
+        }
+        steps.push(runs_of(p, enders, starters)?);
+    }
+    // Many steps of several atoms: a search that fails late (see `CHOICES_MAX_SHARE`).
+    let choices = steps.iter().filter(|atoms| atoms.len() > 1).count();
+    if choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > steps.len() {
+        return None;
+    }
+    // Backwards, the coarsest groupings first, then (where that fails) the finest first:
+    // merging atoms wrongly and splitting runs wrongly fail on different lists (arenas
+    // re-cut at two places per step, 1k buffers, seeds 1–20: 6 placed the first way, 9 the
+    // second, those 6 among them; at one place per step the finest first fails at 10k).
+    let Backwards { runs, set_orders, saved } = backwards(&steps, &end_step, n, true, until)
+        .or_else(|| backwards(&steps, &end_step, n, false, until))?;
     // Forwards: each run's starters fill the stretch of memory its enders held, in the order
     // its reduction left them in where the step has one run, and in an order read from the
     // whole tree after the step where it has more (the runs' orders depend on one another
