@@ -31,19 +31,9 @@ pub(super) const RUN_MAX_BUFFERS: usize = 10;
 /// Whether `p` is full: single intervals, and at every rank either nothing live or the live
 /// bound.
 pub(super) fn is_full(p: &Problem) -> bool {
-    if p.ivs.len() != p.len() || p.len() == 0 {
-        return false;
-    }
-    let mut diff = vec![0i128; p.ranks as usize + 1];
-    for (i, &(s, e)) in p.ivs.iter().enumerate() {
-        diff[s as usize] += p.size[i] as i128;
-        diff[e as usize] -= p.size[i] as i128;
-    }
-    let mut live = 0i128;
-    diff[..p.ranks as usize].iter().all(|d| {
-        live += d;
-        live == 0 || live == p.live_bound as i128
-    })
+    p.ivs.len() == p.len()
+        && p.len() > 0
+        && p.live()[..p.ranks as usize].iter().all(|&live| live == 0 || live == p.live_bound)
 }
 
 /// One run of a step: enders whose bytes the starters fill exactly.
