@@ -73,6 +73,17 @@ impl Pq {
         }
     }
 
+    /// The leaves of the smallest subtree holding every leaf of the set (`inside`, `set` of
+    /// them in all): where a reduction of that set looks.
+    pub(super) fn pertinent_leaves(&self, inside: &impl Fn(u32) -> bool, set: usize, out: &mut Vec<u32>) {
+        if let Pq::P(c) | Pq::Q(c) = self
+            && let Some(child) = c.iter().find(|x| x.count(inside).0 == set)
+        {
+            return child.pertinent_leaves(inside, set, out);
+        }
+        self.leaves(out);
+    }
+
     /// Every leaf, in the tree's order.
     pub(super) fn leaves(&self, out: &mut Vec<u32>) {
         match self {
@@ -506,5 +517,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The smallest subtree holding a set: the node where its leaves first come apart.
+    #[test]
+    fn pertinent_leaves_are_those_of_the_smallest_subtree_holding_the_set() {
+        let leaf = Pq::Leaf;
+        let p = |c: Vec<Pq>| Pq::P(Rc::new(c));
+        let q = |c: Vec<Pq>| Pq::Q(Rc::new(c));
+        // P(0, Q(1, P(2, 3), 4), 5)
+        let tree = p(vec![leaf(0), q(vec![leaf(1), p(vec![leaf(2), leaf(3)]), leaf(4)]), leaf(5)]);
+        let pertinent = |set: &[u32]| {
+            let mut out = Vec::new();
+            tree.pertinent_leaves(&|x| set.contains(&x), set.len(), &mut out);
+            out.sort_unstable();
+            out
+        };
+        assert_eq!(pertinent(&[2, 3]), vec![2, 3]);
+        assert_eq!(pertinent(&[3]), vec![3]);
+        assert_eq!(pertinent(&[1, 3]), vec![1, 2, 3, 4]);
+        assert_eq!(pertinent(&[0, 4]), vec![0, 1, 2, 3, 4, 5]);
     }
 }

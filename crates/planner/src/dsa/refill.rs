@@ -5,8 +5,9 @@
 //! Each step's enders and starters split into *runs*: a run's enders lie side by side and its
 //! starters take their place, so its bytes balance. A placement at the bound is then an
 //! order of the live buffers at every step in which each run's enders are consecutive, its
-//! starters taking their place. The runs are found as the smallest balanced groups (atoms),
-//! grouped where the tree below needs it (sizes may add up by chance).
+//! starters taking their place. Which buffers form a run is not known: every split of a
+//! step into groups whose bytes balance is a candidate, and sizes may add up by chance
+//! (an ender of one run may balance a starter of another), so the tree below chooses.
 //!
 //! Which orders those are is decided by the whole clock, so the sweep runs twice. Backwards,
 //! a PQ-tree ([`Pq`]) keeps every order of the live buffers from which the rest of the clock
@@ -17,9 +18,9 @@
 //! every live byte being used, the offsets follow. The sweep gives up (`None`) where a list
 //! is not full, where a step has too many enders or starters to find its runs
 //! ([`RUN_MAX_BUFFERS`]: tilings cut along lines, whose time cuts meet in tens), where most
-//! steps hold a choice of runs ([`CHOICES_MAX`]), or where no grouping it tries keeps every
-//! run consecutive (arenas re-cut at several places per step, whose runs merged or split by
-//! chance wrongly).
+//! steps hold a choice of splits ([`CHOICES_MAX`]), or where no choice it tries within its
+//! work keeps every run consecutive (arenas re-cut at several places per step from a few
+//! thousand buffers, whose slivers balance by chance at most steps).
 
 use super::pqtree::{Pq, SetOrder};
 use super::*;
@@ -42,10 +43,19 @@ struct Run {
     starters: Vec<u32>,
 }
 
-/// The runs of one step: the enders and starters split, smallest balanced groups first.
-fn runs_of(p: &Problem, enders: &[u32], starters: &[u32]) -> Option<Vec<Run>> {
+/// Ways of splitting one step into runs beyond which the sweep looks for no more, and the
+/// groups it may try while looking.
+const SPLITS_MAX: usize = 256;
+/// See [`SPLITS_MAX`].
+const SPLITS_MAX_WORK: usize = 64 * SPLITS_MAX;
+
+/// Every way to split one step into runs: partitions of its enders and starters into groups
+/// whose bytes balance (`None` beyond [`RUN_MAX_BUFFERS`] a side). The whole step is always
+/// one; the others come in the order found. Sizes may add up by chance, so an ender may
+/// balance a starter of another run, and which split is right shows only steps later.
+fn splits_of(p: &Problem, enders: &[u32], starters: &[u32]) -> Option<Vec<Vec<Run>>> {
     if enders.is_empty() || starters.is_empty() {
-        return Some(vec![Run { enders: enders.to_vec(), starters: starters.to_vec() }]);
+        return Some(vec![vec![Run { enders: enders.to_vec(), starters: starters.to_vec() }]]);
     }
     if enders.len() > RUN_MAX_BUFFERS || starters.len() > RUN_MAX_BUFFERS {
         return None;
@@ -59,106 +69,97 @@ fn runs_of(p: &Problem, enders: &[u32], starters: &[u32]) -> Option<Vec<Run>> {
         s
     };
     let (es, ss) = (sums(enders), sums(starters));
-    let (full_e, full_s) = ((1usize << enders.len()) - 1, (1usize << starters.len()) - 1);
-    let mut left_e = full_e;
-    let mut left_s = full_s;
-    let mut runs = Vec::new();
-    while left_e != 0 {
-        // The smallest starter subset of each sum, among those left.
-        let mut by_sum: HashMap<u64, usize, KeyHashing> = HashMap::default();
-        let mut m = left_s;
-        while m != 0 {
-            let best = by_sum.entry(ss[m]).or_insert(m);
-            if m.count_ones() < best.count_ones() {
-                *best = m;
-            }
-            m = (m - 1) & left_s;
-        }
-        let mut found: Option<(u32, usize, usize)> = None;
-        let mut m = left_e;
-        while m != 0 {
-            if let Some(&sm) = by_sum.get(&es[m]) {
-                let cost = m.count_ones() + sm.count_ones();
-                if found.is_none_or(|f| cost < f.0) {
-                    found = Some((cost, m, sm));
+    // Every starter subset by its bytes.
+    let mut by_sum: Vec<(u64, usize)> = ss.iter().enumerate().skip(1).map(|(m, &sum)| (sum, m)).collect();
+    by_sum.sort_unstable();
+    /// Depth-first over the groups holding the lowest ender left; `work` bounds the visits.
+    struct Search<'a> {
+        es: &'a [u64],
+        by_sum: &'a [(u64, usize)],
+        found: Vec<Vec<(usize, usize)>>,
+        path: Vec<(usize, usize)>,
+        work: usize,
+    }
+    impl Search<'_> {
+        fn go(&mut self, left_e: usize, left_s: usize) {
+            if left_e == 0 {
+                if left_s == 0 {
+                    self.found.push(self.path.clone());
                 }
+                return;
             }
-            m = (m - 1) & left_e;
-        }
-        let (_, me, ms) = found?;
-        let pick = |side: &[u32], mask: usize| -> Vec<u32> {
-            side.iter().enumerate().filter(|(k, _)| mask >> k & 1 == 1).map(|(_, &i)| i).collect()
-        };
-        runs.push(Run { enders: pick(enders, me), starters: pick(starters, ms) });
-        left_e &= !me;
-        left_s &= !ms;
-    }
-    (left_s == 0).then_some(runs)
-}
-
-/// Every way to group `k` atoms (fewest groups first), each as the group of every atom;
-/// only the coarsest and the finest beyond [`GROUPING_MAX_ATOMS`] atoms.
-fn groupings(k: usize) -> Vec<Vec<usize>> {
-    if k <= 1 {
-        return vec![vec![0; k]];
-    }
-    if k > GROUPING_MAX_ATOMS {
-        return vec![vec![0; k], (0..k).collect()];
-    }
-    // Restricted growth strings: atom j joins one of the groups before it or opens the next.
-    let mut all = Vec::new();
-    let mut g = vec![0usize; k];
-    loop {
-        all.push(g.clone());
-        // Next string: bump the last position that may grow.
-        let mut j = k - 1;
-        loop {
-            let limit = g[..j].iter().max().map_or(0, |&m| m + 1);
-            if g[j] < limit {
-                g[j] += 1;
-                g[j + 1..].iter_mut().for_each(|x| *x = 0);
-                break;
+            let low = left_e & left_e.wrapping_neg();
+            let rest = left_e & !low;
+            // Every subset of the other enders left, with the lowest one.
+            let mut sub = rest;
+            loop {
+                let me = sub | low;
+                let sum = self.es[me];
+                let from = self.by_sum.partition_point(|&(s, _)| s < sum);
+                for &(_, ms) in self.by_sum[from..].iter().take_while(|&&(s, _)| s == sum) {
+                    if ms & !left_s != 0 {
+                        continue;
+                    }
+                    self.work += 1;
+                    if self.found.len() >= SPLITS_MAX || self.work > SPLITS_MAX_WORK {
+                        return;
+                    }
+                    self.path.push((me, ms));
+                    self.go(left_e & !me, left_s & !ms);
+                    self.path.pop();
+                }
+                if sub == 0 {
+                    break;
+                }
+                sub = (sub - 1) & rest;
             }
-            if j == 1 {
-                all.sort_by_key(|g| g.iter().max().copied().unwrap_or(0));
-                return all;
-            }
-            j -= 1;
         }
     }
+    let full = ((1usize << enders.len()) - 1, (1usize << starters.len()) - 1);
+    let mut search = Search { es: &es, by_sum: &by_sum, found: Vec::new(), path: Vec::new(), work: 0 };
+    search.go(full.0, full.1);
+    if !search.found.iter().any(|f| f.len() == 1) {
+        // Cut short before the whole step was tried (or its bytes do not balance).
+        if es[full.0] != ss[full.1] {
+            return None;
+        }
+        search.found.push(vec![full]);
+    }
+    let pick = |side: &[u32], mask: usize| -> Vec<u32> {
+        side.iter().enumerate().filter(|(k, _)| mask >> k & 1 == 1).map(|(_, &i)| i).collect()
+    };
+    Some(
+        search
+            .found
+            .into_iter()
+            .map(|split| {
+                split
+                    .into_iter()
+                    .map(|(me, ms)| Run { enders: pick(enders, me), starters: pick(starters, ms) })
+                    .collect()
+            })
+            .collect(),
+    )
 }
 
 /// Steps the backward sweep may visit beyond one visit per step of the list before it gives
-/// up: a wrong grouping shows only steps later, and a long search there costs more than the
-/// other stages gain from the time. Arenas re-cut at two places per step, seeds 1–10, with
-/// 4, 8 and 16 visits per step instead: 2, 3 and 5 of 10 placed at 1k buffers; none at
-/// 10k, given up in ≤ 73, ≤ 120 and ≤ 242 ms; at 100k up to 0.45 s with 8.
-const BACKTRACK_EXTRA_WORK: usize = 4096;
+/// up: a wrong split shows only steps later, and a long search there costs more than the
+/// other stages gain from the time (a visit costs ~3 µs). Arenas re-cut at two places per
+/// step, 1k buffers, seeds 1–20: 18 placed with 4096 (one needed 7.3k visits), 19 with
+/// this; the 20th needed 2.7M visits (10 s).
+const BACKTRACK_EXTRA_WORK: usize = 16_384;
 
-/// Steps with several atoms (a choice of grouping) beyond which, when they are also more
-/// than one step in [`CHOICES_MAX_SHARE`], the sweep does not search. Arenas re-cut at one
-/// place per step have them where sizes add up by chance (3.7–3.9% of the steps, 147 of
-/// 4k at 10k buffers, 1.6k of 40k at 100k), and are placed; re-cut at two places, 87–97%
-/// of the steps (189 at 1k, 1.9k at 10k): placed on 5 of 10 at 1k, on none at 10k, where
-/// the search gave up after 0.14–0.18 s at 100k on the 2-core VM and 0.3–0.45 s on the GPU
-/// host, whose plans then ran to 1.0–1.6 s.
-const CHOICES_MAX: usize = 500;
+/// Steps with a choice of splits beyond which, when they are also more than one step in
+/// [`CHOICES_MAX_SHARE`], the sweep does not search (it stops as soon as it has counted
+/// them). Arenas re-cut at one place per step have them where sizes add up by chance
+/// (3.7–3.9% of the steps, 147 of 4k at 10k buffers, 1.6k of 40k at 100k), and are
+/// placed; re-cut at two places, 87–97% of the steps (~190 at 1k, ~560 at 3k, ~950 at 5k,
+/// ~1.9k at 10k): placed on 10 of 10 at 1k, 7 at 3k and 2 at 5k, where a search that fails
+/// costs 0.1–0.45 s; with unbounded work the search placed 2 of 10 at 10k in 10 s. Before
+/// this limit, searches at 100k pushed plans on the GPU host to 1.0–1.6 s.
+const CHOICES_MAX: usize = 1200;
 /// See [`CHOICES_MAX`].
 const CHOICES_MAX_SHARE: usize = 4;
-
-/// Atoms of one step beyond which [`groupings`] tries only the coarsest and the finest.
-const GROUPING_MAX_ATOMS: usize = 6;
-
-/// The runs of `atoms` grouped as `grouping` says.
-fn merged(atoms: &[Run], grouping: &[usize]) -> Vec<Run> {
-    let groups = grouping.iter().max().map_or(0, |&m| m + 1);
-    let mut runs: Vec<Run> = (0..groups).map(|_| Run { enders: Vec::new(), starters: Vec::new() }).collect();
-    for (a, &g) in atoms.iter().zip(grouping) {
-        runs[g].enders.extend_from_slice(&a.enders);
-        runs[g].starters.extend_from_slice(&a.starters);
-    }
-    runs
-}
 
 /// One step of the backward sweep: the tree before the step (going back) from the tree
 /// after it, with the order each run's starters were left in; `None` where the runs'
@@ -192,45 +193,48 @@ fn back_step(
     Some((tree, found))
 }
 
-/// What the backward sweep decided: each step's runs, the order each run's starters were
-/// left in, and the tree after each step with a choice of groupings.
+/// What the backward sweep decided: each step's split (an index into its splits), the order
+/// each run's starters were left in, and the tree after each step with a choice of splits.
 struct Backwards {
-    runs: Vec<Vec<Run>>,
+    chosen: Vec<usize>,
     set_orders: Vec<Vec<Option<SetOrder>>>,
     saved: Vec<Option<Pq>>,
 }
 
-/// The backward sweep over `steps` (their atoms, and the step each buffer ends at), trying
-/// each step's groupings from the coarsest or from the finest.
+/// The backward sweep over `steps` (the splits of each, and the step each buffer ends at),
+/// trying each step's splits from the coarsest (fewest runs) or from the finest.
 fn backwards(
-    steps: &[Vec<Run>],
+    steps: &[Vec<Vec<Run>>],
     end_step: &[u32],
     n: usize,
     coarsest_first: bool,
     until: Instant,
 ) -> Option<Backwards> {
-    // The tree of the orders just after each step. A step's runs are its atoms grouped
-    // (sizes may add up by chance, so an atom may be part of a run), the first grouping in
-    // the order asked for whose starters the tree can keep together; where a step finds none,
-    // the search goes back to the nearest step after it (in time) where one of its starters
-    // ended and another grouping is left (within `BACKTRACK_EXTRA_WORK`).
+    // The tree of the orders just after each step. A step's runs are its first split, in
+    // the order asked for, whose starters the tree can keep together; where a step finds
+    // none, the search jumps back to the latest decision that may be the cause (conflict-
+    // directed backjumping, within `BACKTRACK_EXTRA_WORK`).
     let mut mark = vec![false; n];
-    let options: Vec<Vec<Vec<usize>>> = steps
+    let options: Vec<Vec<usize>> = steps
         .iter()
-        .map(|atoms| {
-            let mut g = groupings(atoms.len());
-            if !coarsest_first {
-                g.reverse();
+        .map(|splits| {
+            let mut o: Vec<usize> = (0..splits.len()).collect();
+            if coarsest_first {
+                o.sort_by_key(|&k| splits[k].len());
+            } else {
+                o.sort_by_key(|&k| std::cmp::Reverse(splits[k].len()));
             }
-            g
+            o
         })
         .collect();
     let choice = |j: usize| options[j].len() > 1;
     let mut next_option = vec![0usize; steps.len()];
-    let mut runs: Vec<Vec<Run>> = (0..steps.len()).map(|_| Vec::new()).collect();
+    let mut conflict: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+
+    let mut chosen = vec![0usize; steps.len()];
     // The order each run's starters were left in.
     let mut set_orders: Vec<Vec<Option<SetOrder>>> = (0..steps.len()).map(|_| Vec::new()).collect();
-    // The tree after the step being decided, and after each step with a choice of groupings
+    // The tree after the step being decided, and after each step with a choice of splits
     // (kept to go back to, and to order a step of several runs forwards).
     let mut current: Option<Pq> = None;
     let mut saved: Vec<Option<Pq>> = vec![None; steps.len()];
@@ -248,12 +252,11 @@ fn backwards(
         }
         let mut advanced = false;
         while next_option[j] < options[j].len() {
-            let grouping = &options[j][next_option[j]];
+            let split = options[j][next_option[j]];
             next_option[j] += 1;
-            let step_runs = merged(&steps[j], grouping);
             let input = if choice(j) { saved[j].as_ref() } else { current.as_ref() };
-            if let Some((t, orders)) = back_step(input, &step_runs, &mut mark) {
-                runs[j] = step_runs;
+            if let Some((t, orders)) = back_step(input, &steps[j][split], &mut mark) {
+                chosen[j] = split;
                 set_orders[j] = orders;
                 current = t;
                 advanced = true;
@@ -263,24 +266,37 @@ fn backwards(
         if advanced {
             k -= 1;
         } else {
-            // Back to the nearest step after this one (in time) where one of this step's
-            // starters ended and another grouping is left (else the nearest step with one
-            // left): its grouping set where they lie.
+            // Back to the latest decision among this step's conflicts: the steps where the
+            // leaves of the smallest subtree holding its starters ended (their runs shaped
+            // that subtree; its starters alone miss causes, and the search then gave up on
+            // lists it could place), and the conflicts of the steps that sent it back here.
             next_option[j] = 0;
-            let left = |c: &usize| *c > j && next_option[*c] < options[*c].len();
-            let culprit = steps[j]
-                .iter()
-                .flat_map(|a| &a.starters)
-                .map(|&i| end_step[i as usize] as usize)
-                .filter(left)
-                .min();
-            let back = culprit.or_else(|| (j + 1..steps.len()).find(left))?;
-            next_option[j + 1..back].iter_mut().for_each(|o| *o = 0);
+            let mut conflicts = std::mem::take(&mut conflict[j]);
+            let starters: Vec<u32> =
+                steps[j][0].iter().flat_map(|run| run.starters.iter().copied()).collect();
+            let input = if choice(j) { saved[j].as_ref() } else { current.as_ref() };
+            let mut leaves = Vec::new();
+            if let Some(t) = input {
+                starters.iter().for_each(|&i| mark[i as usize] = true);
+                t.pertinent_leaves(&|i| mark[i as usize], starters.len(), &mut leaves);
+                starters.iter().for_each(|&i| mark[i as usize] = false);
+            }
+            conflicts.extend(leaves.iter().chain(&starters).map(|&i| end_step[i as usize] as usize));
+            conflicts.retain(|&c| c > j);
+            let back = conflicts.iter().copied().min()?;
+            conflicts.retain(|&c| c != back);
+            for c in j + 1..back {
+                next_option[c] = 0;
+                conflict[c].clear();
+            }
+            conflict[back].extend(conflicts);
+            conflict[back].sort_unstable();
+            conflict[back].dedup();
             current = saved[back].clone();
             k = back + 1;
         }
     }
-    Some(Backwards { runs, set_orders, saved })
+    Some(Backwards { chosen, set_orders, saved })
 }
 
 /// Places a full list at its live bound, or `None` (see the module documentation), or at
@@ -297,9 +313,13 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         at[s as usize].1.push(i as u32);
         at[e as usize].0.push(i as u32);
     }
-    // The atoms of every step where anything starts or ends, and the step each buffer ends at.
-    let mut steps: Vec<Vec<Run>> = Vec::new();
+    // Every way to split each step where anything starts or ends, and the step each buffer
+    // ends at. Many steps with a choice of splits make a search that fails late: the sweep
+    // stops as soon as it knows there are (see `CHOICES_MAX`).
+    let total = at.iter().filter(|(enders, starters)| !enders.is_empty() || !starters.is_empty()).count();
+    let mut steps: Vec<Vec<Vec<Run>>> = Vec::with_capacity(total);
     let mut end_step = vec![0u32; n];
+    let mut choices = 0;
     for (t, (enders, starters)) in at.iter().enumerate() {
         if enders.is_empty() && starters.is_empty() {
             continue;
@@ -308,18 +328,19 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         if t.is_multiple_of(1024) && Instant::now() > until {
             return None;
         }
-        steps.push(runs_of(p, enders, starters)?);
+        let splits = splits_of(p, enders, starters)?;
+        choices += usize::from(splits.len() > 1);
+        if choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > total {
+            return None;
+        }
+        steps.push(splits);
     }
-    // Many steps of several atoms: a search that fails late (see `CHOICES_MAX_SHARE`).
-    let choices = steps.iter().filter(|atoms| atoms.len() > 1).count();
-    if choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > steps.len() {
-        return None;
-    }
-    // Backwards, the coarsest groupings first, then (where that fails) the finest first:
-    // merging atoms wrongly and splitting runs wrongly fail on different lists (arenas
-    // re-cut at two places per step, 1k buffers, seeds 1–20: 6 placed the first way, 9 the
-    // second, those 6 among them; at one place per step the finest first fails at 10k).
-    let Backwards { runs, set_orders, saved } = backwards(&steps, &end_step, n, true, until)
+    // Backwards, the coarsest splits first, then (where that fails) the finest first: merging
+    // runs wrongly and splitting them wrongly fail on different lists. The finest first
+    // alone places as many re-cut at two places per step (1k buffers, 18 of 20 either way
+    // with 4096 visits), but at one place per step it is slower (100k buffers: ≤ 469 ms
+    // against ≤ 279 ms).
+    let Backwards { chosen, set_orders, saved } = backwards(&steps, &end_step, n, true, until)
         .or_else(|| backwards(&steps, &end_step, n, false, until))?;
     // Forwards: each run's starters fill the stretch of memory its enders held, in the order
     // its reduction left them in where the step has one run, and in an order read from the
@@ -332,7 +353,8 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
     let mut seen: Vec<u32> = Vec::new();
     let mut tiles: Vec<u32> = Vec::new();
     let mut filled: Vec<Vec<u32>> = Vec::new();
-    for (k, (runs, orders)) in runs.iter().zip(&set_orders).enumerate() {
+    for (k, orders) in set_orders.iter().enumerate() {
+        let runs = &steps[k][chosen[k]];
         if k.is_multiple_of(1024) && Instant::now() > until {
             return None;
         }
@@ -442,10 +464,14 @@ mod tests {
         assert!(plan.stages.iter().any(|s| s.name == "refill"));
     }
 
-    /// Steps of two runs order both runs from the whole tree after the step.
+    /// Steps of two runs order both runs from the whole tree after the step. Seeds 2, 6 and
+    /// 8 each hold a step where an ender of one run balances a starter of the other by
+    /// chance, which no grouping of the smallest balanced groups undoes.
     #[test]
-    fn arenas_re_cut_at_two_places_per_step_can_be_placed_at_the_bound() {
-        assert!(placed_at_the_bound(&packed_recut(1_000, 1, 2)));
+    fn arenas_re_cut_at_two_places_per_step_are_placed_at_the_bound() {
+        for seed in 1..=10 {
+            assert!(placed_at_the_bound(&packed_recut(1_000, seed, 2)), "seed {seed}");
+        }
     }
 
     #[test]
@@ -485,17 +511,7 @@ mod tests {
     }
 
     #[test]
-    fn groupings_run_from_the_coarsest() {
-        assert_eq!(groupings(1), vec![vec![0]]);
-        let g = groupings(3);
-        assert_eq!(g.len(), 5, "the Bell number of 3");
-        assert_eq!(g[0], vec![0, 0, 0]);
-        assert_eq!(g[4], vec![0, 1, 2]);
-        assert_eq!(groupings(GROUPING_MAX_ATOMS + 1).len(), 2);
-    }
-
-    #[test]
-    fn runs_are_the_smallest_balanced_groups() {
+    fn a_step_splits_every_way_its_bytes_balance() {
         let b = vec![
             Buffer { start: 0, end: 1, size: 3, group: None },
             Buffer { start: 0, end: 1, size: 5, group: None },
@@ -504,9 +520,17 @@ mod tests {
             Buffer { start: 1, end: 2, size: 5, group: None },
         ];
         let p = Problem::build(&b).unwrap();
-        let runs = runs_of(&p, &[0, 1], &[2, 3, 4]).unwrap();
-        let mut got: Vec<(usize, usize)> = runs.iter().map(|r| (r.enders.len(), r.starters.len())).collect();
+        let splits = splits_of(&p, &[0, 1], &[2, 3, 4]).unwrap();
+        let mut got: Vec<Vec<(usize, usize)>> = splits
+            .iter()
+            .map(|runs| {
+                let mut r: Vec<(usize, usize)> =
+                    runs.iter().map(|r| (r.enders.len(), r.starters.len())).collect();
+                r.sort_unstable();
+                r
+            })
+            .collect();
         got.sort_unstable();
-        assert_eq!(got, vec![(1, 1), (1, 2)]);
+        assert_eq!(got, vec![vec![(1, 1), (1, 2)], vec![(2, 3)]]);
     }
 }
