@@ -26,8 +26,10 @@ use super::pqtree::{Pq, SetOrder};
 use super::*;
 
 /// Enders or starters at one step beyond which the sweep does not look for its runs (it
-/// tries every subset of each side).
-pub(super) const RUN_MAX_BUFFERS: usize = 10;
+/// tries every subset of each side: up to 2^16 sums a side, ~1 ms). Arenas re-cut at four
+/// places per step have up to 16 a side (beyond 10 at a fifth to a half of the steps), tilings cut
+/// along lines tens at their first steps, where they give up in ≤ 11 ms at 100k pieces.
+pub(super) const RUN_MAX_BUFFERS: usize = 16;
 
 /// Whether `p` is full: single intervals, and at every rank either nothing live or the live
 /// bound.
@@ -142,22 +144,24 @@ fn splits_of(p: &Problem, enders: &[u32], starters: &[u32]) -> Option<Vec<Vec<Ru
     )
 }
 
-/// Steps the backward sweep may visit beyond one visit per step of the list before it gives
-/// up: a wrong split shows only steps later, and a long search there costs more than the
-/// other stages gain from the time (a visit costs ~3 µs). Arenas re-cut at two places per
-/// step, 1k buffers, seeds 1–20: 18 placed with 4096 (one needed 7.3k visits), 19 with
-/// this; the 20th needed 2.7M visits (10 s).
+/// Splits the backward sweep may try beyond one per step of the list before it gives up
+/// (each pass): a wrong split shows only steps later, and a long search there costs more
+/// than the other stages gain from the time (a try costs ~3 µs at two runs per step). Arenas
+/// re-cut at two places per step, 1k buffers, seeds 1–20: 18 placed with 4096 (one needed
+/// 7.3k), 19 with this (the 20th needed 2.7M, 10 s); 3k, seeds 1–10: 7 with this, 8 with
+/// 65536, whose failures then took 0.44–0.69 s instead of 0.06–0.19 s.
 const BACKTRACK_EXTRA_WORK: usize = 16_384;
 
-/// Steps with a choice of splits beyond which, when they are also more than one step in
-/// [`CHOICES_MAX_SHARE`], the sweep does not search (it stops as soon as it has counted
-/// them). Arenas re-cut at one place per step have them where sizes add up by chance
-/// (3.7–3.9% of the steps, 147 of 4k at 10k buffers, 1.6k of 40k at 100k), and are
-/// placed; re-cut at two places, 87–97% of the steps (~190 at 1k, ~560 at 3k, ~950 at 5k,
-/// ~1.9k at 10k): placed on 10 of 10 at 1k, 7 at 3k and 2 at 5k, where a search that fails
-/// costs 0.1–0.45 s; with unbounded work the search placed 2 of 10 at 10k in 10 s. Before
-/// this limit, searches at 100k pushed plans on the GPU host to 1.0–1.6 s.
-const CHOICES_MAX: usize = 1200;
+/// Steps with a choice of splits beyond which, when they are also more than one in
+/// [`CHOICES_MAX_SHARE`] of the steps split so far, the sweep stops before it searches.
+/// Arenas re-cut at one place per step have them where sizes add up by chance (3.7–3.9% of
+/// the steps, 147 of 4k at 10k buffers, 1.6k of 40k at 100k), and are placed; re-cut at
+/// two places, 87–97% of the steps (~190 at 1k, ~560 at 3k, ~950 at 5k, ~1.9k at 10k):
+/// placed on 10 of 10 at 1k and 7 at 3k; at 5k (2 of 10 placed with a limit of 1200) a
+/// search that fails cost 0.1–0.19 s, and four places per step at 10k 0.3 s, for nothing;
+/// with unbounded work the search placed 2 of 10 at 10k in 10 s. Before this limit,
+/// searches at 100k pushed plans on the GPU host to 1.0–1.6 s.
+const CHOICES_MAX: usize = 800;
 /// See [`CHOICES_MAX`].
 const CHOICES_MAX_SHARE: usize = 4;
 
@@ -243,15 +247,15 @@ fn backwards(
     let mut k = steps.len();
     while k > 0 {
         let j = k - 1;
-        work += 1;
-        if work > work_cap || (work.is_multiple_of(1024) && Instant::now() > until) {
-            return None;
-        }
         if choice(j) && next_option[j] == 0 {
             saved[j] = current.clone();
         }
         let mut advanced = false;
         while next_option[j] < options[j].len() {
+            work += 1;
+            if work > work_cap || (work.is_multiple_of(256) && Instant::now() > until) {
+                return None;
+            }
             let split = options[j][next_option[j]];
             next_option[j] += 1;
             let input = if choice(j) { saved[j].as_ref() } else { current.as_ref() };
@@ -330,18 +334,21 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         }
         let splits = splits_of(p, enders, starters)?;
         choices += usize::from(splits.len() > 1);
-        if choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > total {
+        if choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > steps.len() {
             return None;
         }
         steps.push(splits);
     }
-    // Backwards, the coarsest splits first, then (where that fails) the finest first: merging
-    // runs wrongly and splitting them wrongly fail on different lists. The finest first
-    // alone places as many re-cut at two places per step (1k buffers, 18 of 20 either way
-    // with 4096 visits), but at one place per step it is slower (100k buffers: ≤ 469 ms
-    // against ≤ 279 ms).
-    let Backwards { chosen, set_orders, saved } = backwards(&steps, &end_step, n, true, until)
-        .or_else(|| backwards(&steps, &end_step, n, false, until))?;
+    // Backwards, twice where the first fails: the coarsest splits first and the finest first
+    // fail on different lists (merging runs wrongly against splitting them wrongly). Where
+    // most steps have a choice (several runs per step, mostly far apart), the finest first
+    // leads: it places the same lists as the coarsest first, sooner (arenas re-cut at four
+    // places per step, 300 buffers: ≤ 10 ms against ≤ 39 ms; at two places, 3k: 4–19 ms
+    // against 46–83 ms); elsewhere the coarsest first (at one place per step, 100k buffers:
+    // ≤ 279 ms against ≤ 469 ms).
+    let coarsest_first = choices * CHOICES_MAX_SHARE <= steps.len();
+    let Backwards { chosen, set_orders, saved } = backwards(&steps, &end_step, n, coarsest_first, until)
+        .or_else(|| backwards(&steps, &end_step, n, !coarsest_first, until))?;
     // Forwards: each run's starters fill the stretch of memory its enders held, in the order
     // its reduction left them in where the step has one run, and in an order read from the
     // whole tree after the step where it has more (the runs' orders depend on one another
@@ -471,6 +478,14 @@ mod tests {
     fn arenas_re_cut_at_two_places_per_step_are_placed_at_the_bound() {
         for seed in 1..=10 {
             assert!(placed_at_the_bound(&packed_recut(1_000, seed, 2)), "seed {seed}");
+        }
+    }
+
+    /// Steps of up to 16 enders or starters, several runs each.
+    #[test]
+    fn arenas_re_cut_at_four_places_per_step_are_placed_at_the_bound() {
+        for seed in 1..=3 {
+            assert!(placed_at_the_bound(&packed_recut(300, seed, 4)), "seed {seed}");
         }
     }
 
