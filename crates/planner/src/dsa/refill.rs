@@ -46,10 +46,11 @@ struct Run {
 }
 
 /// Ways of splitting one step into runs beyond which the sweep looks for no more, and the
-/// groups it may try while looking.
+/// groups of enders it may look up while looking (a step of 16 enders has 2^15 with its
+/// first; a lookup costs ~20 ns).
 const SPLITS_MAX: usize = 256;
 /// See [`SPLITS_MAX`].
-const SPLITS_MAX_WORK: usize = 64 * SPLITS_MAX;
+const SPLITS_MAX_WORK: usize = 1 << 18;
 
 /// Every way to split one step into runs: partitions of its enders and starters into groups
 /// whose bytes balance (`None` beyond [`RUN_MAX_BUFFERS`] a side). The whole step is always
@@ -95,16 +96,16 @@ fn splits_of(p: &Problem, enders: &[u32], starters: &[u32]) -> Option<Vec<Vec<Ru
             // Every subset of the other enders left, with the lowest one.
             let mut sub = rest;
             loop {
+                self.work += 1;
+                if self.found.len() >= SPLITS_MAX || self.work > SPLITS_MAX_WORK {
+                    return;
+                }
                 let me = sub | low;
                 let sum = self.es[me];
                 let from = self.by_sum.partition_point(|&(s, _)| s < sum);
                 for &(_, ms) in self.by_sum[from..].iter().take_while(|&&(s, _)| s == sum) {
                     if ms & !left_s != 0 {
                         continue;
-                    }
-                    self.work += 1;
-                    if self.found.len() >= SPLITS_MAX || self.work > SPLITS_MAX_WORK {
-                        return;
                     }
                     self.path.push((me, ms));
                     self.go(left_e & !me, left_s & !ms);
@@ -329,7 +330,9 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
             continue;
         }
         enders.iter().for_each(|&i| end_step[i as usize] = steps.len() as u32);
-        if t.is_multiple_of(1024) && Instant::now() > until {
+        // A step of many a side takes up to milliseconds.
+        let large = enders.len().max(starters.len()) > 10;
+        if (large || t.is_multiple_of(256)) && Instant::now() > until {
             return None;
         }
         let splits = splits_of(p, enders, starters)?;
