@@ -27,8 +27,9 @@ use super::*;
 
 /// Enders or starters at one step beyond which the sweep does not look for its runs (it
 /// tries every subset of each side: up to 2^16 sums a side, ~1 ms). Arenas re-cut at four
-/// places per step have up to 16 a side (beyond 10 at a fifth to a half of the steps), tilings cut
-/// along lines tens at their first steps, where they give up in ≤ 11 ms at 100k pieces.
+/// places per step have up to 16 a side (beyond 10 at a fifth to a half of the steps);
+/// tilings cut along lines have tens at some steps, and give up there (≤ 11 ms at 100k
+/// pieces).
 pub(super) const RUN_MAX_BUFFERS: usize = 16;
 
 /// Whether `p` is full: single intervals, and at every rank either nothing live or the live
