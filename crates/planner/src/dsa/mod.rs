@@ -797,10 +797,13 @@ fn place_for(
         canonical,
         coarsenable,
     };
-    let CoarseStage { later: coarse, refined, improvement_steps: coarse_steps } =
+    let CoarseStage { later: coarse, refined, planned: coarse_placed, improvement_steps: coarse_steps } =
         planning.coarse_stage(lb, &mut best, &mut clock);
     improvement_steps += coarse_steps;
-    let coarse_placed = best.strategy.starts_with("coarse");
+    // A coarse plan no lower than the floor counts too: the portfolio then gets a share of
+    // what is left, and its first job no guarantee to finish (a full list of 100k buffers
+    // over a 256 KiB arena, on a loaded machine, planned no lower than its floor after 0.7 s
+    // of coarsening and coarse plan, ran that job to 1.5 s with a 1 s budget, for nothing).
     let SkeletonStage { skeleton, aligned_built, fill_pass } =
         planning.skeleton_stage(lb, &mut best, &mut clock);
     // The portfolio gets 40% of the budget (of what the coarse instance or the skeleton
@@ -874,6 +877,9 @@ struct CoarseStage {
     /// The coarse plan was refined: the constructions, the contour search and the restarts
     /// on the items are skipped.
     refined: bool,
+    /// The coarse instance was planned (a construction other than the floor exists, even
+    /// where it is no lower).
+    planned: bool,
     improvement_steps: u64,
 }
 
@@ -896,7 +902,7 @@ impl Planning<'_> {
     fn coarse_stage(&self, lb: u64, best: &mut Incumbent, clock: &mut StageClock) -> CoarseStage {
         let Planning { p, ref opts, deadline, improve_from, pairs, canonical, .. } = *self;
         let threads = opts.threads;
-        let mut out = CoarseStage { later: None, refined: false, improvement_steps: 0 };
+        let mut out = CoarseStage { later: None, refined: false, planned: false, improvement_steps: 0 };
         if !self.coarsenable {
             return out;
         }
@@ -907,6 +913,7 @@ impl Planning<'_> {
             let coarse_share = if canonical { 0.35 } else { COARSE_FIRST_SHARE };
             let left = deadline.saturating_duration_since(Instant::now());
             solve_coarse(&c, left.mul_f64(coarse_share), opts, best);
+            out.planned = true;
             clock.end("coarse", Some(best.footprint()));
             // Lists too large for the canonical search: the coarse plan refined (blocks at
             // its top split into their items) beside the improvement stage on the items
