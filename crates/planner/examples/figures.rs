@@ -20,7 +20,8 @@
 //! any byte, the largest of three pieces cut), `skyline` rows tilings filled bottom-up
 //! (`workload::packed_skyline`), `recut1`, `recut2` and `recut4` rows arenas whose memory
 //! is re-cut as the clock runs, one, two or four runs of buffers per step
-//! (`workload::packed_recut`).
+//! (`workload::packed_recut`), `arena32k` and `arena512k` rows the same in arenas of 32 KiB
+//! (one run per step) and 512 KiB (two) (`workload::packed_recut_arena`).
 //! `training` rows are eager training steps of one pipeline
 //! rank as an allocator sees them (`workload::training_trace`); `longshort` rows a few
 //! long-lived buffers among many short-lived ones of the same sizes
@@ -166,6 +167,13 @@ fn main() {
     for (name, runs) in [("recut1", 1), ("recut2", 2), ("recut4", 4)] {
         generated(&mut cases, name, &sizes, &seeds, " budget=1s", move |n, seed| {
             workload::packed_recut(n, seed, runs)
+        });
+    }
+    // The same in small arenas (32 KiB re-cut once per step, 512 KiB twice), whose few sizes
+    // repeat and add up by chance at most steps.
+    for (name, runs, units) in [("arena32k", 1, 64), ("arena512k", 2, 1024)] {
+        generated(&mut cases, name, &sizes, &seeds, " budget=1s", move |n, seed| {
+            workload::packed_recut_arena(n, seed, runs, units)
         });
     }
     println!(

@@ -351,9 +351,15 @@ pub fn packed_skyline(n: usize, seed: u64) -> Vec<Buffer> {
 /// and few buffers share a lifetime or hand over to one of their size. Every step has the
 /// arena's bytes live, so the optimum footprint is 4 GiB = the lower bound; shuffled.
 pub fn packed_recut(n: usize, seed: u64, runs_per_step: u32) -> Vec<Buffer> {
+    packed_recut_arena(n, seed, runs_per_step, 1 << 23)
+}
+
+/// [`packed_recut`] in an arena of `arena_units` × 512 bytes (at least 16 units): small
+/// arenas hold few sizes, which repeat and add up by chance at most steps.
+pub fn packed_recut_arena(n: usize, seed: u64, runs_per_step: u32, arena_units: u64) -> Vec<Buffer> {
     let mut rng = Rng::new(seed ^ 0x7ec0_7000);
     let unit: u64 = 512;
-    let height: u64 = 1 << 23; // in units: 4 GiB
+    let height = arena_units.max(16);
     // `span` units cut into up to `k` pieces at distinct places.
     let cut = |rng: &mut Rng, span: u64, k: u64| -> Vec<u64> {
         let k = k.min(span).max(1);
@@ -562,6 +568,13 @@ mod tests {
             let horizon = b.iter().map(|x| x.end).max().unwrap();
             assert_eq!(area_and_bound(&b), (horizon as u128 * (4 << 30), 4 << 30));
             assert_eq!(packed_recut(n, seed, runs), b);
+        }
+        // Small arenas too, down to the 16 units the first cut needs.
+        for (units, runs) in [(16, 1), (64, 2), (1024, 4)] {
+            let b = packed_recut_arena(3_000, 3, runs, units);
+            let horizon = b.iter().map(|x| x.end).max().unwrap();
+            let height = units as u128 * 512;
+            assert_eq!(area_and_bound(&b), (horizon as u128 * height, height as u64));
         }
     }
 }

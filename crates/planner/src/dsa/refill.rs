@@ -15,12 +15,13 @@
 //! replaced by its enders, and the order the reduction left them in is kept ([`SetOrder`]).
 //! Forwards, each run's starters fill the stretch its enders held in that order, turned so
 //! that its anchor (a buffer beside it in the tree) lies on the side where it already lies;
-//! every live byte being used, the offsets follow. The sweep gives up (`None`) where a list
-//! is not full, where a step has too many enders or starters to find its runs
-//! ([`RUN_MAX_BUFFERS`]: tilings cut along lines, whose time cuts meet in tens), where most
-//! steps hold a choice of splits ([`CHOICES_MAX`]), or where no choice it tries within its
-//! work keeps every run consecutive (arenas re-cut at several places per step from a few
-//! thousand buffers, whose slivers balance by chance at most steps).
+//! every live byte being used, the offsets follow. Where most steps hold a choice of splits
+//! ([`CHOICES_MAX`]) it takes every step whole instead of searching. The sweep gives up
+//! (`None`) where a list is not full, where a step has too many enders or starters to find
+//! its runs ([`RUN_MAX_BUFFERS`]: tilings cut along lines, whose time cuts meet in tens), or
+//! where no choice it tries within its work keeps every run consecutive (arenas re-cut at
+//! several places per step from a few thousand buffers, whose slivers balance by chance at
+//! most steps).
 
 use super::pqtree::{Pq, SetOrder};
 use super::*;
@@ -155,7 +156,8 @@ fn splits_of(p: &Problem, enders: &[u32], starters: &[u32]) -> Option<Vec<Vec<Ru
 const BACKTRACK_EXTRA_WORK: usize = 16_384;
 
 /// Steps with a choice of splits beyond which, when they are also more than one in
-/// [`CHOICES_MAX_SHARE`] of the steps split so far, the sweep stops before it searches.
+/// [`CHOICES_MAX_SHARE`] of the steps split so far, the sweep takes every step whole (one
+/// run) and makes one pass without choices instead of searching: a search there fails late.
 /// Arenas re-cut at one place per step have them where sizes add up by chance (3.7–3.9% of
 /// the steps, 147 of 4k at 10k buffers, 1.6k of 40k at 100k), and are placed; re-cut at
 /// two places, 87–97% of the steps (~190 at 1k, ~560 at 3k, ~950 at 5k, ~1.9k at 10k):
@@ -321,16 +323,22 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
     }
     // Every way to split each step where anything starts or ends, and the step each buffer
     // ends at. Many steps with a choice of splits make a search that fails late: the sweep
-    // stops as soon as it knows there are (see `CHOICES_MAX`).
+    // takes every later step whole as soon as it knows there are (see `CHOICES_MAX`).
     let total = at.iter().filter(|(enders, starters)| !enders.is_empty() || !starters.is_empty()).count();
     let mut steps: Vec<Vec<Vec<Run>>> = Vec::with_capacity(total);
     let mut end_step = vec![0u32; n];
     let mut choices = 0;
+    // Past `CHOICES_MAX`, every step is one run (see `whole_runs_only`).
+    let mut whole_runs_only = false;
     for (t, (enders, starters)) in at.iter().enumerate() {
         if enders.is_empty() && starters.is_empty() {
             continue;
         }
         enders.iter().for_each(|&i| end_step[i as usize] = steps.len() as u32);
+        if whole_runs_only {
+            steps.push(vec![vec![Run { enders: enders.clone(), starters: starters.clone() }]]);
+            continue;
+        }
         // A step of many a side takes up to milliseconds.
         let large = enders.len().max(starters.len()) > 10;
         if (large || t.is_multiple_of(256)) && Instant::now() > until {
@@ -338,21 +346,32 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         }
         let splits = splits_of(p, enders, starters)?;
         choices += usize::from(splits.len() > 1);
-        if choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > steps.len() {
-            return None;
-        }
+        whole_runs_only = choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > steps.len();
         steps.push(splits);
     }
-    // Backwards, twice where the first fails: the coarsest splits first and the finest first
-    // fail on different lists (merging runs wrongly against splitting them wrongly). Where
-    // most steps have a choice (several runs per step, mostly far apart), the finest first
-    // leads: it places the same lists as the coarsest first, sooner (arenas re-cut at four
-    // places per step, 300 buffers: ≤ 10 ms against ≤ 39 ms; at two places, 3k: 4–19 ms
-    // against 46–83 ms); elsewhere the coarsest first (at one place per step, 100k buffers:
-    // ≤ 279 ms against ≤ 469 ms).
-    let coarsest_first = choices * CHOICES_MAX_SHARE <= steps.len();
-    let Backwards { chosen, set_orders, saved } = backwards(&steps, &end_step, n, coarsest_first, until)
-        .or_else(|| backwards(&steps, &end_step, n, !coarsest_first, until))?;
+    let Backwards { chosen, set_orders, saved } = if whole_runs_only {
+        // Where most steps hold a choice, a search among them fails late. What is left is
+        // cheap: every step one run (its whole split), one pass without choices. That is
+        // right where one run of buffers ends per step and sizes repeat (an arena of 32 KiB
+        // re-cut once per step: 10k and 100k buffers at the bound in ≤ 13 / 116 ms, where
+        // the sweep gave up before); elsewhere the pass fails in ≤ 32 ms at two runs per
+        // step and ≤ 117 ms at four (100k buffers, ~1 ms a step of 16 a side).
+        for splits in &mut steps {
+            splits.retain(|runs| runs.len() == 1);
+        }
+        backwards(&steps, &end_step, n, true, until)?
+    } else {
+        // Backwards, twice where the first fails: the coarsest splits first and the finest
+        // first fail on different lists (merging runs wrongly against splitting them
+        // wrongly). Where most steps have a choice (several runs per step, mostly far
+        // apart), the finest first leads: it places the same lists as the coarsest first,
+        // sooner (arenas re-cut at four places per step, 300 buffers: ≤ 10 ms against ≤ 39
+        // ms; at two places, 3k: 4–19 ms against 46–83 ms); elsewhere the coarsest first (at
+        // one place per step, 100k buffers: ≤ 279 ms against ≤ 469 ms).
+        let coarsest_first = choices * CHOICES_MAX_SHARE <= steps.len();
+        backwards(&steps, &end_step, n, coarsest_first, until)
+            .or_else(|| backwards(&steps, &end_step, n, !coarsest_first, until))?
+    };
     // Forwards: each run's starters fill the stretch of memory its enders held, in the order
     // its reduction left them in where the step has one run, and in an order read from the
     // whole tree after the step where it has more (the runs' orders depend on one another
@@ -438,7 +457,7 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
 mod tests {
     use super::*;
     use crate::rng::Rng;
-    use crate::workload::{packed, packed_recut};
+    use crate::workload::{packed, packed_recut, packed_recut_arena};
     use proptest::prelude::*;
 
     fn far() -> Instant {
@@ -485,6 +504,28 @@ mod tests {
         for seed in 1..=10 {
             assert!(placed_at_the_bound(&packed_recut(1_000, seed, 2)), "seed {seed}");
         }
+    }
+
+    /// Past `CHOICES_MAX` steps with a choice (sizes of a few units repeat at most steps),
+    /// every step is taken whole: right where one run ends per step.
+    #[test]
+    fn small_arenas_re_cut_once_per_step_are_placed_whole_at_the_bound() {
+        let b = packed_recut_arena(10_000, 1, 1, 64);
+        let p = Problem::build(&b).unwrap();
+        assert!(splits_of_every_step(&p).iter().filter(|s| s.len() > 1).count() > CHOICES_MAX);
+        assert!(placed_at_the_bound(&b));
+    }
+
+    fn splits_of_every_step(p: &Problem) -> Vec<Vec<Vec<Run>>> {
+        let mut at: Vec<(Vec<u32>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); p.ranks as usize + 1];
+        for (i, &(s, e)) in p.ivs.iter().enumerate() {
+            at[s as usize].1.push(i as u32);
+            at[e as usize].0.push(i as u32);
+        }
+        at.iter()
+            .filter(|(e, s)| !e.is_empty() || !s.is_empty())
+            .map(|(e, s)| splits_of(p, e, s).unwrap())
+            .collect()
     }
 
     /// Steps of up to 16 enders or starters, several runs each.
