@@ -307,6 +307,16 @@ fn backwards(
     Some(Backwards { chosen, set_orders, saved })
 }
 
+/// The enders and starters of every rank of `p` (single intervals).
+fn enders_and_starters(p: &Problem) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let mut at: Vec<(Vec<u32>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); p.ranks as usize + 1];
+    for (i, &(s, e)) in p.ivs.iter().enumerate() {
+        at[s as usize].1.push(i as u32);
+        at[e as usize].0.push(i as u32);
+    }
+    at
+}
+
 /// Places a full list at its live bound, or `None` (see the module documentation), or at
 /// `until`.
 pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
@@ -314,13 +324,7 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         return None;
     }
     let n = p.len();
-    let ranks = p.ranks as usize + 1;
-    // Enders and starters of every rank.
-    let mut at: Vec<(Vec<u32>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); ranks];
-    for (i, &(s, e)) in p.ivs.iter().enumerate() {
-        at[s as usize].1.push(i as u32);
-        at[e as usize].0.push(i as u32);
-    }
+    let at = enders_and_starters(p);
     // Every way to split each step where anything starts or ends, and the step each buffer
     // ends at. Many steps with a choice of splits make a search that fails late: the sweep
     // takes every later step whole as soon as it knows there are (see `CHOICES_MAX`).
@@ -517,12 +521,8 @@ mod tests {
     }
 
     fn splits_of_every_step(p: &Problem) -> Vec<Vec<Vec<Run>>> {
-        let mut at: Vec<(Vec<u32>, Vec<u32>)> = vec![(Vec::new(), Vec::new()); p.ranks as usize + 1];
-        for (i, &(s, e)) in p.ivs.iter().enumerate() {
-            at[s as usize].1.push(i as u32);
-            at[e as usize].0.push(i as u32);
-        }
-        at.iter()
+        enders_and_starters(p)
+            .iter()
             .filter(|(e, s)| !e.is_empty() || !s.is_empty())
             .map(|(e, s)| splits_of(p, e, s).unwrap())
             .collect()
