@@ -283,13 +283,18 @@ fn backwards(
             let starters: Vec<u32> =
                 steps[j][0].iter().flat_map(|run| run.starters.iter().copied()).collect();
             let input = if choice(j) { saved[j].as_ref() } else { current.as_ref() };
-            let mut leaves = Vec::new();
-            if let Some(t) = input {
-                starters.iter().for_each(|&i| mark[i as usize] = true);
-                t.pertinent_leaves(&|i| mark[i as usize], starters.len(), &mut leaves);
-                starters.iter().for_each(|&i| mark[i as usize] = false);
-            }
-            conflicts.extend(leaves.iter().chain(&starters).map(|&i| end_step[i as usize] as usize));
+            // (The subtree holds the starters; without a tree, the starters alone.)
+            let leaves = match input {
+                Some(t) => {
+                    let mut leaves = Vec::new();
+                    starters.iter().for_each(|&i| mark[i as usize] = true);
+                    t.pertinent_leaves(&|i| mark[i as usize], starters.len(), &mut leaves);
+                    starters.iter().for_each(|&i| mark[i as usize] = false);
+                    leaves
+                }
+                None => starters,
+            };
+            conflicts.extend(leaves.iter().map(|&i| end_step[i as usize] as usize));
             conflicts.retain(|&c| c > j);
             let back = conflicts.iter().copied().min()?;
             conflicts.retain(|&c| c != back);
