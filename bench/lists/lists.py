@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Buffer lists drawn independently of the planner's own generators.
+
+The planner's figures (`cargo run -p graphpool-planner --example figures`) come from
+`workload.rs`, whose generators were written next to the planner. This script draws lists
+from other distributions, with its own random numbers, and writes them in the format of
+`graphpool plan --buffers` (CSV, header `buffer,start,end,size`, live over [start, end)), so
+that the planner can be checked on inputs it was not tuned on:
+
+* random families: sizes log-normal, Pareto, a few multiples of 1 MiB, 256-byte multiples;
+  lifetimes exponential, Pareto, powers of two; arrivals uniform or in bursts;
+* guillotine tilings of a 4 GiB x (4 n steps) rectangle (cuts at 512-byte multiples), whose
+  optimum footprint is the lower bound: mostly time cuts, mostly memory cuts, cuts near the
+  middle of a piece, and always the largest piece cut.
+
+    python3 bench/lists/lists.py --out DIR [--sizes 10000,100000] [--seeds 1-3]
+                                 [--families lognormal,tiling-time70,...]
+
+`bench/lists/run.sh` draws them and plans each with `graphpool plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import random
+import sys
+from pathlib import Path
+from typing import Callable
+
+# (start, end, size): one buffer live over [start, end).
+Buffer = tuple[int, int, int]
+# (start, end, offset, size): one piece of a tiling.
+Piece = tuple[int, int, int, int]
+
+MIB = 1 << 20
+TILING_HEIGHT = 1 << 32
+TILING_UNIT = 512
+
+
+def lognormal(n: int, rng: random.Random) -> list[Buffer]:
+    """Log-normal sizes (median ~440 KiB), exponential lifetimes (mean 50 steps)."""
+    out = []
+    for _ in range(n):
+        start = rng.randrange(n)
+        size = int(min(256 * MIB, max(256, rng.lognormvariate(13, 2))))
+        out.append((start, start + 1 + int(rng.expovariate(1 / 50)), size))
+    return out
+
+
+def pareto(n: int, rng: random.Random) -> list[Buffer]:
+    """Pareto sizes from 4 KiB and lifetimes from one step: a few huge and long-lived."""
+    out = []
+    for _ in range(n):
+        start = rng.randrange(n)
+        life = min(5000, int(rng.paretovariate(1.2)))
+        size = min(128 * MIB, int(4096 * rng.paretovariate(1.1)))
+        out.append((start, start + max(1, life), size))
+    return out
+
+
+def layers(n: int, rng: random.Random) -> list[Buffer]:
+    """Ten sizes of 1-32 MiB, lifetimes of 1-1024 steps in powers of two (layer-like)."""
+    sizes = [k * MIB for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)]
+    lives = [1, 2, 4, 8, 16, 64, 256, 1024]
+    out = []
+    for _ in range(n):
+        start = rng.randrange(n)
+        out.append((start, start + rng.choice(lives), rng.choice(sizes)))
+    return out
+
+
+def bursts(n: int, rng: random.Random) -> list[Buffer]:
+    """Arrivals in bursts every 100 steps, lifetimes of 1-300 steps, sizes 1 B-4 MiB."""
+    out = []
+    for _ in range(n):
+        start = rng.randrange(max(1, n // 100)) * 100 + int(rng.expovariate(1 / 3))
+        out.append((start, start + 1 + rng.randrange(300), rng.randrange(1, 4 * MIB)))
+    return out
+
+
+def aligned(n: int, rng: random.Random) -> list[Buffer]:
+    """256-byte multiples up to 1 MiB, lifetimes of 1-1999 steps (about 1000 live)."""
+    out = []
+    for _ in range(n):
+        start = rng.randrange(n)
+        out.append((start, start + rng.randrange(1, 2000), 256 * rng.randrange(1, 4096)))
+    return out
+
+
+def guillotine(n: int, rng: random.Random, time_share: float, middle: bool) -> list[Piece]:
+    """A random piece is cut `n - 1` times: in time with probability `time_share`, else in
+    memory; at a uniform place, or near the middle (triangular) when `middle`."""
+    pieces: list[Piece] = [(0, 4 * n, 0, TILING_HEIGHT)]
+    attempts = 0
+    while len(pieces) < n and attempts < 64 * n:
+        attempts += 1
+        k = rng.randrange(len(pieces))
+        s, e, o, h = pieces[k]
+        if rng.random() < time_share:
+            if e - s < 2:
+                continue
+            c = round(rng.triangular(s + 1, e - 1)) if middle else rng.randint(s + 1, e - 1)
+            pieces[k] = (s, c, o, h)
+            pieces.append((c, e, o, h))
+        else:
+            units = h // TILING_UNIT
+            if units < 2:
+                continue
+            c = round(rng.triangular(1, units - 1)) if middle else rng.randint(1, units - 1)
+            c *= TILING_UNIT
+            pieces[k] = (s, e, o, c)
+            pieces.append((s, e, o + c, h - c))
+    return pieces
+
+
+def largest_first(n: int, rng: random.Random) -> list[Piece]:
+    """The piece of most bytes x steps is cut each time (in time or memory, uniformly)."""
+    horizon = 4 * n
+    # (-area, tie-break, piece); pieces that cannot be cut go to `done`.
+    heap: list[tuple[int, int, Piece]] = [(-horizon * TILING_HEIGHT, 0, (0, horizon, 0, TILING_HEIGHT))]
+    done: list[Piece] = []
+    count = 0
+    while heap and len(heap) + len(done) < n:
+        _, _, (s, e, o, h) = heapq.heappop(heap)
+        halves: list[Piece]
+        if rng.random() < 0.5 and e - s >= 2:
+            c = rng.randint(s + 1, e - 1)
+            halves = [(s, c, o, h), (c, e, o, h)]
+        elif h >= 2 * TILING_UNIT:
+            c = rng.randint(1, h // TILING_UNIT - 1) * TILING_UNIT
+            halves = [(s, e, o, c), (s, e, o + c, h - c)]
+        else:
+            done.append((s, e, o, h))
+            continue
+        for piece in halves:
+            count += 1
+            heapq.heappush(heap, (-(piece[1] - piece[0]) * piece[3], count, piece))
+    return done + [piece for _, _, piece in heap]
+
+
+def tiling(draw: Callable[[int, random.Random], list[Piece]]) -> Callable[[int, random.Random], list[Buffer]]:
+    """The buffers of a tiling `draw` makes, checked to tile their rectangle, shuffled."""
+
+    def buffers(n: int, rng: random.Random) -> list[Buffer]:
+        pieces = draw(n, rng)
+        check_tiling(pieces)
+        rng.shuffle(pieces)
+        return [(s, e, size) for s, e, _, size in pieces]
+
+    return buffers
+
+
+def check_tiling(pieces: list[Piece]) -> None:
+    """Raises ValueError unless every step of the rectangle has exactly its height live."""
+    horizon = max(e for _, e, _, _ in pieces)
+    delta = [0] * (horizon + 1)
+    for s, e, _, size in pieces:
+        delta[s] += size
+        delta[e] -= size
+    live = 0
+    for t in range(horizon):
+        live += delta[t]
+        if live != TILING_HEIGHT:
+            raise ValueError(f"not a tiling: {live} bytes live at step {t}")
+
+
+FAMILIES: dict[str, Callable[[int, random.Random], list[Buffer]]] = {
+    "lognormal": lognormal,
+    "pareto": pareto,
+    "layers": layers,
+    "bursts": bursts,
+    "aligned": aligned,
+    "tiling-time70": tiling(lambda n, rng: guillotine(n, rng, 0.7, False)),
+    "tiling-memory70": tiling(lambda n, rng: guillotine(n, rng, 0.3, False)),
+    "tiling-middle": tiling(lambda n, rng: guillotine(n, rng, 0.5, True)),
+    "tiling-largest": tiling(largest_first),
+}
+
+
+def seed_range(text: str) -> range:
+    """`A-B` (inclusive) or `A`."""
+    first, _, last = text.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for the CSV files")
+    parser.add_argument("--sizes", default="10000,100000", help="buffers per list, comma-separated")
+    parser.add_argument("--seeds", default="1-3", help="seeds, A-B inclusive")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: " + ", ".join(FAMILIES))
+    args = parser.parse_args(argv)
+    families = [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    if any(n < 2 for n in sizes):
+        parser.error("--sizes: at least 2 buffers per list")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for family in families:
+        for n in sizes:
+            for seed in seed_range(args.seeds):
+                # Each list draws from its own stream: a family, size and seed name one list.
+                rng = random.Random(f"{family}/{n}/{seed}")
+                path = args.out / f"{family}-{n}-{seed}.csv"
+                with path.open("w", newline="") as f:
+                    writer = csv.writer(f)
+                    writer.writerow(["buffer", "start", "end", "size"])
+                    for i, (start, end, size) in enumerate(FAMILIES[family](n, rng)):
+                        writer.writerow([f"b{i}", start, end, size])
+                print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
