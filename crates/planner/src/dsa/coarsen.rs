@@ -16,7 +16,7 @@ pub(super) struct Coarse {
     pub(super) member: Vec<(u32, u64)>,
 }
 
-/// Whether [`coarsen()`] can remove a tenth of the items in its first round (a cheap test:
+/// Whether [`coarsen_both`] can remove a tenth of the items in its first round (a cheap test:
 /// items sharing a lifetime with another, and items whose end meets the start of one of
 /// equal size).
 pub(super) fn coarsens(p: &Problem) -> bool {
@@ -80,15 +80,19 @@ pub(super) enum MergeOrder {
 /// many hands over to the next level, as a round that merges nothing does.
 const CASCADE_MERGES: usize = 200;
 
-/// Items from which [`coarsen()`] runs its two merge orders on two threads (below, both take
+/// Items from which [`coarsen_both`] runs its two merge orders on two threads (below, both take
 /// less than starting a thread can).
 const PARALLEL_COARSEN_ITEMS: usize = 20_000;
 
 /// Coarsens `p` (items of one interval each; see [`Coarse`]) in both merge orders — side by
-/// side on two threads for large lists when `threads` allows — and keeps the coarser
-/// instance (fewer buffers: more structure found; on a tie the plain order's). Each order
-/// starts no round of merges after `until` (what it merged so far is a coarse instance too).
-pub(super) fn coarsen(p: &Problem, threads: usize, until: Instant) -> Coarse {
+/// side on two threads for large lists when `threads` allows: the two instances, the
+/// coarser first (fewer buffers: more structure found; on a tie the plain order's). Each
+/// order starts no round of merges after `until` (what it merged so far is a coarse
+/// instance too). A plan on two cores or more plans both side by side, each on half of
+/// them, and goes on from the lower plan, where the coarser is too large for the canonical
+/// search ([`CANONICAL_MAX_ITEMS`]: smaller ones are best planned on every core); otherwise
+/// the coarser alone.
+pub(super) fn coarsen_both(p: &Problem, threads: usize, until: Instant) -> [Coarse; 2] {
     let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
     let [plain, other] = if threads >= 2 && p.len() >= PARALLEL_COARSEN_ITEMS {
         let mut both = run_workers(2, |k| coarsen_in_order(p, orders[k], until));
@@ -97,7 +101,7 @@ pub(super) fn coarsen(p: &Problem, threads: usize, until: Instant) -> Coarse {
     } else {
         orders.map(|order| coarsen_in_order(p, order, until))
     };
-    if other.buffers.len() < plain.buffers.len() { other } else { plain }
+    if other.buffers.len() < plain.buffers.len() { [other, plain] } else { [plain, other] }
 }
 
 /// A coarse buffer over ranks `[s, e)` while [`coarsen_in_order`] runs; its members hang off
@@ -434,18 +438,44 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
 
 /// Plans the coarse instance `c` within `share` and keeps it when it is lower.
 pub(super) fn solve_coarse(c: &Coarse, share: Duration, opts: &PlaceOptions, best: &mut Incumbent) {
-    let sub = PlaceOptions { time_budget: share, scaled_budget_per_item: None, ..opts.clone() };
-    if let Ok(cp) = place_for(&c.buffers, &sub, PlanFor::Footprint, Mirror::Never)
-        && cp.footprint < best.high
-    {
+    solve_coarse_instances(std::slice::from_ref(c), share, opts, best);
+}
+
+/// Plans the coarse instances `cs` side by side within `share`, each on its share of
+/// `opts.threads`, and keeps the lowest plan when it is lower than `best`; returns the index
+/// of the instance that planned lowest (the first on a tie).
+pub(super) fn solve_coarse_instances(
+    cs: &[Coarse],
+    share: Duration,
+    opts: &PlaceOptions,
+    best: &mut Incumbent,
+) -> usize {
+    // (One instance keeps the caller's threads as given: 0 is every core.)
+    let threads = if cs.len() > 1 { (opts.threads / cs.len()).max(1) } else { opts.threads };
+    let sub = PlaceOptions { time_budget: share, scaled_budget_per_item: None, threads, ..opts.clone() };
+    let plans =
+        run_workers(cs.len(), |k| place_for(&cs[k].buffers, &sub, PlanFor::Footprint, Mirror::Never).ok());
+    let Some((k, cp)) = plans
+        .into_iter()
+        .enumerate()
+        .filter_map(|(k, cp)| cp.map(|cp| (k, cp)))
+        .min_by_key(|(k, cp)| (cp.footprint, *k))
+    else {
+        return 0;
+    };
+    if cp.footprint < best.high {
+        let c = &cs[k];
         let off = (0..c.member.len())
             .map(|i| {
-                let (k, delta) = c.member[i];
-                cp.offsets[k as usize] + delta
+                let (block, delta) = c.member[i];
+                cp.offsets[block as usize] + delta
             })
             .collect();
-        best.offer(cp.footprint, off, format!("coarse({}: {})", c.buffers.len(), cp.strategy));
+        let which =
+            if cs.len() > 1 { format!(", instance {} of {}", k + 1, cs.len()) } else { String::new() };
+        best.offer(cp.footprint, off, format!("coarse({}{which}: {})", c.buffers.len(), cp.strategy));
     }
+    k
 }
 
 /// Share of the time left after the coarse plan that [`refine_coarse`] takes on one core
@@ -561,6 +591,12 @@ pub(super) fn refine_beside(
 #[cfg(test)]
 mod coarse_tests {
     use super::*;
+
+    /// The coarser instance.
+    fn coarsen(p: &Problem, threads: usize, until: Instant) -> Coarse {
+        let [coarser, _] = coarsen_both(p, threads, until);
+        coarser
+    }
     use proptest::prelude::*;
 
     /// A deadline coarsening never meets.
@@ -725,6 +761,60 @@ mod coarse_tests {
             inc.strategy
         );
         assert!(steps > 0);
+    }
+
+    /// Both merge orders' instances, the coarser first, each one that any placement of its
+    /// buffers expands into a placement of the items.
+    #[test]
+    fn both_coarse_instances_come_coarser_first() {
+        let b = crate::workload::packed(3000, 5);
+        let p = Problem::build(&b).unwrap();
+        let both = coarsen_both(&p, 2, far());
+        let mut orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst]
+            .map(|order| coarsen_in_order(&p, order, far()).buffers.len());
+        orders.sort_unstable();
+        assert_eq!(both.each_ref().map(|c| c.buffers.len()), orders);
+        assert_eq!(coarsen(&p, 1, far()).buffers.len(), orders[0]);
+        for c in &both {
+            // The coarse buffers placed one above the other expand into a valid placement.
+            let mut top = 0;
+            let coarse_off: Vec<u64> = c
+                .buffers
+                .iter()
+                .map(|x| {
+                    top += x.size;
+                    top - x.size
+                })
+                .collect();
+            let off: Vec<u64> = (0..b.len())
+                .map(|i| {
+                    let (k, d) = c.member[p.item_of[i] as usize];
+                    coarse_off[k as usize] + d
+                })
+                .collect();
+            verify(&b, &off).unwrap();
+        }
+    }
+
+    /// Instances planned side by side: the lowest plan is kept and named.
+    #[test]
+    fn coarse_instances_side_by_side_keep_the_lowest() {
+        let b = crate::workload::packed(3000, 5);
+        let p = Problem::build(&b).unwrap();
+        let cs = coarsen_both(&p, 2, far());
+        let opts = PlaceOptions { threads: 2, ..PlaceOptions::default() };
+        let mut best = Incumbent::new(u64::MAX, vec![0; p.len()], "none");
+        let k = solve_coarse_instances(&cs, Duration::from_millis(300), &opts, &mut best);
+        assert!(k < cs.len());
+        assert!(best.strategy.starts_with(&format!(
+            "coarse({}, instance {} of 2",
+            cs[k].buffers.len(),
+            k + 1
+        )));
+        let offsets: Vec<u64> = p.item_of.iter().map(|&i| best.off[i as usize]).collect();
+        verify(&b, &offsets).unwrap();
+        let high = (0..b.len()).map(|i| offsets[i] + b[i].size).max().unwrap();
+        assert_eq!(high, best.high);
     }
 
     /// Two buffers of one size ending at one step, and two interchangeable ones (one

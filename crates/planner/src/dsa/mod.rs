@@ -45,7 +45,9 @@
 //! 5. **coarsening** (single-interval problems whose floor is more than
 //!    [`COARSEN_MIN_FLOOR`] × the bound): buffers with one lifetime stacked into one,
 //!    buffers handing over to one of equal size chained into one, and the coarse instance
-//!    planned by this same engine when that removes a tenth of the items (see `coarsen`); on
+//!    planned by this same engine when that removes a tenth of the items (see `coarsen`: the
+//!    merges run in two orders, and on two cores or more both instances too large for the
+//!    canonical search are planned side by side, the lower plan kept); on
 //!    lists too large for the canonical search its plan is then **refined** as in a multilevel
 //!    scheme: the coarse buffers at its top split into their items, the others kept whole, and
 //!    the improvement stage run on that mixed instance beside the one on the items (before it
@@ -899,6 +901,8 @@ impl Planning<'_> {
     /// items is planned here, with [`COARSE_FIRST_SHARE`] of the time left (35% where the
     /// canonical search will run on the whole list: it can place at the bound where the
     /// coarse instance cannot), and refined; a larger one is left for after the portfolio.
+    /// With two cores or more, where the coarser of the two merge orders' instances is too
+    /// large for the canonical search, both are planned side by side (`coarsen_both`).
     fn coarse_stage(&self, lb: u64, best: &mut Incumbent, clock: &mut StageClock) -> CoarseStage {
         let Planning { p, ref opts, deadline, improve_from, pairs, canonical, .. } = *self;
         let threads = opts.threads;
@@ -907,12 +911,23 @@ impl Planning<'_> {
             return out;
         }
         let now = Instant::now();
-        let c = coarsen(p, threads, now + deadline.saturating_duration_since(now).mul_f64(COARSEN_SHARE));
+        let until = now + deadline.saturating_duration_since(now).mul_f64(COARSEN_SHARE);
+        let [coarser, other] = coarsen_both(p, threads, until);
         clock.end("coarsen", None);
-        if c.buffers.len() * 2 <= p.len() {
+        if coarser.buffers.len() * 2 <= p.len() {
+            // With two cores or more, both instances side by side, where the canonical search
+            // would not run on them (`coarsen_both`).
+            let side_by_side = threads >= 2
+                && coarser.buffers.len() > CANONICAL_MAX_ITEMS
+                && other.buffers.len() * 2 <= p.len();
+            let mut instances = vec![coarser];
+            if side_by_side {
+                instances.push(other);
+            }
             let coarse_share = if canonical { 0.35 } else { COARSE_FIRST_SHARE };
             let left = deadline.saturating_duration_since(Instant::now());
-            solve_coarse(&c, left.mul_f64(coarse_share), opts, best);
+            let lowest = solve_coarse_instances(&instances, left.mul_f64(coarse_share), opts, best);
+            let c = instances.swap_remove(lowest);
             out.planned = true;
             clock.end("coarse", Some(best.footprint()));
             // Lists too large for the canonical search: the coarse plan refined (blocks at
@@ -934,8 +949,8 @@ impl Planning<'_> {
                 }
                 out.refined = true;
             }
-        } else if c.buffers.len() * 10 <= p.len() * 9 {
-            out.later = Some(c);
+        } else if coarser.buffers.len() * 10 <= p.len() * 9 {
+            out.later = Some(coarser);
         }
         out
     }
