@@ -27,12 +27,16 @@ targets=(grpc_requests fd_socket plan_input plan_files)
 flags=(-s none -a --target-dir "$tdir")
 cargo fuzz build "${flags[@]}"
 mkdir -p fuzz/logs
+# The targets' temporary files (the fd socket target's socket) go to a directory removed at
+# exit: a fuzz run ends by exiting, which leaves them behind.
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
 status=0
 summary=()
 for t in "${targets[@]}"; do
   mkdir -p "fuzz/corpus/$t"
   log="fuzz/logs/$t.log"
-  if cargo fuzz run "${flags[@]}" "$t" "fuzz/corpus/$t" -- \
+  if TMPDIR=$scratch cargo fuzz run "${flags[@]}" "$t" "fuzz/corpus/$t" -- \
       -max_total_time="$per" -timeout=10 -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 >"$log" 2>&1; then
     result=ok
   else
