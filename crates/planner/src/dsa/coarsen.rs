@@ -591,13 +591,13 @@ pub(super) fn refine_beside(
 #[cfg(test)]
 mod coarse_tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// The coarser instance.
     fn coarsen(p: &Problem, threads: usize, until: Instant) -> Coarse {
         let [coarser, _] = coarsen_both(p, threads, until);
         coarser
     }
-    use proptest::prelude::*;
 
     /// A deadline coarsening never meets.
     fn far() -> Instant {
@@ -796,9 +796,10 @@ mod coarse_tests {
         }
     }
 
-    /// Instances planned side by side: the lowest plan is kept and named.
+    /// Instances planned side by side: the plan kept is valid, at the footprint it claims,
+    /// and names the instance it came from.
     #[test]
-    fn coarse_instances_side_by_side_keep_the_lowest() {
+    fn instances_side_by_side_give_a_valid_plan_named_by_its_instance() {
         let b = crate::workload::packed(3000, 5);
         let p = Problem::build(&b).unwrap();
         let cs = coarsen_both(&p, 2, far());
