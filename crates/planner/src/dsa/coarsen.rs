@@ -450,11 +450,23 @@ pub(super) fn solve_coarse_instances(
     opts: &PlaceOptions,
     best: &mut Incumbent,
 ) -> usize {
-    // (One instance keeps the caller's threads as given: 0 is every core.)
-    let threads = if cs.len() > 1 { (opts.threads / cs.len()).max(1) } else { opts.threads };
-    let sub = PlaceOptions { time_budget: share, scaled_budget_per_item: None, threads, ..opts.clone() };
-    let plans =
-        run_workers(cs.len(), |k| place_for(&cs[k].buffers, &sub, PlanFor::Footprint, Mirror::Never).ok());
+    // Each instance its share of the cores, the first any left over; one instance keeps the
+    // caller's threads as given (0 is every core).
+    let per = opts.threads / cs.len();
+    let threads_of = |k: usize| match cs.len() {
+        1 => opts.threads,
+        _ if k == 0 => (opts.threads - per * (cs.len() - 1)).max(1),
+        _ => per.max(1),
+    };
+    let plans = run_workers(cs.len(), |k| {
+        let sub = PlaceOptions {
+            time_budget: share,
+            scaled_budget_per_item: None,
+            threads: threads_of(k),
+            ..opts.clone()
+        };
+        place_for(&cs[k].buffers, &sub, PlanFor::Footprint, Mirror::Never).ok()
+    });
     let Some((k, cp)) = plans
         .into_iter()
         .enumerate()
