@@ -88,10 +88,7 @@ const PARALLEL_COARSEN_ITEMS: usize = 20_000;
 /// side on two threads for large lists when `threads` allows: the two instances, the
 /// coarser first (fewer buffers: more structure found; on a tie the plain order's). Each
 /// order starts no round of merges after `until` (what it merged so far is a coarse
-/// instance too). A plan on two cores or more plans both side by side, each on half of
-/// them, and goes on from the lower plan, where the coarser is too large for the canonical
-/// search ([`CANONICAL_MAX_ITEMS`]: smaller ones are best planned on every core); otherwise
-/// the coarser alone.
+/// instance too). Which of them a plan uses is decided by its coarse stage.
 pub(super) fn coarsen_both(p: &Problem, threads: usize, until: Instant) -> [Coarse; 2] {
     let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
     let [plain, other] = if threads >= 2 && p.len() >= PARALLEL_COARSEN_ITEMS {
@@ -452,11 +449,9 @@ pub(super) fn solve_coarse_instances(
 ) -> usize {
     // Each instance its share of the cores, the first any left over; one instance keeps the
     // caller's threads as given (0 is every core).
-    let per = opts.threads / cs.len();
     let threads_of = |k: usize| match cs.len() {
         1 => opts.threads,
-        _ if k == 0 => (opts.threads - per * (cs.len() - 1)).max(1),
-        _ => per.max(1),
+        len => (opts.threads / len + if k == 0 { opts.threads % len } else { 0 }).max(1),
     };
     let plans = run_workers(cs.len(), |k| {
         let sub = PlaceOptions {

@@ -915,8 +915,10 @@ impl Planning<'_> {
         let [coarser, other] = coarsen_both(p, threads, until);
         clock.end("coarsen", None);
         if coarser.buffers.len() * 2 <= p.len() {
-            // With two cores or more, both instances side by side, where the canonical search
-            // would not run on them (`coarsen_both`).
+            // With two cores or more, both instances side by side, each on half of them, the
+            // lower plan refined: the coarser is not always the one that plans lower. Not
+            // where the canonical search runs on them: it places those best on every core
+            // (docs/planner.md, "Both coarse instances side by side").
             let side_by_side = threads >= 2
                 && coarser.buffers.len() > CANONICAL_MAX_ITEMS
                 && other.buffers.len() * 2 <= p.len();
