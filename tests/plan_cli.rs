@@ -146,6 +146,38 @@ fn another_allocators_file_and_offsets_are_read_and_checked() {
     assert_eq!(row(&stdout(&plan(&["--buffers", path, "--inclusive-end"])), "lower bound"), "8 B (8 bytes)");
 }
 
+/// `bench/lists/lists.py --offsets` writes each tiling piece's place in its rectangle: the
+/// planner reads it as another allocator's placement and finds it valid at the lower bound
+/// (so the bench's tilings are what it says: lists whose optimum is the bound). Random
+/// families have no known placement and get no column.
+#[test]
+fn the_bench_lists_tilings_come_with_a_placement_at_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/lists/lists.py");
+    let families = "tiling-time70,tiling-memory70,tiling-middle,tiling-largest,lognormal";
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg("--out")
+        .arg(dir.path())
+        .args(["--sizes", "400", "--seeds", "1-2", "--families", families, "--offsets"])
+        .output()
+        .expect("python3 runs bench/lists/lists.py");
+    assert!(out.status.success(), "lists.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    let files: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect();
+    assert_eq!(files.len(), 10, "{files:?}");
+    for file in &files {
+        let report = stdout(&plan(&["--buffers", file, "--json", "--time-budget-ms", "20"]));
+        let json: serde_json::Value = serde_json::from_str(&report).unwrap();
+        if file.contains("tiling-") {
+            assert_eq!(json["given_offsets"]["valid"], true, "{file}: {}", json["given_offsets"]);
+            assert_eq!(json["given_offsets"]["footprint_bytes"], json["lower_bound_bytes"], "{file}");
+            assert_eq!(json["lower_bound_bytes"], 1u64 << 32, "{file}");
+        } else {
+            assert!(json.get("given_offsets").is_none_or(|g| g.is_null()), "{file}: {json}");
+        }
+    }
+}
+
 #[test]
 fn malformed_files_fail_with_the_line_and_field() {
     let dir = tempfile::tempdir().unwrap();

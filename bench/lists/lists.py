@@ -14,7 +14,12 @@ that the planner can be checked on inputs it was not tuned on:
   middle of a piece, and always the largest piece cut.
 
     python3 bench/lists/lists.py --out DIR [--sizes 10000,100000] [--seeds 1-3]
-                                 [--families lognormal,tiling-time70,...]
+                                 [--families lognormal,tiling-time70,...] [--offsets]
+
+With `--offsets`, the tilings' files get an `offset` column as well: each piece's place in
+its rectangle, a placement at the lower bound that `graphpool plan --buffers` checks and
+reports beside its own plan ("given offsets"). Random families have no known optimum and
+get no such column.
 
 `bench/lists/run.sh` draws them and plans each with `graphpool plan`.
 """
@@ -33,6 +38,8 @@ from typing import Callable
 Buffer = tuple[int, int, int]
 # (start, end, offset, size): one piece of a tiling.
 Piece = tuple[int, int, int, int]
+# (start, end, size, offset): one line of a list; the offset where a placement is known.
+Row = tuple[int, int, int, int | None]
 
 MIB = 1 << 20
 TILING_HEIGHT = 1 << 32
@@ -140,16 +147,22 @@ def largest_first(n: int, rng: random.Random) -> list[Piece]:
     return done + [piece for _, _, piece in heap]
 
 
-def tiling(draw: Callable[[int, random.Random], list[Piece]]) -> Callable[[int, random.Random], list[Buffer]]:
-    """The buffers of a tiling `draw` makes, checked to tile their rectangle, shuffled."""
+def tiling(draw: Callable[[int, random.Random], list[Piece]]) -> Callable[[int, random.Random], list[Row]]:
+    """The pieces of a tiling `draw` makes, checked to tile their rectangle, shuffled, each
+    with its offset in the rectangle."""
 
-    def buffers(n: int, rng: random.Random) -> list[Buffer]:
+    def rows(n: int, rng: random.Random) -> list[Row]:
         pieces = draw(n, rng)
         check_tiling(pieces)
         rng.shuffle(pieces)
-        return [(s, e, size) for s, e, _, size in pieces]
+        return [(s, e, size, offset) for s, e, offset, size in pieces]
 
-    return buffers
+    return rows
+
+
+def unplaced(draw: Callable[[int, random.Random], list[Buffer]]) -> Callable[[int, random.Random], list[Row]]:
+    """The buffers `draw` makes, with no known placement."""
+    return lambda n, rng: [(s, e, size, None) for s, e, size in draw(n, rng)]
 
 
 def check_tiling(pieces: list[Piece]) -> None:
@@ -166,12 +179,12 @@ def check_tiling(pieces: list[Piece]) -> None:
             raise ValueError(f"not a tiling: {live} bytes live at step {t}")
 
 
-FAMILIES: dict[str, Callable[[int, random.Random], list[Buffer]]] = {
-    "lognormal": lognormal,
-    "pareto": pareto,
-    "layers": layers,
-    "bursts": bursts,
-    "aligned": aligned,
+FAMILIES: dict[str, Callable[[int, random.Random], list[Row]]] = {
+    "lognormal": unplaced(lognormal),
+    "pareto": unplaced(pareto),
+    "layers": unplaced(layers),
+    "bursts": unplaced(bursts),
+    "aligned": unplaced(aligned),
     "tiling-time70": tiling(lambda n, rng: guillotine(n, rng, 0.7, False)),
     "tiling-memory70": tiling(lambda n, rng: guillotine(n, rng, 0.3, False)),
     "tiling-middle": tiling(lambda n, rng: guillotine(n, rng, 0.5, True)),
@@ -191,6 +204,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sizes", default="10000,100000", help="buffers per list, comma-separated")
     parser.add_argument("--seeds", default="1-3", help="seeds, A-B inclusive")
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: " + ", ".join(FAMILIES))
+    parser.add_argument(
+        "--offsets",
+        action="store_true",
+        help="write each tiling piece's offset in its rectangle (a placement at the lower bound)",
+    )
     args = parser.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]
@@ -206,11 +224,13 @@ def main(argv: list[str]) -> int:
                 # Each list draws from its own stream: a family, size and seed name one list.
                 rng = random.Random(f"{family}/{n}/{seed}")
                 path = args.out / f"{family}-{n}-{seed}.csv"
+                rows = FAMILIES[family](n, rng)
+                placed = args.offsets and all(offset is not None for *_, offset in rows)
                 with path.open("w", newline="") as f:
                     writer = csv.writer(f)
-                    writer.writerow(["buffer", "start", "end", "size"])
-                    for i, (start, end, size) in enumerate(FAMILIES[family](n, rng)):
-                        writer.writerow([f"b{i}", start, end, size])
+                    writer.writerow(["buffer", "start", "end", "size"] + (["offset"] if placed else []))
+                    for i, (start, end, size, offset) in enumerate(rows):
+                        writer.writerow([f"b{i}", start, end, size] + ([offset] if placed else []))
                 print(path)
     return 0
 
