@@ -258,6 +258,12 @@ pub fn packed(n: usize, seed: u64) -> Vec<Buffer> {
 /// `n` buffers that tile a `n × horizon_per_piece` × 4 GiB rectangle exactly, cut as
 /// `shape` says (see [`packed`]).
 pub fn packed_tiling(n: usize, seed: u64, shape: &Tiling) -> Vec<Buffer> {
+    packed_tiling_placed(n, seed, shape).0
+}
+
+/// [`packed_tiling`] with each buffer's offset in the rectangle: a placement at the lower
+/// bound.
+pub fn packed_tiling_placed(n: usize, seed: u64, shape: &Tiling) -> (Vec<Buffer>, Vec<u64>) {
     let mut rng = Rng::new(seed);
     let horizon: u64 = (n as u64 * shape.horizon_per_piece).max(16);
     let height: u64 = 1 << 32;
@@ -296,7 +302,10 @@ pub fn packed_tiling(n: usize, seed: u64, shape: &Tiling) -> Vec<Buffer> {
         let j = rng.below(i as u64 + 1) as usize;
         pieces.swap(i, j);
     }
-    pieces.into_iter().map(|(start, end, _, size)| Buffer { start, end, size, group: None }).collect()
+    pieces
+        .into_iter()
+        .map(|(start, end, offset, size)| (Buffer { start, end, size, group: None }, offset))
+        .unzip()
 }
 
 /// About `n` buffers (within a few percent) that tile a rectangle of 4 GiB exactly, built
@@ -460,6 +469,11 @@ mod tests {
                     "{shape:?} seed {seed}"
                 );
                 assert!(b.iter().all(|x| x.size % shape.granularity == 0 && x.end > x.start));
+                // The pieces' own offsets place them at the bound.
+                let (placed, offsets) = packed_tiling_placed(700, seed, &shape);
+                assert_eq!(placed, b);
+                crate::verify(&b, &offsets).unwrap();
+                assert!(b.iter().zip(&offsets).all(|(x, &o)| o + x.size <= 1 << 32), "{shape:?} seed {seed}");
             }
         }
         assert_eq!(packed(300, 5), packed_tiling(300, 5, &Tiling::default()));

@@ -102,13 +102,49 @@ pub(super) fn coarsen_both(p: &Problem, threads: usize, until: Instant) -> [Coar
 }
 
 /// A coarse buffer over ranks `[s, e)` while [`coarsen_in_order`] runs; its members hang off
-/// its `root` item.
-#[derive(Clone, Copy)]
-struct Block {
-    s: u32,
-    e: u32,
-    size: u64,
-    root: u32,
+/// its `root` item (the item it started from: a merge keeps the absorbing block's root).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Block {
+    pub(super) s: u32,
+    pub(super) e: u32,
+    pub(super) size: u64,
+    pub(super) root: u32,
+}
+
+/// Sees the merges a coarsening makes and may refuse them ([`coarsen_judged`]). The planner
+/// refuses none ([`AnyMerge`]); [`super::check_coarsening`] refuses or counts them against a
+/// placement it knows. Blocks are named by their roots, which a merge keeps.
+pub(super) trait MergeJudge {
+    /// Whether `head` may absorb `next`, which starts where it ends and has its size, in a
+    /// round at `level` (0–2, see [`coarsen_judged`]).
+    fn chain(&mut self, head: &Block, next: &Block, level: u8) -> bool;
+    /// Whether `onto` (a stack being built, or one block) may absorb `next`, of its lifetime,
+    /// on top.
+    fn stack(&mut self, onto: &Block, next: &Block, level: u8) -> bool;
+    /// Whether [`MergeJudge::formed_stack`] is to be called.
+    const WATCHES_STACKS: bool = false;
+    /// A stack of `members` blocks formed in a round at `level`; `group` blocks of its
+    /// lifetime were free to stack.
+    fn formed_stack(&mut self, _stack: &Block, _members: u32, _group: u32, _level: u8) {}
+    /// Where `block` goes among those of its lifetime when they are stacked (lowest first;
+    /// ties largest first).
+    fn stack_key(&self, _block: &Block) -> u64 {
+        0
+    }
+}
+
+/// The planner's judge: every merge the rules find is made.
+pub(super) struct AnyMerge;
+
+impl MergeJudge for AnyMerge {
+    #[inline]
+    fn chain(&mut self, _: &Block, _: &Block, _: u8) -> bool {
+        true
+    }
+    #[inline]
+    fn stack(&mut self, _: &Block, _: &Block, _: u8) -> bool {
+        true
+    }
 }
 
 impl Block {
@@ -246,6 +282,18 @@ const LIFETIME_PAIRING_MAX_CANDIDATES: usize = 1024;
 /// Coarsens `p` (items of one interval each) in one merge order: see [`Coarse`]. Starts no
 /// round after `until` but the first.
 pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -> Coarse {
+    coarsen_judged(p, order, until, &mut AnyMerge)
+}
+
+/// [`coarsen_in_order`], every merge put to `judge` first: a refused chain leaves the blocks
+/// apart (the later one heads the rest of the chain), a refused member of a stack starts a
+/// stack of its own (the members that follow it try that one).
+pub(super) fn coarsen_judged<J: MergeJudge>(
+    p: &Problem,
+    order: MergeOrder,
+    until: Instant,
+    judge: &mut J,
+) -> Coarse {
     let n = p.len();
     // The members of a coarse buffer form a tree of items: every item but the root sits
     // `delta` bytes above its parent. A block's root is its first member.
@@ -272,6 +320,8 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
     let mut has_pred: Vec<bool> = Vec::new();
     let mut next: Vec<Block> = Vec::with_capacity(n);
     let mut stackable: Vec<Block> = Vec::new();
+    // Blocks in each stack of the round being stacked.
+    let mut members: Vec<u32> = Vec::new();
     let mut enders: Vec<((u32, u64), u32)> = Vec::new();
     let mut starters: Vec<((u32, u64), u32)> = Vec::new();
     for round in 0.. {
@@ -344,8 +394,13 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
             let mut j = succ[k];
             while j != NO_SUCC {
                 let y = cur[j as usize];
-                x.e = y.e;
-                parent[y.root as usize] = x.root;
+                if judge.chain(&x, &y, level) {
+                    x.e = y.e;
+                    parent[y.root as usize] = x.root;
+                } else {
+                    next.push(x);
+                    x = y;
+                }
                 j = succ[j as usize];
             }
             next.push(x);
@@ -379,16 +434,27 @@ pub(super) fn coarsen_in_order(p: &Problem, order: MergeOrder, until: Instant) -
                 _ => next.push(x),
             }
         }
-        stackable.sort_unstable_by_key(|x| (x.s, x.e, std::cmp::Reverse(x.size), x.root));
+        stackable.sort_unstable_by_key(|x| (x.s, x.e, judge.stack_key(x), std::cmp::Reverse(x.size), x.root));
         let first_stacked = next.len();
+        members.clear();
         for &x in &stackable {
             match next[first_stacked..].last_mut() {
-                Some(last) if last.s == x.s && last.e == x.e => {
+                Some(last) if last.s == x.s && last.e == x.e && judge.stack(last, &x, level) => {
                     parent[x.root as usize] = last.root;
                     delta[x.root as usize] = last.size;
                     last.size += x.size;
+                    *members.last_mut().expect("one count per stack") += 1;
                 }
-                _ => next.push(x),
+                _ => {
+                    next.push(x);
+                    members.push(1);
+                }
+            }
+        }
+        if J::WATCHES_STACKS {
+            for (x, &count) in next[first_stacked..].iter().zip(&members).filter(|(_, c)| **c > 1) {
+                let group = lifetimes.get(&(x.s, x.e as u64)).map_or(count, |g| g.0);
+                judge.formed_stack(x, count, group, level);
             }
         }
         std::mem::swap(&mut cur, &mut next);
@@ -606,6 +672,28 @@ mod coarse_tests {
         coarser
     }
 
+    /// A judge that refuses about one merge in three, at random.
+    struct Coin(u64);
+
+    impl Coin {
+        fn toss(&mut self) -> bool {
+            // xorshift64
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            !self.0.is_multiple_of(3)
+        }
+    }
+
+    impl MergeJudge for Coin {
+        fn chain(&mut self, _: &Block, _: &Block, _: u8) -> bool {
+            self.toss()
+        }
+        fn stack(&mut self, _: &Block, _: &Block, _: u8) -> bool {
+            self.toss()
+        }
+    }
+
     /// A deadline coarsening never meets.
     fn far() -> Instant {
         Instant::now() + Duration::from_secs(3600)
@@ -618,7 +706,10 @@ mod coarse_tests {
         /// end or stopped early) maps back to a valid placement of the items with the same
         /// footprint, and coarsening keeps the live bound.
         #[test]
-        fn coarse_placements_map_back(raw in prop::collection::vec((0u64..30, 1u64..10, 1u64..8), 1..60)) {
+        fn coarse_placements_map_back(
+            raw in prop::collection::vec((0u64..30, 1u64..10, 1u64..8), 1..60),
+            coin in any::<u64>(),
+        ) {
             let b: Vec<Buffer> = raw
                 .into_iter()
                 .map(|(start, len, size)| Buffer { start, end: start + len, size: size * 4, group: None })
@@ -628,6 +719,19 @@ mod coarse_tests {
             let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
             for (order, until) in orders.into_iter().flat_map(|o| [(o, far()), (o, Instant::now())]) {
                 let c = coarsen_in_order(&p, order, until);
+                // Merges refused at random (as a judge may) leave a valid instance too.
+                let refusing = coarsen_judged(&p, order, until, &mut Coin(coin | 1));
+                for coarse in [&c, &refusing] {
+                    prop_assert_eq!(live_bound(&coarse.buffers).unwrap(), p.lower_bound());
+                    let cp = place(&coarse.buffers, &PlaceOptions { time_budget: Duration::from_millis(2), threads: 1, ..PlaceOptions::default() }).unwrap();
+                    let offsets: Vec<u64> = (0..b.len())
+                        .map(|i| {
+                            let (k, d) = coarse.member[p.item_of[i] as usize];
+                            cp.offsets[k as usize] + d
+                        })
+                        .collect();
+                    verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
                 prop_assert!(c.buffers.len() <= p.len());
                 prop_assert_eq!(live_bound(&c.buffers).unwrap(), p.lower_bound());
                 let opts = PlaceOptions { time_budget: Duration::from_millis(5), threads: 1, ..PlaceOptions::default() };

@@ -460,6 +460,7 @@ pub enum PlaceError {
 }
 
 mod coarsen;
+mod coarsening_check;
 mod contiguity;
 mod decompose;
 mod exact;
@@ -480,6 +481,7 @@ mod skyline;
 mod verify;
 
 use coarsen::*;
+pub use coarsening_check::{CoarseningCheck, CoarseningCheckError, MergeCount, OrderCheck, check_coarsening};
 use decompose::*;
 use exact::*;
 use greedy::*;
