@@ -672,6 +672,22 @@ mod coarse_tests {
         coarser
     }
 
+    /// A placement of the coarse instance `c` of `b` (5 ms, one core) mapped back to the
+    /// buffers, checked valid; and the coarse placement's footprint.
+    fn placed_through(b: &[Buffer], p: &Problem, c: &Coarse) -> Result<(Vec<u64>, u64), TestCaseError> {
+        let opts =
+            PlaceOptions { time_budget: Duration::from_millis(5), threads: 1, ..PlaceOptions::default() };
+        let cp = place(&c.buffers, &opts).unwrap();
+        let offsets: Vec<u64> = (0..b.len())
+            .map(|i| {
+                let (k, d) = c.member[p.item_of[i] as usize];
+                cp.offsets[k as usize] + d
+            })
+            .collect();
+        verify(b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        Ok((offsets, cp.footprint))
+    }
+
     /// A judge that refuses about one merge in three, at random.
     struct Coin(u64);
 
@@ -721,30 +737,13 @@ mod coarse_tests {
                 let c = coarsen_in_order(&p, order, until);
                 // Merges refused at random (as a judge may) leave a valid instance too.
                 let refusing = coarsen_judged(&p, order, until, &mut Coin(coin | 1));
-                for coarse in [&c, &refusing] {
-                    prop_assert_eq!(live_bound(&coarse.buffers).unwrap(), p.lower_bound());
-                    let cp = place(&coarse.buffers, &PlaceOptions { time_budget: Duration::from_millis(2), threads: 1, ..PlaceOptions::default() }).unwrap();
-                    let offsets: Vec<u64> = (0..b.len())
-                        .map(|i| {
-                            let (k, d) = coarse.member[p.item_of[i] as usize];
-                            cp.offsets[k as usize] + d
-                        })
-                        .collect();
-                    verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
-                }
+                prop_assert_eq!(live_bound(&refusing.buffers).unwrap(), p.lower_bound());
+                placed_through(&b, &p, &refusing)?;
                 prop_assert!(c.buffers.len() <= p.len());
                 prop_assert_eq!(live_bound(&c.buffers).unwrap(), p.lower_bound());
-                let opts = PlaceOptions { time_budget: Duration::from_millis(5), threads: 1, ..PlaceOptions::default() };
-                let cp = place(&c.buffers, &opts).unwrap();
-                let offsets: Vec<u64> = (0..b.len())
-                    .map(|i| {
-                        let (k, d) = c.member[p.item_of[i] as usize];
-                        cp.offsets[k as usize] + d
-                    })
-                    .collect();
-                verify(&b, &offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let (offsets, coarse_footprint) = placed_through(&b, &p, &c)?;
                 let high = (0..b.len()).map(|i| offsets[i] + b[i].size).max().unwrap_or(0);
-                prop_assert_eq!(high, cp.footprint);
+                prop_assert_eq!(high, coarse_footprint);
                 // Refining the plan (the blocks above the bound split) keeps it valid and
                 // no higher, and reports its footprint.
                 let mut inc = Incumbent::new(high, offsets, "coarse");
