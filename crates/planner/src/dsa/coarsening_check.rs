@@ -7,10 +7,12 @@
 //! A block is *crossed* when a piece of the known placement overlaps the block's bounding box
 //! there (its lifetime × the bytes from its lowest member to its highest) without lying inside
 //! it: that piece cannot be moved out of the block's way, so no re-arrangement of the known
-//! placement keeps the block whole. A block that is not crossed is a rectangle of the
-//! placement up to the order of its members and of the pieces between them, which can be
-//! re-arranged (members of a stack share its lifetime, so what lies between them lies within
-//! it).
+//! placement keeps the block whole. A block that is not crossed lies, with the pieces between
+//! its members, in a rectangle of the placement that nothing else enters. A stack's members
+//! span that rectangle's lifetime, so what lies between them forms bands of their own, and
+//! moving the bands makes the stack whole. A chain's members, and several blocks whose boxes
+//! overlap, may still not be re-arrangeable: an instance without crossed blocks need not fit
+//! at the known placement's height.
 
 use std::collections::BTreeMap;
 
