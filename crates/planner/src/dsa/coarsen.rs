@@ -123,9 +123,9 @@ pub(super) trait MergeJudge {
     fn stack(&mut self, onto: &Block, next: &Block, level: u8) -> bool;
     /// Whether [`MergeJudge::formed_stack`] is to be called.
     const WATCHES_STACKS: bool = false;
-    /// A stack of `members` blocks formed in a round at `level`; `group` blocks of its
-    /// lifetime were free to stack.
-    fn formed_stack(&mut self, _stack: &Block, _members: u32, _group: u32, _level: u8) {}
+    /// The stacks of a round at `level` are made: `stack` is one of them, or a block of a
+    /// lifetime that `group` blocks were free to stack and whose merges were refused.
+    fn formed_stack(&mut self, _stack: &Block, _group: u32, _level: u8) {}
     /// Where `block` goes among those of its lifetime when they are stacked (lowest first;
     /// ties largest first).
     fn stack_key(&self, _block: &Block) -> u64 {
@@ -320,8 +320,6 @@ pub(super) fn coarsen_judged<J: MergeJudge>(
     let mut has_pred: Vec<bool> = Vec::new();
     let mut next: Vec<Block> = Vec::with_capacity(n);
     let mut stackable: Vec<Block> = Vec::new();
-    // Blocks in each stack of the round being stacked.
-    let mut members: Vec<u32> = Vec::new();
     let mut enders: Vec<((u32, u64), u32)> = Vec::new();
     let mut starters: Vec<((u32, u64), u32)> = Vec::new();
     for round in 0.. {
@@ -436,25 +434,20 @@ pub(super) fn coarsen_judged<J: MergeJudge>(
         }
         stackable.sort_unstable_by_key(|x| (x.s, x.e, judge.stack_key(x), std::cmp::Reverse(x.size), x.root));
         let first_stacked = next.len();
-        members.clear();
         for &x in &stackable {
             match next[first_stacked..].last_mut() {
                 Some(last) if last.s == x.s && last.e == x.e && judge.stack(last, &x, level) => {
                     parent[x.root as usize] = last.root;
                     delta[x.root as usize] = last.size;
                     last.size += x.size;
-                    *members.last_mut().expect("one count per stack") += 1;
                 }
-                _ => {
-                    next.push(x);
-                    members.push(1);
-                }
+                _ => next.push(x),
             }
         }
         if J::WATCHES_STACKS {
-            for (x, &count) in next[first_stacked..].iter().zip(&members).filter(|(_, c)| **c > 1) {
-                let group = lifetimes.get(&(x.s, x.e as u64)).map_or(count, |g| g.0);
-                judge.formed_stack(x, count, group, level);
+            for x in &next[first_stacked..] {
+                let group = lifetimes.get(&(x.s, x.e as u64)).map_or(1, |g| g.0);
+                judge.formed_stack(x, group, level);
             }
         }
         std::mem::swap(&mut cur, &mut next);

@@ -266,11 +266,10 @@ impl<'a> Judge<'a> {
         Judge { known, boxes, refuse, tally: BTreeMap::new() }
     }
 
-    /// The bounding box of `a` and `b` together, and whether it is crossed over `[s, e)`.
-    fn merged(&self, a: &Block, b: &Block, s: u32, e: u32) -> (u64, u64, bool) {
+    /// The bounding box of `a` and `b` together, and whether either was crossed.
+    fn union(&self, a: &Block, b: &Block) -> (u64, u64, bool) {
         let (x, y) = (self.boxes[a.root as usize], self.boxes[b.root as usize]);
-        let (lo, hi) = (x.0.min(y.0), x.1.max(y.1));
-        (lo, hi, x.2 || y.2 || self.known.crossed(s, e, lo, hi))
+        (x.0.min(y.0), x.1.max(y.1), x.2 || y.2)
     }
 
     fn count(&mut self, kind: Kind, first_crossing: bool) {
@@ -303,8 +302,8 @@ impl<'a> Judge<'a> {
 
 impl MergeJudge for Judge<'_> {
     fn chain(&mut self, head: &Block, next: &Block, level: u8) -> bool {
-        let (lo, hi, crossed) = self.merged(head, next, head.s, next.e);
-        let inputs_crossed = self.boxes[head.root as usize].2 || self.boxes[next.root as usize].2;
+        let (lo, hi, inputs_crossed) = self.union(head, next);
+        let crossed = inputs_crossed || self.known.crossed(head.s, next.e, lo, hi);
         if self.refuse && crossed {
             return false;
         }
@@ -316,19 +315,22 @@ impl MergeJudge for Judge<'_> {
     fn stack(&mut self, onto: &Block, next: &Block, _level: u8) -> bool {
         // A stack's box is judged whole when formed (a stack in the making may be crossed
         // by a strip of its own rectangle that a later member brings in).
-        let (x, y) = (self.boxes[onto.root as usize], self.boxes[next.root as usize]);
-        let (lo, hi) = (x.0.min(y.0), x.1.max(y.1));
-        if self.refuse && (x.2 || y.2 || self.known.crossed(onto.s, onto.e, lo, hi)) {
+        let (lo, hi, inputs_crossed) = self.union(onto, next);
+        if self.refuse && (inputs_crossed || self.known.crossed(onto.s, onto.e, lo, hi)) {
             return false;
         }
         // The flag says for now whether an input was crossed, which `formed_stack` reads.
-        self.boxes[onto.root as usize] = (lo, hi, x.2 || y.2);
+        self.boxes[onto.root as usize] = (lo, hi, inputs_crossed);
         true
     }
 
     const WATCHES_STACKS: bool = true;
 
-    fn formed_stack(&mut self, stack: &Block, _members: u32, group: u32, level: u8) {
+    fn formed_stack(&mut self, stack: &Block, group: u32, level: u8) {
+        // Refusing, no stack is crossed, and the merges are not counted.
+        if self.refuse {
+            return;
+        }
         let (lo, hi, inputs_crossed) = self.boxes[stack.root as usize];
         let crossed = inputs_crossed || self.known.crossed(stack.s, stack.e, lo, hi);
         let width =
