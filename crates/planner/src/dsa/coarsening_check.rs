@@ -1,8 +1,9 @@
 //! The coarsening checked against a placement known to be good (a tiling's own offsets, which
 //! `bench/lists/lists.py --offsets` writes): which coarse blocks no placement at that height
 //! keeps whole, which merges made them, and what the coarsening gives when it refuses exactly
-//! those merges. A diagnostic for work on the coarsening (`cargo run --example coarsening`);
-//! the planner never reads a placement it is asked to find.
+//! those merges. A diagnostic for work on the coarsening: `cargo run --release --example
+//! coarsening` (in the `graphpool` package, which reads `graphpool plan --buffers` files)
+//! prints it. The planner never reads a placement it is asked to find.
 //!
 //! A block is *crossed* when a piece of the known placement overlaps the block's bounding box
 //! there (its lifetime × the bytes from its lowest member to its highest) without lying inside

@@ -2,19 +2,19 @@
 //! order, the coarse blocks that no re-arrangement of the known placement keeps whole
 //! ("crossed"), the merges by kind and how often each made the first crossed block of its
 //! line, and the coarse instance refusing exactly those merges; then both instances planned
-//! alone (`graphpool_planner::check_coarsening` says what is checked).
+//! alone (`graphpool_planner::dsa::check_coarsening` says what is checked).
 //!
-//! `cargo run --release -p graphpool-planner --example coarsening -- [--budget-ms MS] FILE.csv...`
+//! `cargo run --release --example coarsening -- [--budget-ms MS] FILE.csv...`
 //!
-//! Each file is a buffer list with a placement: CSV with the header
-//! `buffer,start,end,size,offset`, plain integers, live over `[start, end)` — what
-//! `bench/lists/lists.py --offsets` writes for its tilings. `--budget-ms` is the time each
-//! coarse instance is planned with (default 560: the coarse plan's share of a 1 s plan of
-//! 100k pieces on two cores).
+//! Each file is a `graphpool plan --buffers` list with an `offset` column (the placement to
+//! check against) and no alias groups — what `bench/lists/lists.py --offsets` writes for its
+//! tilings. `--budget-ms` is the time each coarse instance is planned with (default 560: the
+//! coarse plan's share of a 1 s plan of 100k pieces on two cores).
 
 use std::path::Path;
 use std::time::Duration;
 
+use graphpool::cli::plan::{CsvOptions, parse_buffers_csv};
 use graphpool_planner::dsa::check_coarsening;
 use graphpool_planner::{Buffer, PlaceOptions, place};
 
@@ -34,7 +34,7 @@ fn main() {
         }
     }
     if files.is_empty() {
-        fail("give one or more CSV files with columns buffer,start,end,size,offset");
+        fail("give one or more `graphpool plan --buffers` files with an `offset` column");
     }
     for file in &files {
         let (buffers, offsets) = read(Path::new(file));
@@ -76,29 +76,27 @@ fn main() {
     }
 }
 
-/// The buffers and offsets of a `buffer,start,end,size,offset` file.
+/// The buffers and offsets of a `graphpool plan --buffers` file with an `offset` column.
 fn read(path: &Path) -> (Vec<Buffer>, Vec<u64>) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
-    let mut lines = text.lines().enumerate();
-    let header: Vec<&str> = lines.next().map(|(_, h)| h.trim().split(',').collect()).unwrap_or_default();
-    if header != ["buffer", "start", "end", "size", "offset"] {
-        fail(&format!("{}: the header must be buffer,start,end,size,offset", path.display()));
-    }
-    let (mut buffers, mut offsets) = (Vec::new(), Vec::new());
-    for (n, line) in lines.filter(|(_, l)| !l.trim().is_empty()) {
-        let field = |k: usize| -> u64 {
-            line.trim().split(',').nth(k).and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+    let list = parse_buffers_csv(path, &text, CsvOptions::default()).unwrap_or_else(|e| fail(&e.to_string()));
+    let Some(offsets) = list.offsets else {
+        fail(&format!("{}: no `offset` column: give the placement to check against", path.display()))
+    };
+    let buffers = list
+        .buffers
+        .iter()
+        .map(|b| {
+            if !b.alias_group.is_empty() {
                 fail(&format!(
-                    "{}:{}: column {} is not a non-negative integer",
+                    "{}: buffer {:?} is in an alias group; the check takes none",
                     path.display(),
-                    n + 1,
-                    header[k]
-                ))
-            })
-        };
-        buffers.push(Buffer { start: field(1), end: field(2), size: field(3), group: None });
-        offsets.push(field(4));
-    }
+                    b.name
+                ));
+            }
+            Buffer { start: b.start, end: b.end, size: b.size, group: None }
+        })
+        .collect();
     (buffers, offsets)
 }
 
