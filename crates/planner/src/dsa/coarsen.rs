@@ -2,6 +2,7 @@
 //! buffers handing over to one of equal size chained into one; the coarse instance is planned
 //! by this same engine and its placement expanded back.
 
+use super::separation::Separating;
 use super::*;
 
 /// A coarser instance: buffers with one lifetime stacked into one, buffers handing over to
@@ -88,17 +89,33 @@ const PARALLEL_COARSEN_ITEMS: usize = 20_000;
 /// side on two threads for large lists when `threads` allows: the two instances, the
 /// coarser first (fewer buffers: more structure found; on a tie the plain order's). Each
 /// order starts no round of merges after `until` (what it merged so far is a coarse
-/// instance too). Which of them a plan uses is decided by its coarse stage.
+/// instance too). Which of them a plan uses is decided by its coarse stage. The
+/// chaining-first order keeps apart the blocks of one lifetime that their steps balance one
+/// without the other ([`Separating`]) where that [`applies`](super::separation::applies):
+/// one instance with and one without, since either plans lower on some tilings.
 pub(super) fn coarsen_both(p: &Problem, threads: usize, until: Instant) -> [Coarse; 2] {
+    let separate = super::separation::applies(p);
+    let coarsen = |order: MergeOrder| coarsen_for_plan(p, order, separate, until);
     let orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst];
     let [plain, other] = if threads >= 2 && p.len() >= PARALLEL_COARSEN_ITEMS {
-        let mut both = run_workers(2, |k| coarsen_in_order(p, orders[k], until));
+        let mut both = run_workers(2, |k| coarsen(orders[k]));
         let other = both.pop().expect("two workers ran");
         [both.pop().expect("two workers ran"), other]
     } else {
-        orders.map(|order| coarsen_in_order(p, order, until))
+        orders.map(coarsen)
     };
     if other.buffers.len() < plain.buffers.len() { [other, plain] } else { [plain, other] }
+}
+
+/// The coarsening of `p` in `order` as [`coarsen_both`] makes it: in the chaining-first
+/// order with [`Separating`] where `separate` (what [`super::separation::applies`] says).
+pub(super) fn coarsen_for_plan(p: &Problem, order: MergeOrder, separate: bool, until: Instant) -> Coarse {
+    match order {
+        MergeOrder::ChainingStacksFirst if separate => {
+            coarsen_judged(p, order, until, &mut Separating::new(p))
+        }
+        _ => coarsen_in_order(p, order, until),
+    }
 }
 
 /// A coarse buffer over ranks `[s, e)` while [`coarsen_in_order`] runs; its members hang off
@@ -712,7 +729,8 @@ mod coarse_tests {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         /// Any valid placement of the coarse instance (either merge order, coarsened to the
-        /// end or stopped early) maps back to a valid placement of the items with the same
+        /// end or stopped early, with stacks kept apart by `Separating` or merges refused at
+        /// random) maps back to a valid placement of the items with the same
         /// footprint, and coarsening keeps the live bound.
         #[test]
         fn coarse_placements_map_back(
@@ -732,6 +750,10 @@ mod coarse_tests {
                 let refusing = coarsen_judged(&p, order, until, &mut Coin(coin | 1));
                 prop_assert_eq!(live_bound(&refusing.buffers).unwrap(), p.lower_bound());
                 placed_through(&b, &p, &refusing)?;
+                // And so do the stacks kept apart where steps balance without them.
+                let separated = coarsen_for_plan(&p, order, true, until);
+                prop_assert_eq!(live_bound(&separated.buffers).unwrap(), p.lower_bound());
+                placed_through(&b, &p, &separated)?;
                 prop_assert!(c.buffers.len() <= p.len());
                 prop_assert_eq!(live_bound(&c.buffers).unwrap(), p.lower_bound());
                 let (offsets, coarse_footprint) = placed_through(&b, &p, &c)?;
@@ -873,8 +895,9 @@ mod coarse_tests {
         let b = crate::workload::packed(3000, 5);
         let p = Problem::build(&b).unwrap();
         let both = coarsen_both(&p, 2, far());
+        let separate = super::super::separation::applies(&p);
         let mut orders = [MergeOrder::Stacks, MergeOrder::ChainingStacksFirst]
-            .map(|order| coarsen_in_order(&p, order, far()).buffers.len());
+            .map(|order| coarsen_for_plan(&p, order, separate, far()).buffers.len());
         orders.sort_unstable();
         assert_eq!(both.each_ref().map(|c| c.buffers.len()), orders);
         assert_eq!(coarsen(&p, 1, far()).buffers.len(), orders[0]);
@@ -962,8 +985,9 @@ mod coarse_tests {
         for seed in 1..=3 {
             let b = crate::workload::packed(500, seed);
             let p = Problem::build(&b).unwrap();
-            let a = coarsen_in_order(&p, MergeOrder::Stacks, far());
-            let c = coarsen_in_order(&p, MergeOrder::ChainingStacksFirst, far());
+            let separate = super::super::separation::applies(&p);
+            let a = coarsen_for_plan(&p, MergeOrder::Stacks, separate, far());
+            let c = coarsen_for_plan(&p, MergeOrder::ChainingStacksFirst, separate, far());
             assert_eq!(coarsen(&p, 2, far()).buffers.len(), a.buffers.len().min(c.buffers.len()));
             assert_eq!(coarsen(&p, 1, far()).buffers.len(), a.buffers.len().min(c.buffers.len()));
             for coarse in [&a, &c] {

@@ -3,7 +3,10 @@
 //! keeps whole, which merges made them, and what the coarsening gives when it refuses exactly
 //! those merges. A diagnostic for work on the coarsening: `cargo run --release --example
 //! coarsening` (in the `graphpool` package, which reads `graphpool plan --buffers` files)
-//! prints it. The planner never reads a placement it is asked to find.
+//! prints it. The planner never reads a placement it is asked to find. It checks the merge
+//! rules of both orders as such: the planner's chaining-first instance also keeps apart the
+//! blocks that their steps balance one without the other (`separation`), which this check
+//! does not apply.
 //!
 //! A block is *crossed* when a piece of the known placement overlaps the block's bounding box
 //! there (its lifetime × the bytes from its lowest member to its highest) without lying inside

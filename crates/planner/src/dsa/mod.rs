@@ -46,8 +46,10 @@
 //!    [`COARSEN_MIN_FLOOR`] × the bound): buffers with one lifetime stacked into one,
 //!    buffers handing over to one of equal size chained into one, and the coarse instance
 //!    planned by this same engine when that removes a tenth of the items (see `coarsen`: the
-//!    merges run in two orders, and on two cores or more both instances too large for the
-//!    canonical search are planned side by side, the lower plan kept); on
+//!    merges run in two orders, the second keeping apart blocks of one lifetime that their
+//!    steps balance one without the other, see `separation`; on two cores or more both
+//!    instances too large for the canonical search are planned side by side, the lower plan
+//!    kept); on
 //!    lists too large for the canonical search its plan is then **refined** as in a multilevel
 //!    scheme: the coarse buffers at its top split into their items, the others kept whole, and
 //!    the improvement stage run on that mixed instance beside the one on the items (before it
@@ -451,6 +453,7 @@ mod pqtree;
 mod problem;
 mod refill;
 mod restarts;
+mod separation;
 mod skyline;
 mod verify;
 
