@@ -50,6 +50,10 @@ pub(super) struct Separating {
     /// Per rank: the blocks starting there, and those ending there.
     starts: Vec<Vec<u32>>,
     ends: Vec<Vec<u32>>,
+    /// Per root item: where it sits in its first rank's `starts` (`[0]`) and its end's
+    /// `ends` (`[1]`), so that a merge takes it off in constant time (a step may hold tens
+    /// of thousands of blocks).
+    slot: Vec<[u32; 2]>,
     /// Per rank: bumped whenever the blocks starting there (`[0]`) or ending there (`[1]`)
     /// change.
     version: [Vec<u32>; 2],
@@ -65,10 +69,12 @@ impl Separating {
     /// A judge for the items of `p`, each a block of its own.
     pub(super) fn new(p: &Problem) -> Separating {
         let ranks = p.ranks as usize + 1;
-        let (mut starts, mut ends) = (vec![Vec::new(); ranks], vec![Vec::new(); ranks]);
+        let (mut starts, mut ends) = (vec![Vec::<u32>::new(); ranks], vec![Vec::<u32>::new(); ranks]);
+        let mut slot = Vec::with_capacity(p.len());
         let blocks = (0..p.len())
             .map(|i| {
                 let (s, e) = p.ivs[i];
+                slot.push([starts[s as usize].len() as u32, ends[e as usize].len() as u32]);
                 starts[s as usize].push(i as u32);
                 ends[e as usize].push(i as u32);
                 (s, e, p.size[i])
@@ -78,6 +84,7 @@ impl Separating {
             blocks,
             starts,
             ends,
+            slot,
             version: [vec![0; ranks], vec![0; ranks]],
             other: [(u32::MAX, 0, Vec::new()), (u32::MAX, 0, Vec::new())],
             rest: Vec::new(),
@@ -88,10 +95,21 @@ impl Separating {
     /// Takes `root` off the blocks starting (`list` 0) or ending (1) at `rank`.
     fn forget(&mut self, list: usize, rank: u32, root: u32) {
         let at = if list == 0 { &mut self.starts[rank as usize] } else { &mut self.ends[rank as usize] };
-        if let Some(k) = at.iter().position(|&r| r == root) {
-            at.swap_remove(k);
+        let k = self.slot[root as usize][list] as usize;
+        debug_assert_eq!(at[k], root);
+        at.swap_remove(k);
+        if let Some(&moved) = at.get(k) {
+            self.slot[moved as usize][list] = k as u32;
         }
         self.touch(list, rank);
+    }
+
+    /// Puts `root` among the blocks ending at `rank`.
+    fn ends_at(&mut self, rank: u32, root: u32) {
+        let at = &mut self.ends[rank as usize];
+        self.slot[root as usize][1] = at.len() as u32;
+        at.push(root);
+        self.touch(1, rank);
     }
 
     fn touch(&mut self, list: usize, rank: u32) {
@@ -183,7 +201,7 @@ impl MergeJudge for Separating {
         self.forget(1, head_end, h);
         self.forget(0, next_start, x);
         self.forget(1, next_end, x);
-        self.ends[next_end as usize].push(h);
+        self.ends_at(next_end, h);
         self.blocks[h as usize].1 = next_end;
         true
     }
