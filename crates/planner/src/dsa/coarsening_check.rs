@@ -4,9 +4,9 @@
 //! those merges. A diagnostic for work on the coarsening: `cargo run --release --example
 //! coarsening` (in the `graphpool` package, which reads `graphpool plan --buffers` files)
 //! prints it. The planner never reads a placement it is asked to find. It checks the merge
-//! rules of both orders as such: the planner's chaining-first instance also keeps apart the
-//! blocks that their steps balance one without the other (`separation`), which this check
-//! does not apply.
+//! rules of both orders as such, and, where the planner applies it, the chaining-first order
+//! with the judge that keeps apart the blocks that their steps balance one without the other
+//! (`separation`): the planner's own instance.
 //!
 //! A block is *crossed* when a piece of the known placement overlaps the block's bounding box
 //! there (its lifetime × the bytes from its lowest member to its highest) without lying inside
@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 
 use super::coarsen::{Block, MergeJudge, MergeOrder, coarsen_judged};
+use super::separation::{self, Separating};
 use super::*;
 
 /// Pairs of (rank, buffer) beyond which [`check_coarsening`] declines a list: it keeps, for
@@ -77,7 +78,8 @@ pub struct MergeCount {
 /// One merge order's coarsening, checked.
 #[derive(Debug, Clone)]
 pub struct OrderCheck {
-    /// `plain` or `chaining stacks first`.
+    /// `plain`, `chaining stacks first`, or `chaining stacks first, separating` (the
+    /// planner's own instance where it applies the separating judge).
     pub order: &'static str,
     /// Its coarse instance (over the compressed clock).
     pub coarse: Vec<Buffer>,
@@ -93,18 +95,19 @@ pub struct OrderCheck {
     pub refusing_crossed_blocks: usize,
 }
 
-/// Both merge orders' coarsenings of a list, checked against a placement of it.
+/// The merge orders' coarsenings of a list, checked against a placement of it.
 #[derive(Debug, Clone)]
 pub struct CoarseningCheck {
     /// The list's lower bound (as the coarse instances': coarsening keeps it).
     pub lower_bound: u64,
     /// The placement's footprint (buffers of no bytes count for none).
     pub footprint: u64,
-    /// The plain order, then the one that chains stacks first.
+    /// The plain order, the one that chains stacks first, then (where the planner applies
+    /// it) that one with the separating judge.
     pub orders: Vec<OrderCheck>,
 }
 
-/// Checks both merge orders' coarsenings of `buffers` (no alias groups) against the valid
+/// Checks the merge orders' coarsenings of `buffers` (no alias groups) against the valid
 /// placement `offsets`; see the module documentation.
 pub fn check_coarsening(
     buffers: &[Buffer],
@@ -127,37 +130,64 @@ pub fn check_coarsening(
         }
     }
     let known = Known::new(&p, at)?;
+    let mut orders = vec![
+        check_order(&p, &known, MergeOrder::Stacks, "plain", false),
+        check_order(&p, &known, MergeOrder::ChainingStacksFirst, "chaining stacks first", false),
+    ];
+    if separation::applies(&p) {
+        orders.push(check_order(
+            &p,
+            &known,
+            MergeOrder::ChainingStacksFirst,
+            "chaining stacks first, separating",
+            true,
+        ));
+    }
+    Ok(CoarseningCheck { lower_bound: p.lower_bound(), footprint: footprint.unwrap_or(0), orders })
+}
+
+/// One merge order's coarsening of `p` checked against `known`, with the planner's
+/// [`Separating`] judge where `separate`.
+fn check_order(
+    p: &Problem,
+    known: &Known,
+    order: MergeOrder,
+    name: &'static str,
+    separate: bool,
+) -> OrderCheck {
     let far = Instant::now() + Duration::from_secs(24 * 3600);
-    let orders = [(MergeOrder::Stacks, "plain"), (MergeOrder::ChainingStacksFirst, "chaining stacks first")]
+    let coarsen = |refuse: bool| {
+        let mut judge = Judge::new(p, known, refuse);
+        let coarse = if separate {
+            let mut both = SeparatingToo { check: judge, separating: Separating::new(p) };
+            let coarse = coarsen_judged(p, order, far, &mut both);
+            judge = both.check;
+            coarse
+        } else {
+            coarsen_judged(p, order, far, &mut judge)
+        };
+        let crossed = judge.crossed(p, &coarse);
+        (coarse, crossed, judge.tally)
+    };
+    let (coarse, (crossed_blocks, crossed_area), tally) = coarsen(false);
+    let (refused, (refusing_crossed_blocks, _), _) = coarsen(true);
+    let merges = tally
         .into_iter()
-        .map(|(order, name)| {
-            let mut counting = Judge::new(&p, &known, false);
-            let coarse = coarsen_judged(&p, order, far, &mut counting);
-            let (crossed_blocks, crossed_area) = counting.crossed(&p, &coarse);
-            let mut refusing = Judge::new(&p, &known, true);
-            let refused = coarsen_judged(&p, order, far, &mut refusing);
-            let (refusing_crossed_blocks, _) = refusing.crossed(&p, &refused);
-            let merges = counting
-                .tally
-                .into_iter()
-                .map(|(kind, (merges, first_crossings))| MergeCount {
-                    kind: kind.to_string(),
-                    merges,
-                    first_crossings,
-                })
-                .collect();
-            OrderCheck {
-                order: name,
-                coarse: coarse.buffers,
-                crossed_blocks,
-                crossed_area,
-                merges,
-                refusing_crossed: refused.buffers,
-                refusing_crossed_blocks,
-            }
+        .map(|(kind, (merges, first_crossings))| MergeCount {
+            kind: kind.to_string(),
+            merges,
+            first_crossings,
         })
         .collect();
-    Ok(CoarseningCheck { lower_bound: p.lower_bound(), footprint: footprint.unwrap_or(0), orders })
+    OrderCheck {
+        order: name,
+        coarse: coarse.buffers,
+        crossed_blocks,
+        crossed_area,
+        merges,
+        refusing_crossed: refused.buffers,
+        refusing_crossed_blocks,
+    }
 }
 
 /// The known placement, indexed: per rank, the items live there by offset.
@@ -350,6 +380,36 @@ impl MergeJudge for Judge<'_> {
     }
 }
 
+/// [`Judge`] behind the planner's [`Separating`]: a merge is made when both take it, and
+/// each follows only the merges made.
+struct SeparatingToo<'a> {
+    check: Judge<'a>,
+    separating: Separating,
+}
+
+impl MergeJudge for SeparatingToo<'_> {
+    fn chain(&mut self, head: &Block, next: &Block, level: u8) -> bool {
+        // The separating judge takes every chain.
+        self.check.chain(head, next, level) && self.separating.chain(head, next, level)
+    }
+
+    fn stack(&mut self, onto: &Block, next: &Block, level: u8) -> bool {
+        !self.separating.keeps_apart(onto, next, level)
+            && self.check.stack(onto, next, level)
+            && self.separating.stack(onto, next, level)
+    }
+
+    const WATCHES_STACKS: bool = true;
+
+    fn formed_stack(&mut self, stack: &Block, group: u32, level: u8) {
+        self.check.formed_stack(stack, group, level);
+    }
+
+    fn stack_key(&self, block: &Block) -> u64 {
+        self.check.stack_key(block)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,6 +470,25 @@ mod tests {
         }
         assert!(crossed > 0, "no crossed block in six coarsenings of tilings");
         assert!(refusing < blocks, "refusing crossed merges kept {refusing} blocks against {blocks}");
+    }
+
+    /// Where the planner separates, the third instance checked is the planner's own, and
+    /// where it does not (halves), there is none.
+    #[test]
+    fn the_separating_instance_checked_is_the_planners() {
+        let (b, offsets) = packed_tiling_placed(3000, 1, &Tiling::default());
+        let check = check_coarsening(&b, &offsets).unwrap();
+        let p = Problem::build(&b).unwrap();
+        let far = Instant::now() + Duration::from_secs(60);
+        let planners =
+            super::super::coarsen::coarsen_for_plan(&p, MergeOrder::ChainingStacksFirst, true, far);
+        assert_eq!(check.orders.len(), 3);
+        assert_eq!(check.orders[2].coarse, planners.buffers);
+        assert_eq!(check.orders[2].refusing_crossed_blocks, 0);
+        assert!(check.orders[2].crossed_blocks <= check.orders[2].coarse.len());
+        let halves = Tiling { halves: true, ..Tiling::default() };
+        let (b, offsets) = packed_tiling_placed(3000, 1, &halves);
+        assert_eq!(check_coarsening(&b, &offsets).unwrap().orders.len(), 2);
     }
 
     /// Buffers of no bytes are no items of the plan: they neither cross a block nor widen one.

@@ -193,6 +193,15 @@ impl Separating {
     }
 }
 
+impl Separating {
+    /// Whether [`MergeJudge::stack`] would refuse to stack `next` onto `onto`; asks without
+    /// merging anything.
+    pub(super) fn keeps_apart(&mut self, onto: &Block, next: &Block, level: u8) -> bool {
+        let (o, x) = (onto.root, next.root);
+        level >= 1 && (self.separated(x, o, onto.s, true) || self.separated(x, o, onto.e, false))
+    }
+}
+
 impl MergeJudge for Separating {
     fn chain(&mut self, head: &Block, next: &Block, _level: u8) -> bool {
         let (h, x) = (head.root, next.root);
@@ -207,10 +216,10 @@ impl MergeJudge for Separating {
     }
 
     fn stack(&mut self, onto: &Block, next: &Block, level: u8) -> bool {
-        let (o, x) = (onto.root, next.root);
-        if level >= 1 && (self.separated(x, o, onto.s, true) || self.separated(x, o, onto.e, false)) {
+        if self.keeps_apart(onto, next, level) {
             return false;
         }
+        let (o, x) = (onto.root, next.root);
         let (s, e, size) = self.blocks[x as usize];
         self.forget(0, s, x);
         self.forget(1, e, x);
