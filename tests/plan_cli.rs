@@ -178,6 +178,54 @@ fn the_bench_lists_tilings_come_with_a_placement_at_the_bound() {
     }
 }
 
+/// `bench/lists/ab.sh lists` plans every list with both builds and compares them family by
+/// family: here against a stand-in "build" that reports 1.5 for every list.
+#[test]
+fn the_bench_ab_script_compares_two_builds_list_by_list() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let worse = write(dir.path(), "worse", "#!/bin/sh\necho '{\"ratio\": 1.5}'\n");
+    std::fs::set_permissions(&worse, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/lists/ab.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["lists", env!("CARGO_BIN_EXE_graphpool")])
+        .arg(&worse)
+        .args(["--sizes", "300", "--seeds", "1-2", "--families", "lognormal,tiling-largest"])
+        .env("BUDGET_MS", "50")
+        .env("OUT", dir.path().join("out"))
+        .output()
+        .expect("bash runs bench/lists/ab.sh");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ab.sh failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    for list in ["lognormal-300-1", "lognormal-300-2", "tiling-largest-300-1", "tiling-largest-300-2"] {
+        let line = text.lines().find(|l| l.starts_with(list)).unwrap_or_else(|| panic!("no {list}:\n{text}"));
+        let ratios: Vec<f64> = line.split_whitespace().skip(1).map(|r| r.parse().unwrap()).collect();
+        assert_eq!(ratios.len(), 2, "{line}");
+        assert!((1.0..1.5).contains(&ratios[0]) && ratios[1] == 1.5, "{line}");
+    }
+    // Per family: two lists, B higher on both, within the target (1.035 random, 1.10
+    // tilings) for A only where A's plans are.
+    for family in ["lognormal-300 ", "tiling-largest-300 "] {
+        let line =
+            text.lines().find(|l| l.starts_with(family)).unwrap_or_else(|| panic!("no {family}:\n{text}"));
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[1], "2", "{line}");
+        assert_eq!(cells[3], "1.5000", "{line}");
+        assert_eq!((cells[6], cells[7]), ("0", "2"), "B lower, B higher: {line}");
+        assert!(line.contains(" / 0 (≤ "), "{line}");
+    }
+    // A build that is not there is named before anything runs.
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["lists", "/nonexistent/graphpool"])
+        .arg(&worse)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/graphpool is not an executable"));
+}
+
 #[test]
 fn malformed_files_fail_with_the_line_and_field() {
     let dir = tempfile::tempdir().unwrap();
