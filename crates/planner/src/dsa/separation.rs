@@ -92,6 +92,13 @@ impl Separating {
         }
     }
 
+    /// Whether [`MergeJudge::stack`] would refuse to stack `next` onto `onto`; asks without
+    /// merging anything.
+    pub(super) fn keeps_apart(&mut self, onto: &Block, next: &Block, level: u8) -> bool {
+        let (o, x) = (onto.root, next.root);
+        level >= 1 && (self.separated(x, o, onto.s, true) || self.separated(x, o, onto.e, false))
+    }
+
     /// Takes `root` off the blocks starting (`list` 0) or ending (1) at `rank`.
     fn forget(&mut self, list: usize, rank: u32, root: u32) {
         let at = if list == 0 { &mut self.starts[rank as usize] } else { &mut self.ends[rank as usize] };
@@ -190,15 +197,6 @@ impl Separating {
             }
         }
         false
-    }
-}
-
-impl Separating {
-    /// Whether [`MergeJudge::stack`] would refuse to stack `next` onto `onto`; asks without
-    /// merging anything.
-    pub(super) fn keeps_apart(&mut self, onto: &Block, next: &Block, level: u8) -> bool {
-        let (o, x) = (onto.root, next.root);
-        level >= 1 && (self.separated(x, o, onto.s, true) || self.separated(x, o, onto.e, false))
     }
 }
 
