@@ -11,7 +11,7 @@ that the planner can be checked on inputs it was not tuned on:
   lifetimes exponential, Pareto, powers of two; arrivals uniform or in bursts;
 * guillotine tilings of a 4 GiB x (4 n steps) rectangle (cuts at 512-byte multiples), whose
   optimum footprint is the lower bound: mostly time cuts, mostly memory cuts, cuts near the
-  middle of a piece, and always the largest piece cut.
+  middle of a piece, always the largest piece cut, and memory cut at eighths (sizes repeat).
 
     python3 bench/lists/lists.py --out DIR [--sizes 10000,100000] [--seeds 1-3]
                                  [--families lognormal,tiling-time70,...] [--offsets]
@@ -122,6 +122,35 @@ def guillotine(n: int, rng: random.Random, time_share: float, middle: bool) -> l
     return pieces
 
 
+def eighths(n: int, rng: random.Random) -> list[Piece]:
+    """A random piece is cut `n - 1` times, in time or memory (uniformly): in time at a
+    uniform place, in memory at a multiple of an eighth of its bytes where that is a whole
+    number of units (else at half, else not): sizes repeat, so many pieces ending and
+    starting at a step add up alike."""
+    pieces: list[Piece] = [(0, 4 * n, 0, TILING_HEIGHT)]
+    attempts = 0
+    while len(pieces) < n and attempts < 64 * n:
+        attempts += 1
+        k = rng.randrange(len(pieces))
+        s, e, o, h = pieces[k]
+        if rng.random() < 0.5:
+            if e - s < 2:
+                continue
+            c = rng.randint(s + 1, e - 1)
+            pieces[k] = (s, c, o, h)
+            pieces.append((c, e, o, h))
+        else:
+            if h % (8 * TILING_UNIT) == 0:
+                c = rng.randint(1, 7) * (h // 8)
+            elif h % (2 * TILING_UNIT) == 0:
+                c = h // 2
+            else:
+                continue
+            pieces[k] = (s, e, o, c)
+            pieces.append((s, e, o + c, h - c))
+    return pieces
+
+
 def largest_first(n: int, rng: random.Random) -> list[Piece]:
     """The piece of most bytes x steps is cut each time (in time or memory, uniformly)."""
     horizon = 4 * n
@@ -189,6 +218,7 @@ FAMILIES: dict[str, Callable[[int, random.Random], list[Row]]] = {
     "tiling-memory70": tiling(lambda n, rng: guillotine(n, rng, 0.3, False)),
     "tiling-middle": tiling(lambda n, rng: guillotine(n, rng, 0.5, True)),
     "tiling-largest": tiling(largest_first),
+    "tiling-eighths": tiling(eighths),
 }
 
 
