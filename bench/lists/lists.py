@@ -99,6 +99,47 @@ def aligned(n: int, rng: random.Random) -> list[Buffer]:
 def guillotine(n: int, rng: random.Random, time_share: float, middle: bool) -> list[Piece]:
     """A random piece is cut `n - 1` times: in time with probability `time_share`, else in
     memory; at a uniform place, or near the middle (triangular) when `middle`."""
+
+    def in_time(s: int, e: int) -> int:
+        return round(rng.triangular(s + 1, e - 1)) if middle else rng.randint(s + 1, e - 1)
+
+    def in_memory(h: int) -> int | None:
+        units = h // TILING_UNIT
+        if units < 2:
+            return None
+        c = round(rng.triangular(1, units - 1)) if middle else rng.randint(1, units - 1)
+        return c * TILING_UNIT
+
+    return cut_at_random(n, rng, time_share, in_time, in_memory)
+
+
+def eighths(n: int, rng: random.Random) -> list[Piece]:
+    """A random piece is cut `n - 1` times, in time or memory (uniformly): in time at a
+    uniform place, in memory at a multiple of an eighth of its bytes where that is a whole
+    number of units (else at half, else not): sizes repeat, so many pieces ending and
+    starting at a step add up alike."""
+
+    def in_memory(h: int) -> int | None:
+        if h % (8 * TILING_UNIT) == 0:
+            return rng.randint(1, 7) * (h // 8)
+        if h % (2 * TILING_UNIT) == 0:
+            return h // 2
+        return None
+
+    return cut_at_random(n, rng, 0.5, lambda s, e: rng.randint(s + 1, e - 1), in_memory)
+
+
+def cut_at_random(
+    n: int,
+    rng: random.Random,
+    time_share: float,
+    in_time: Callable[[int, int], int],
+    in_memory: Callable[[int], int | None],
+) -> list[Piece]:
+    """The tiling of a 4 GiB x (4 n steps) rectangle cut `n - 1` times: a random piece, in
+    time with probability `time_share` (where it spans two steps or more) at the step
+    `in_time(start, end)` gives, else in memory at the byte `in_memory(size)` gives (none: not
+    cut)."""
     pieces: list[Piece] = [(0, 4 * n, 0, TILING_HEIGHT)]
     attempts = 0
     while len(pieces) < n and attempts < 64 * n:
@@ -108,46 +149,15 @@ def guillotine(n: int, rng: random.Random, time_share: float, middle: bool) -> l
         if rng.random() < time_share:
             if e - s < 2:
                 continue
-            c = round(rng.triangular(s + 1, e - 1)) if middle else rng.randint(s + 1, e - 1)
+            c = in_time(s, e)
             pieces[k] = (s, c, o, h)
             pieces.append((c, e, o, h))
         else:
-            units = h // TILING_UNIT
-            if units < 2:
+            cut = in_memory(h)
+            if cut is None:
                 continue
-            c = round(rng.triangular(1, units - 1)) if middle else rng.randint(1, units - 1)
-            c *= TILING_UNIT
-            pieces[k] = (s, e, o, c)
-            pieces.append((s, e, o + c, h - c))
-    return pieces
-
-
-def eighths(n: int, rng: random.Random) -> list[Piece]:
-    """A random piece is cut `n - 1` times, in time or memory (uniformly): in time at a
-    uniform place, in memory at a multiple of an eighth of its bytes where that is a whole
-    number of units (else at half, else not): sizes repeat, so many pieces ending and
-    starting at a step add up alike."""
-    pieces: list[Piece] = [(0, 4 * n, 0, TILING_HEIGHT)]
-    attempts = 0
-    while len(pieces) < n and attempts < 64 * n:
-        attempts += 1
-        k = rng.randrange(len(pieces))
-        s, e, o, h = pieces[k]
-        if rng.random() < 0.5:
-            if e - s < 2:
-                continue
-            c = rng.randint(s + 1, e - 1)
-            pieces[k] = (s, c, o, h)
-            pieces.append((c, e, o, h))
-        else:
-            if h % (8 * TILING_UNIT) == 0:
-                c = rng.randint(1, 7) * (h // 8)
-            elif h % (2 * TILING_UNIT) == 0:
-                c = h // 2
-            else:
-                continue
-            pieces[k] = (s, e, o, c)
-            pieces.append((s, e, o + c, h - c))
+            pieces[k] = (s, e, o, cut)
+            pieces.append((s, e, o + cut, h - cut))
     return pieces
 
 
