@@ -394,9 +394,11 @@ impl MergeJudge for SeparatingToo<'_> {
     }
 
     fn stack(&mut self, onto: &Block, next: &Block, level: u8) -> bool {
-        !self.separating.keeps_apart(onto, next, level)
-            && self.check.stack(onto, next, level)
-            && self.separating.stack(onto, next, level)
+        let made = !self.separating.keeps_apart(onto, next, level) && self.check.stack(onto, next, level);
+        if made {
+            self.separating.stacked(onto, next);
+        }
+        made
     }
 
     const WATCHES_STACKS: bool = true;

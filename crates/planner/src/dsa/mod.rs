@@ -49,13 +49,13 @@
 //!    merges run in two orders, the second keeping apart blocks of one lifetime that their
 //!    steps balance one without the other, see `separation`; on two cores or more both
 //!    instances too large for the canonical search are planned side by side, the lower plan
-//!    kept); on
-//!    lists too large for the canonical search its plan is then **refined** as in a multilevel
-//!    scheme: the coarse buffers at its top split into their items, the others kept whole, and
-//!    the improvement stage run on that mixed instance beside the one on the items (before it
-//!    on one core; `refine_coarse`); with eight cores or more (two for smaller lists), half of
-//!    them plan the list's **mirror image** (the clock run backwards) in the same way, and
-//!    the lower plan is kept (see `place_for`); then, for at most [`CANONICAL_MAX_ITEMS`] items, a
+//!    kept); on lists too large for the canonical search its plan is then **refined** as in a
+//!    multilevel scheme: the coarse buffers at its top split into their items, the others
+//!    kept whole, and the improvement stage run on that mixed instance beside the one on the
+//!    items (before it on one core; `refine_coarse`); with eight cores or more (two for
+//!    smaller lists), half of them plan the list's **mirror image** (the clock run
+//!    backwards) in the same way, and the lower plan is kept (see `place_for`); then, for at
+//!    most [`CANONICAL_MAX_ITEMS`] items, a
 //!    complete **canonical search** at the lower bound and above it (`crate::canonical`,
 //!    MiniMalloc-style inference, dominance and decomposition; 15% of what is left on lists of
 //!    single intervals; on lists with alias groups half of it, or a core of its own beside the

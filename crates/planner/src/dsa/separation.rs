@@ -99,6 +99,15 @@ impl Separating {
         level >= 1 && (self.separated(x, o, onto.s, true) || self.separated(x, o, onto.e, false))
     }
 
+    /// Follows the merge of `next` onto `onto` (judged elsewhere: see [`Self::keeps_apart`]).
+    pub(super) fn stacked(&mut self, onto: &Block, next: &Block) {
+        let (o, x) = (onto.root, next.root);
+        let (s, e, size) = self.blocks[x as usize];
+        self.forget(0, s, x);
+        self.forget(1, e, x);
+        self.blocks[o as usize].2 += size;
+    }
+
     /// Takes `root` off the blocks starting (`list` 0) or ending (1) at `rank`.
     fn forget(&mut self, list: usize, rank: u32, root: u32) {
         let at = if list == 0 { &mut self.starts[rank as usize] } else { &mut self.ends[rank as usize] };
@@ -217,11 +226,7 @@ impl MergeJudge for Separating {
         if self.keeps_apart(onto, next, level) {
             return false;
         }
-        let (o, x) = (onto.root, next.root);
-        let (s, e, size) = self.blocks[x as usize];
-        self.forget(0, s, x);
-        self.forget(1, e, x);
-        self.blocks[o as usize].2 += size;
+        self.stacked(onto, next);
         true
     }
 }
