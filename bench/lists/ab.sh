@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Compares two builds of the planner on the same lists, each list planned by one build and
-# then the other (so that both meet the same machine state), and prints per-list ratios
-# (footprint / lower bound), their difference, and per family the median, mean and count
-# within the target for each build.
+# then the other (so that both meet the same machine state), and prints each list's two
+# ratios (footprint / lower bound), then per family the medians, the means, how many lists B
+# planned lower and higher, and the counts within the target.
 #
 #   bench/lists/ab.sh lists   A B [lists.py arguments, e.g. --sizes 100000 --seeds 1-10]
 #   bench/lists/ab.sh figures A B ROW [SEEDS]
@@ -18,7 +18,6 @@
 # row's own unless given); OUT, a directory to keep the lists and per-list results in
 # (default: a temporary one, removed).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 
 usage() {
   sed -n '7,8p' "$0" | sed 's/^# *//' >&2
@@ -30,6 +29,10 @@ shift 3
 for bin in "$A" "$B"; do
   [ -x "$bin" ] || { echo "ab.sh: $bin is not an executable; build it first (nothing is built here)" >&2; exit 2; }
 done
+# Paths as given, from where the script was called (it runs from the repository's root).
+A=$(readlink -f "$A") B=$(readlink -f "$B")
+[ -n "${OUT:-}" ] && OUT=$(readlink -m "$OUT")
+cd "$(dirname "$0")/../.."
 BUDGET_GIVEN=${BUDGET_MS:-}
 BUDGET_MS=${BUDGET_MS:-1000}
 if [ -n "${OUT:-}" ]; then
