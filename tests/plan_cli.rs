@@ -226,6 +226,52 @@ fn the_bench_ab_script_compares_two_builds_list_by_list() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/graphpool is not an executable"));
 }
 
+/// `bench/lists/ab.sh figures` runs the two builds of the `figures` example one after the
+/// other for every seed (side by side they would share the cores and slow each other), and
+/// pairs their rows by name.
+#[test]
+fn the_bench_ab_script_runs_figures_builds_one_after_the_other() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    // A stand-in `figures`: a header, then one row for the seed asked; it logs its start and
+    // end, and takes a moment.
+    let stand_in = |name: &str, ratio: &str| {
+        let text = format!(
+            "#!/bin/sh\necho \"start {name}\" >> {log}\nsleep 0.2\n\
+             echo 'workload buffers floor greedy ratio'\n\
+             echo \"packed n=10 seed=${{FIGURES_SEEDS%-*}} budget=1s 10 2.0 1.1 {ratio} 1.0\"\n\
+             echo \"end {name}\" >> {log}\n",
+            log = log.display()
+        );
+        let path = write(dir.path(), name, &text);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    };
+    let (a, b) = (stand_in("a", "1.0500"), stand_in("b", "1.1500"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/lists/ab.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("figures")
+        .args([&a, &b])
+        .args(["packed", "1-2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ab.sh failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("packed_n=10_seed=1_budget=1s 1.0500 1.1500"), "{text}");
+    assert!(text.contains("packed_n=10_seed=2_budget=1s 1.0500 1.1500"), "{text}");
+    let family =
+        text.lines().find(|l| l.starts_with("packed_n=10_budget=1s ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(family.contains(" 2 / 0 (≤ 1.1)"), "{family}");
+    let order = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        order.lines().collect::<Vec<_>>(),
+        ["start a", "end a", "start b", "end b"].repeat(2),
+        "{order}"
+    );
+}
+
 #[test]
 fn malformed_files_fail_with_the_line_and_field() {
     let dir = tempfile::tempdir().unwrap();

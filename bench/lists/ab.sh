@@ -67,15 +67,17 @@ figures)
   [ -n "${BUDGET_GIVEN:-}" ] && export FIGURES_BUDGET_MS=$BUDGET_MS
   echo "figures \"$ROW\", seeds $SEEDS, budget ${FIGURES_BUDGET_MS:-as each row says}${FIGURES_BUDGET_MS:+ ms}, $(nproc) cores; A=$A B=$B"
   for seed in $(seq "${SEEDS%-*}" "${SEEDS#*-}"); do
-    # Each build prints a row per list the filter selects: name (with spaces) and ratio,
-    # the 4th column from the buffers' count on.
-    paste -d' ' \
-      <(FIGURES_SEEDS=$seed-$seed "$A" "$ROW" 2>/dev/null |
+    # Each build prints a row per list the filter selects: its name (with spaces), then the
+    # buffers' count, floor, greedy and ratio. One build after the other, never side by side.
+    for side in A B; do
+      bin=$A
+      [ "$side" = B ] && bin=$B
+      FIGURES_SEEDS=$seed-$seed "$bin" "$ROW" 2>/dev/null |
         awk 'NR > 1 { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) break;
-                     name = $1; for (j = 2; j < i; j++) name = name "_" $j; print name, $(i + 3) }') \
-      <(FIGURES_SEEDS=$seed-$seed "$B" "$ROW" 2>/dev/null |
-        awk 'NR > 1 { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) break; print $(i + 3) }') |
-      tee -a "$DIR/ab.txt"
+                     name = $1; for (j = 2; j < i; j++) name = name "_" $j; print name, $(i + 3) }' \
+          > "$DIR/$side.txt"
+    done
+    paste -d' ' "$DIR/A.txt" <(cut -d' ' -f2 "$DIR/B.txt") | tee -a "$DIR/ab.txt"
   done
   ;;
 *) usage ;;
