@@ -16,6 +16,12 @@
 //! over long pipelines and many microbatches: pipeline size 8, 16 or 32; for 1F1B 512, 1024
 //! or 2048 microbatches, for interleaved pp × 16, 32 or 64 (8k–313k buffers).
 //!
+//! `… --example schedules -- uneven [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs the first
+//! sweep's schedules over layers whose byte counts look measured rather than derived
+//! (`uneven_layers`): saved bytes of 1–200 MiB at 512 B granularity, workspaces of 0–64 MiB,
+//! and a hidden state whose shape changes at a quarter of the layers (the output of one layer
+//! then does not chain into the next). `large` and `uneven` combine.
+//!
 //! `… --example schedules -- explicit [CASES | FROM-TO] [BUDGET_MS]` plans random explicit step orders
 //! instead (TransformerEngine's `_order` form): 1–4 chunks, 1–64 microbatches, forwards
 //! through the chunks in order and backwards in reverse, at most `W` microbatches in flight
@@ -31,7 +37,9 @@ use std::time::{Duration, Instant};
 
 use graphpool_planner::pipeline::{ExplicitCase, random_explicit_case, varied_layers, workspace_layers};
 use graphpool_planner::rng::Rng;
-use graphpool_planner::{PlaceOptions, Plan, Schedule, SchedulePlanInput, plan_schedule, verify};
+use graphpool_planner::{
+    LayerSpec, PlaceOptions, Plan, Schedule, SchedulePlanInput, TensorSpec, plan_schedule, verify,
+};
 
 fn workspaces(budget_ms: u64) {
     let opts = PlaceOptions { time_budget: Duration::from_millis(budget_ms), ..PlaceOptions::default() };
@@ -130,8 +138,9 @@ fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
 }
 
 /// Case `case` of the sweep (see the module documentation): the schedule, layers per chunk
-/// and the input. `large` draws the pipelines and microbatch counts of the `large` sweep.
-fn draw(case: u64, large: bool) -> (Schedule, u32, SchedulePlanInput) {
+/// and the input. `large` draws the pipelines and microbatch counts of the `large` sweep,
+/// `uneven` the layers of the `uneven` one.
+fn draw(case: u64, large: bool, uneven: bool) -> (Schedule, u32, SchedulePlanInput) {
     let mut rng = Rng::new(case);
     let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
     let pp = pick(&mut rng, if large { &[8, 16, 32] } else { &[1, 2, 4, 8, 16] }) as u32;
@@ -154,11 +163,46 @@ fn draw(case: u64, large: bool) -> (Schedule, u32, SchedulePlanInput) {
     let seq = pick(&mut rng, &[1024, 2048, 4096, 8192]);
     let batch = pick(&mut rng, &[1, 2, 4]);
     let hidden = pick(&mut rng, &[1024, 2048, 4096, 5120, 8192]);
-    let input = SchedulePlanInput {
-        schedule: schedule.clone(),
-        layers: varied_layers(chunks, layers, seq, batch, hidden, case),
+    let layers_of = if uneven {
+        uneven_layers(chunks, layers, case)
+    } else {
+        varied_layers(chunks, layers, seq, batch, hidden, case)
     };
+    let input = SchedulePlanInput { schedule: schedule.clone(), layers: layers_of };
     (schedule, layers, input)
+}
+
+/// `layers` layers per chunk whose byte counts look measured (see the module documentation).
+fn uneven_layers(chunks: u32, layers: u32, seed: u64) -> Vec<LayerSpec> {
+    let mut rng = Rng::new(seed ^ 0x756e_6576_656e);
+    let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
+    let state = |shape: &[u64], kept: bool| TensorSpec {
+        name: "hidden".to_string(),
+        shape: shape.to_vec(),
+        dtype: "bf16".to_string(),
+        kept_for_backward: kept,
+    };
+    let mut out = Vec::new();
+    for chunk in 0..chunks {
+        let mut shape =
+            vec![pick(&mut rng, &[1024, 2048, 4096]), 1, pick(&mut rng, &[1024, 2048, 4096, 5120])];
+        for layer in 0..layers {
+            let input = state(&shape, true);
+            if rng.below(4) == 0 {
+                shape[2] = pick(&mut rng, &[1024, 2048, 4096, 5120]);
+            }
+            out.push(LayerSpec {
+                chunk,
+                layer,
+                inputs: vec![input],
+                outputs: vec![state(&shape, false)],
+                saved_bytes: (rng.range(1, 200) << 20) | (rng.below(2048) << 9),
+                forward_workspace_bytes: rng.below(65) << 20,
+                backward_workspace_bytes: rng.below(65) << 20,
+            });
+        }
+    }
+    out
 }
 
 fn main() {
@@ -179,9 +223,11 @@ fn main() {
         workspaces(budget_ms);
         return;
     }
-    // `large`: the same sweep over long pipelines and many microbatches.
-    let large = std::env::args().nth(1).as_deref() == Some("large");
-    let args: Vec<String> = std::env::args().filter(|a| a != "large").collect();
+    // `large`: the same sweep over long pipelines and many microbatches; `uneven`: over
+    // layers whose byte counts look measured.
+    let large = std::env::args().any(|a| a == "large");
+    let uneven = std::env::args().any(|a| a == "uneven");
+    let args: Vec<String> = std::env::args().filter(|a| a != "large" && a != "uneven").collect();
     let arg = |k: usize, default: u64| -> u64 {
         args.get(k)
             .cloned()
@@ -204,7 +250,7 @@ fn main() {
     let began = Instant::now();
     let (mut above, mut worst, mut slowest) = (0, 1.0f64, (Duration::ZERO, 0));
     for case in first..=cases {
-        let (schedule, layers, input) = draw(case, large);
+        let (schedule, layers, input) = draw(case, large, uneven);
         let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
         slowest = slowest.max((plan.elapsed, case));

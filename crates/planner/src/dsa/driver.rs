@@ -205,6 +205,9 @@ pub(super) fn place_for(
     let budget = capped_budget(opts, p.ivs.len()).mul_f64(1.0 - DEADLINE_RESERVE);
     let deadline = began + budget;
     let mut lb = p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound());
+    // Alias groups replayed period after period: every stage plans the folded clock, whose
+    // placements are the same (`fold.rs`); the bounds above are of the whole clock.
+    let p = if p.ivs.len() > n { p.folded().unwrap_or(p) } else { p };
     let pairs = p.overlapping_pairs();
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism().map_or(1, |t| t.get())

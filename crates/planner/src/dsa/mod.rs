@@ -440,6 +440,7 @@ mod contiguity;
 mod decompose;
 mod driver;
 mod exact;
+mod fold;
 mod greedy;
 mod hashing;
 mod improve;
