@@ -212,6 +212,70 @@ mod tests {
         assert_eq!(together(&f), together(&p));
     }
 
+    /// Stage 8 of a 16-stage 1F1B pipeline, 256 microbatches, six layers whose byte counts
+    /// look measured: (sequence, hidden) of the layer's input and output, saved bytes,
+    /// forward and backward workspaces. No layer's output chains into the next.
+    fn uneven_schedule() -> Vec<Buffer> {
+        const LAYERS: [(u64, u64, u64, u64, u64); 6] = [
+            (1024, 1024, 24_582_656, 22_020_096, 40_894_464),
+            (4096, 4096, 57_821_184, 20_971_520, 57_671_680),
+            (4096, 5120, 138_923_520, 58_720_256, 67_108_864),
+            (1024, 4096, 9_915_392, 61_865_984, 41_943_040),
+            (2048, 5120, 142_247_424, 23_068_672, 31_457_280),
+            (1024, 2048, 49_597_952, 23_068_672, 17_825_792),
+        ];
+        let tensor = |seq: u64, hidden: u64, kept| crate::TensorSpec {
+            name: "hidden".into(),
+            shape: vec![seq, 1, hidden],
+            dtype: "bf16".into(),
+            kept_for_backward: kept,
+        };
+        let layers = LAYERS
+            .iter()
+            .enumerate()
+            .map(|(l, &(seq, hidden, saved, fws, bws))| crate::LayerSpec {
+                chunk: 0,
+                layer: l as u32,
+                inputs: vec![tensor(seq, hidden, true)],
+                outputs: vec![tensor(seq, hidden, false)],
+                saved_bytes: saved,
+                forward_workspace_bytes: fws,
+                backward_workspace_bytes: bws,
+            })
+            .collect();
+        let input = crate::SchedulePlanInput {
+            schedule: crate::Schedule::OneFOneB { pp_size: 16, pp_rank: 8, num_microbatches: 256 },
+            layers,
+        };
+        crate::pipeline::schedule_buffers(&input).unwrap().buffers
+    }
+
+    #[test]
+    fn a_pipeline_schedule_folds_to_a_few_periods_with_the_same_conflicts() {
+        let buffers = uneven_schedule();
+        let p = Problem::build(&buffers).unwrap();
+        let f = p.folded().expect("the steady state repeats");
+        assert!(f.ranks * 10 < p.ranks, "{} ranks of {}", f.ranks, p.ranks);
+        assert!(f.ivs.len() * 5 < p.ivs.len(), "{} intervals of {}", f.ivs.len(), p.ivs.len());
+        for a in 0..p.len() {
+            for b in a + 1..p.len() {
+                assert_eq!(f.conflict(a, b), p.conflict(a, b), "items {a} and {b}");
+            }
+        }
+        assert_eq!(f.peak, p.peak);
+    }
+
+    /// Planned on the folded clock, the schedule reaches its bound (the canonical search
+    /// reaches the folded problem; unfolded, the plan stopped at 1.0034 of it), and the
+    /// placement holds on the whole clock.
+    #[test]
+    fn a_folded_schedule_is_placed_at_its_bound() {
+        let buffers = uneven_schedule();
+        let placed = place(&buffers, &uncapped(Duration::from_secs(5))).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        assert_eq!(placed.footprint, placed.lower_bound, "{}", placed.strategy);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
         /// Folding keeps exactly the pairs of items live together, every item, and the
