@@ -841,17 +841,23 @@ pub fn schedule_buffers_within(
     Ok(out)
 }
 
+/// The footprint over the lower bound that a schedule's plan is held to (and settles for
+/// with the default budget: [`plan_schedule_buffers`]).
+pub const SCHEDULE_TOLERANCE: f64 = 1.001;
+
 /// Plans a schedule: slots, buffers, offsets and figures.
 pub fn plan_schedule(input: &SchedulePlanInput, opts: &PlaceOptions) -> Result<Plan, PlanError> {
     plan_schedule_buffers(schedule_buffers(input)?, opts)
 }
 
 /// Places the buffers of a schedule built by [`schedule_buffers`] (for callers that look at
-/// them first, e.g. to bound their number). The whole `opts.time_budget` is the search's
-/// (no [`PlaceOptions::scaled_budget_per_item`] cap): most schedules reach the bound within
-/// milliseconds and stop there; those that do not are worth the time.
+/// them first, e.g. to bound their number). Most schedules reach the bound within
+/// milliseconds and stop there. A plan still above [`SCHEDULE_TOLERANCE`] × the bound after
+/// the constructions has the whole `opts.time_budget`; one within it stops at the
+/// [`PlaceOptions::scaled_budget_per_item`] cap where `opts` set one (the default budget),
+/// and has the whole budget where they do not (a budget the caller gave).
 pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result<Plan, PlanError> {
-    let opts = PlaceOptions { scaled_budget_per_item: None, ..opts.clone() };
+    let opts = PlaceOptions { settle_within: Some(SCHEDULE_TOLERANCE), ..opts.clone() };
     let placement = dsa::place(&sb.buffers, &opts)?;
     let total = sb.buffers.iter().fold(0u64, |a, b| a.saturating_add(b.size));
     let buffers = sb

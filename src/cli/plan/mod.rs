@@ -86,7 +86,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub json: bool,
     /// Time to spend planning, in milliseconds; plans at the lower bound stop sooner.
-    /// Without it: 1000, capped for buffer lists at 8 µs per buffer + 5 ms (at least 60 ms). Reading
+    /// Without it: 1000, capped for buffer lists at 8 µs per buffer + 5 ms (at least 60 ms),
+    /// and for schedules whose first plans come within 1.001 × the bound likewise. Reading
     /// the input comes on top, and lists of hundreds of thousands of buffers whose first plan
     /// is far from the bound may take longer (`planning time` reports what it took).
     #[arg(long, value_name = "MS")]

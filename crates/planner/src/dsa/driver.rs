@@ -128,14 +128,26 @@ pub fn place(buffers: &[Buffer], opts: &PlaceOptions) -> Result<Placement, Place
 }
 
 /// `opts.time_budget`, capped for a list of `intervals` live intervals where `opts` say so
-/// ([`PlaceOptions::scaled_budget_per_item`]).
+/// ([`PlaceOptions::scaled_budget_per_item`]) from the start (without
+/// [`PlaceOptions::settle_within`]).
 pub(super) fn capped_budget(opts: &PlaceOptions, intervals: usize) -> Duration {
-    match opts.scaled_budget_per_item {
-        Some(per) => {
-            opts.time_budget.min((per * intervals as u32 + Duration::from_millis(5)).max(MIN_CAPPED_BUDGET))
-        }
-        None => opts.time_budget,
+    match (opts.scaled_budget_per_item, opts.settle_within) {
+        (Some(per), None) => opts.time_budget.min(cap(per, intervals)),
+        _ => opts.time_budget,
     }
+}
+
+/// Where `opts` settle for a plan within a factor of the bound
+/// ([`PlaceOptions::settle_within`]): the factor, and the capped budget that then holds.
+fn settling(opts: &PlaceOptions, intervals: usize) -> Option<(f64, Duration)> {
+    let (per, within) = (opts.scaled_budget_per_item?, opts.settle_within?);
+    Some((within, opts.time_budget.min(cap(per, intervals))))
+}
+
+/// The budget [`PlaceOptions::scaled_budget_per_item`] allows a list of `intervals` live
+/// intervals: `per` each and 5 ms, at least [`MIN_CAPPED_BUDGET`].
+fn cap(per: Duration, intervals: usize) -> Duration {
+    (per * intervals as u32 + Duration::from_millis(5)).max(MIN_CAPPED_BUDGET)
 }
 
 /// Whether a plan may run its mirror image beside it (see [`place_for`]).
@@ -204,6 +216,8 @@ pub(super) fn place_for(
     // Every stage, and every share of the budget, works within what the reserve leaves.
     let budget = capped_budget(opts, p.ivs.len()).mul_f64(1.0 - DEADLINE_RESERVE);
     let deadline = began + budget;
+    let settle =
+        settling(opts, p.ivs.len()).map(|(within, at)| (within, began + at.mul_f64(1.0 - DEADLINE_RESERVE)));
     let mut lb = p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound());
     // Alias groups replayed period after period: every stage plans the folded clock, whose
     // placements are the same (`fold.rs`); the bounds above are of the whole clock.
@@ -269,7 +283,7 @@ pub(super) fn place_for(
         && opts.improve;
     // The improvement stage first indexes every item (~0.25 µs each): not worth starting
     // with less left.
-    let improve_from = deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline);
+    let improve_from = improvement_start(deadline, n);
     let mut improvement_steps = 0;
     // With the floor near the bound and too little time left for the improvement stage and
     // for a greedy pass (as modelled; a pass of at most `GUARANTEED_PASS_MIN` still runs:
@@ -307,7 +321,7 @@ pub(super) fn place_for(
         None
     };
     // The plans of parts of the list (the coarse instance) keep to this side's cores.
-    let planning = Planning {
+    let mut planning = Planning {
         p: &p,
         opts: PlaceOptions { threads, ..opts.clone() },
         plan_for,
@@ -358,6 +372,14 @@ pub(super) fn place_for(
         clock.end("constructions", Some(best.footprint()));
     }
     let greedy_high = best.high;
+    // Close enough where the options settle for it: the searches stop at the capped budget.
+    if let Some((within, at)) = settle
+        && best.high as f64 <= lb as f64 * within
+        && at < planning.deadline
+    {
+        planning.deadline = at;
+        planning.improve_from = improvement_start(at, n);
+    }
     let (proved, search_steps) = planning.searches(lb, &built, coarse, refined, &mut best, &mut clock);
     lb = proved;
     improvement_steps += search_steps;
@@ -369,6 +391,12 @@ pub(super) fn place_for(
         placement.elapsed = began.elapsed();
     }
     Ok(placement)
+}
+
+/// When the improvement stage may still start for a plan of `n` items ending at `deadline`
+/// (it first indexes every item: not worth starting with less left).
+fn improvement_start(deadline: Instant, n: usize) -> Instant {
+    deadline.checked_sub(IMPROVE_MIN_LEFT_PER_ITEM * n as u32).unwrap_or(deadline)
 }
 
 /// What the stages of one plan share: the problem, the options (this side's cores), the
@@ -1133,6 +1161,31 @@ mod density_tests {
         assert!(best.strategy.starts_with("online-best-fit+improved"), "{}", best.strategy);
         let offsets: Vec<u64> = p.item_of.iter().map(|&i| best.off[i as usize]).collect();
         verify(&b, &offsets).unwrap();
+    }
+
+    /// Options that settle for a plan within a factor of the bound stop at the capped budget
+    /// once the constructions are within it, and search the whole budget otherwise.
+    #[test]
+    fn plans_within_the_factor_settle_at_the_cap() {
+        let b = crate::workload::random_grouped(2000, 1);
+        let whole = Duration::from_secs(3);
+        let cap = cap(Duration::from_micros(8), b.len());
+        let settling =
+            |within| PlaceOptions { time_budget: whole, settle_within: Some(within), ..Default::default() };
+        // Grouped random lists plan 1.1–1.3 above their bound: within 2, not within 1.0001.
+        let settled = place(&b, &settling(2.0)).unwrap();
+        verify(&b, &settled.offsets).unwrap();
+        assert!(settled.footprint > settled.lower_bound && settled.footprint < 2 * settled.lower_bound);
+        assert!(
+            settled.elapsed < cap + Duration::from_millis(400),
+            "{:?} with a cap of {cap:?}",
+            settled.elapsed
+        );
+        let searched = place(&b, &settling(1.0001)).unwrap();
+        assert!(searched.elapsed > whole / 2, "{:?}: the whole budget is the search's", searched.elapsed);
+        assert!(searched.footprint <= settled.footprint);
+        assert_eq!(capped_budget(&settling(1.0001), b.len()), whole);
+        assert_eq!(capped_budget(&PlaceOptions { time_budget: whole, ..Default::default() }, b.len()), cap);
     }
 
     /// Dense lists get the tiered layered construction when its fill fits the budget: the

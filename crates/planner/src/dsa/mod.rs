@@ -322,6 +322,12 @@ pub struct PlaceOptions {
     /// [`crate::plan_schedule`] uses: a schedule's plan stops when it reaches the bound, and
     /// one that does not needs the time).
     pub scaled_budget_per_item: Option<Duration>,
+    /// With [`PlaceOptions::scaled_budget_per_item`]: the cap holds only once the
+    /// constructions have come within this factor of the lower bound; until then the search
+    /// has the whole `time_budget`. What [`crate::plan_schedule`] uses with the default
+    /// budget (1.001, the tolerance schedules are held to: a plan above it is worth the
+    /// time, one within it has little left to gain). `None`: the cap holds from the start.
+    pub settle_within: Option<f64>,
 }
 
 impl PlaceOptions {
@@ -343,6 +349,7 @@ impl Default for PlaceOptions {
             improve: true,
             seed: 0x6772_6170_6870_6f6f,
             scaled_budget_per_item: Some(Duration::from_micros(8)),
+            settle_within: None,
         }
     }
 }
