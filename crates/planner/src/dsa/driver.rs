@@ -12,9 +12,13 @@ struct StageClock {
 
 impl StageClock {
     fn end(&mut self, name: &str, footprint: Option<u64>) {
-        let now = Instant::now();
-        self.stages.push(Stage { name: name.to_string(), elapsed: now - self.last, footprint });
-        self.last = now;
+        self.end_at(name, Instant::now(), footprint);
+    }
+
+    /// Ends a stage at `at` (no later than now): the next one began there.
+    fn end_at(&mut self, name: &str, at: Instant, footprint: Option<u64>) {
+        self.stages.push(Stage { name: name.to_string(), elapsed: at - self.last, footprint });
+        self.last = at;
     }
 }
 
@@ -220,8 +224,16 @@ pub(super) fn place_for(
         settling(opts, p.ivs.len()).map(|(within, at)| (within, began + at.mul_f64(1.0 - DEADLINE_RESERVE)));
     let mut lb = p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound());
     // Alias groups replayed period after period: every stage plans the folded clock, whose
-    // placements are the same (`fold.rs`); the bounds above are of the whole clock.
-    let p = if p.ivs.len() > n { p.folded().unwrap_or(p) } else { p };
+    // placements are the same (`fold.rs`); the bounds above are of the whole clock. The
+    // stage `fold` then holds what preparation is left.
+    let fold_began = Instant::now();
+    let (p, folded) = match (p.ivs.len() > n).then(|| p.folded()).flatten() {
+        Some(f) => {
+            clock.end_at("prepare", fold_began, None);
+            (f, true)
+        }
+        None => (p, false),
+    };
     let pairs = p.overlapping_pairs();
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism().map_or(1, |t| t.get())
@@ -240,7 +252,7 @@ pub(super) fn place_for(
     let greedy_pass = greedy_pass_estimate(n, pairs);
     let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > budget;
     let share = if dense { 0.7 } else { 0.4 };
-    clock.end("prepare", None);
+    clock.end(if folded { "fold" } else { "prepare" }, None);
     let (floor_off, floor_high) = online_best_fit(&p);
     clock.end("floor", Some(floor_high));
     let mut best = Incumbent::new(floor_high, floor_off, "online-best-fit");

@@ -274,6 +274,8 @@ mod tests {
         let placed = place(&buffers, &uncapped(Duration::from_secs(5))).unwrap();
         verify(&buffers, &placed.offsets).unwrap();
         assert_eq!(placed.footprint, placed.lower_bound, "{}", placed.strategy);
+        let names: Vec<&str> = placed.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names[..3], ["prepare", "fold", "floor"], "{names:?}");
     }
 
     proptest! {

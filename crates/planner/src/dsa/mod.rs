@@ -359,7 +359,9 @@ impl Default for PlaceOptions {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stage {
     /// `parts` (the list split into parts that share no moment, one copy of each kept: the
-    /// stages after it plan those), `prepare` (the compressed problem, its bounds), `floor`
+    /// stages after it plan those), `prepare` (the compressed problem, its bounds), `fold`
+    /// (the clock without the ranks that add no constraint: lists with alias groups that
+    /// repeat, such as schedules; the stages after it plan the folded clock), `floor`
     /// (online best fit), `refill` (the refilling sweep of a full list; its footprint is the
     /// bound where it placed the list, `None` where it gave up), `coarsen` (the coarse
     /// instance built), `coarse` (the coarse
