@@ -217,7 +217,8 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// Bisects the capacities between `lower` (a lower bound) and `upper` (the footprint of a
-/// placement known) until `until` passes: first `lower` itself, then midpoints. A capacity
+/// placement known) until `until` passes: first `lower` itself (after a short probe halfway
+/// up where items have several intervals: see `bisect`), then midpoints. A capacity
 /// that fits lowers the upper end to the placement found; one proved infeasible raises the
 /// lower end; the first undecided one ends the search. Returns the lowest placement found
 /// with its footprint, and the proved lower bound (`lower` or higher). Raises `until`'s flag
@@ -249,6 +250,12 @@ pub(crate) fn search(
 const SEARCH_STACK_BYTES: usize = 64 << 20;
 
 /// [`search`] on its thread: bisects `[lo, hi]`.
+///
+/// Where items have several intervals (alias groups), a probe halfway between the two ends
+/// comes first, for [`PROBE_SHARE`] of the time: there the bound is often out of reach and
+/// the search at it undecided to the end, while a capacity above it may settle at once (an
+/// 88-buffer 1F1B schedule: the probe fits in 0.2 ms with a placement 1.0004 × the bound,
+/// where the bound's search, undecided, left the constructions' 1.029).
 fn bisect(
     items: &Items<'_>,
     (mut lo, mut hi): (u64, u64),
@@ -257,17 +264,24 @@ fn bisect(
 ) -> (Option<(Vec<u64>, u64)>, u64) {
     let prep = Prepared::new(items);
     let mut best = None;
+    let several_intervals = items.ivp.is_some_and(|ivp| ivp.len() < items.ivs.len() + 1);
+    if several_intervals && hi - lo >= 2 && !until.passed() {
+        let capacity = lo + (hi - lo) / 2;
+        let left = until.deadline.saturating_duration_since(std::time::Instant::now());
+        let probe = Until {
+            deadline: until.deadline.min(std::time::Instant::now() + left.mul_f64(PROBE_SHARE)),
+            ..until
+        };
+        let outcome = fits_restarting(&prep, capacity, probe, workers);
+        narrow(items, outcome, capacity, (&mut lo, &mut hi), &mut best);
+    }
     let mut first = true;
     while lo < hi && !until.passed() {
         let capacity = if first { lo } else { lo + (hi - lo) / 2 };
         first = false;
-        match fits_restarting(&prep, capacity, until, workers) {
-            Outcome::Fits(off) => {
-                hi = (0..items.size.len()).map(|i| off[i] + items.size[i]).max().unwrap_or(0);
-                best = Some((off, hi));
-            }
-            Outcome::Infeasible => lo = capacity + 1,
-            Outcome::Unknown => break,
+        let outcome = fits_restarting(&prep, capacity, until, workers);
+        if !narrow(items, outcome, capacity, (&mut lo, &mut hi), &mut best) {
+            break;
         }
     }
     if lo >= hi {
@@ -275,6 +289,33 @@ fn bisect(
     }
     (best, lo)
 }
+
+/// Narrows `[lo, hi]` by the outcome of the search at `capacity`: a placement lowers `hi` to
+/// its footprint (and becomes `best`), a proof raises `lo` past the capacity. False where the
+/// capacity was left undecided.
+fn narrow(
+    items: &Items<'_>,
+    outcome: Outcome,
+    capacity: u64,
+    (lo, hi): (&mut u64, &mut u64),
+    best: &mut Option<(Vec<u64>, u64)>,
+) -> bool {
+    match outcome {
+        Outcome::Fits(off) => {
+            *hi = (0..items.size.len()).map(|i| off[i] + items.size[i]).max().unwrap_or(0);
+            *best = Some((off, *hi));
+            true
+        }
+        Outcome::Infeasible => {
+            *lo = capacity + 1;
+            true
+        }
+        Outcome::Unknown => false,
+    }
+}
+
+/// The share of the search's time that [`bisect`]'s probe above the bound takes.
+const PROBE_SHARE: f64 = 0.03;
 
 /// The items live together with each item (compressed sparse rows).
 struct Neighbours {

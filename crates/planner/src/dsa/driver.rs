@@ -1286,6 +1286,43 @@ mod long_group_tests {
         }
     }
 
+    /// Where the canonical search at the bound stays undecided, its probe halfway up to the
+    /// constructions' placement settles at once: an 88-buffer 1F1B stage with two layers whose
+    /// byte counts look measured (the constructions 1.029 × the bound; without the probe
+    /// 1.0202 after 200 ms, 1.0093 after 1 s, 1.0008 after 10 s). Two cores, as the canonical
+    /// stage runs there.
+    #[test]
+    fn a_probe_above_an_undecided_bound_places_a_small_schedule() {
+        let hidden = |kept| crate::TensorSpec {
+            name: "hidden".into(),
+            shape: vec![2048, 1, 4096],
+            dtype: "bf16".into(),
+            kept_for_backward: kept,
+        };
+        let layer = |layer, saved, fws, bws| crate::LayerSpec {
+            chunk: 0,
+            layer,
+            inputs: vec![hidden(true)],
+            outputs: vec![hidden(false)],
+            saved_bytes: saved,
+            forward_workspace_bytes: fws,
+            backward_workspace_bytes: bws,
+        };
+        let input = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 4, pp_rank: 0, num_microbatches: 8 },
+            layers: vec![layer(0, 137_872_384, 28_311_552, 51_380_224), layer(1, 34_243_072, 0, 9_437_184)],
+        };
+        let placed = placed(&input, Duration::from_millis(500), 2);
+        assert_eq!(placed.offsets.len(), 88);
+        assert!(placed.greedy_footprint as f64 > placed.lower_bound as f64 * 1.02, "nothing left to search");
+        assert!(
+            placed.footprint as f64 <= placed.lower_bound as f64 * 1.001,
+            "{:.4}: {}",
+            placed.footprint as f64 / placed.lower_bound as f64,
+            placed.strategy
+        );
+    }
+
     /// A worker that passes over jobs while the first one runs (the cost model, ~9 × too high
     /// for this schedule, says they do not fit) leaves them to be taken up once the first job
     /// has ended and measured its kind: on two cores the first pass ends at 1.0032 of the
