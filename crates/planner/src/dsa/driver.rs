@@ -386,7 +386,7 @@ pub(super) fn place_for(
     let greedy_high = best.high;
     // Close enough where the options settle for it: the searches stop at the capped budget.
     if let Some((within, at)) = settle
-        && best.high as f64 <= lb as f64 * within
+        && best.footprint() as f64 <= lb as f64 * within
         && at < planning.deadline
     {
         planning.deadline = at;

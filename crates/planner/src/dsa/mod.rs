@@ -318,9 +318,8 @@ pub struct PlaceOptions {
     /// Cap the budget at `scaled_budget_per_item` × buffers + 5 ms, but not below
     /// [`MIN_CAPPED_BUDGET`], so large lists return in proportion to their size (8 µs per
     /// buffer: 10k buffers ≤ ~85 ms, 100k ≤ ~0.8 s) and small hard ones still get a search
-    /// (lists at the bound stop at once whatever the cap). `None`: no cap (what
-    /// [`crate::plan_schedule`] uses: a schedule's plan stops when it reaches the bound, and
-    /// one that does not needs the time).
+    /// (lists at the bound stop at once whatever the cap). `None`: no cap (a budget the
+    /// caller gave; see also [`PlaceOptions::settle_within`], which schedules use).
     pub scaled_budget_per_item: Option<Duration>,
     /// With [`PlaceOptions::scaled_budget_per_item`]: the cap holds only once the
     /// constructions have come within this factor of the lower bound; until then the search
