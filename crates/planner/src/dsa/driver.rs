@@ -215,7 +215,7 @@ pub(super) fn place_for(
 ) -> Result<Placement, PlaceError> {
     let began = Instant::now();
     let mut clock = StageClock { last: began, stages: Vec::new() };
-    let p = Problem::build(buffers)?;
+    let mut p = Problem::build(buffers)?;
     let n = p.len();
     // Every stage, and every share of the budget, works within what the reserve leaves.
     let budget = capped_budget(opts, p.ivs.len()).mul_f64(1.0 - DEADLINE_RESERVE);
@@ -227,13 +227,10 @@ pub(super) fn place_for(
     // placements are the same (`fold.rs`); the bounds above are of the whole clock. The
     // stage `fold` then holds what preparation is left.
     let fold_began = Instant::now();
-    let (p, folded) = match (p.ivs.len() > n).then(|| p.folded()).flatten() {
-        Some(f) => {
-            clock.end_at("prepare", fold_began, None);
-            (f, true)
-        }
-        None => (p, false),
-    };
+    let folded = p.ivs.len() > n && p.fold();
+    if folded {
+        clock.end_at("prepare", fold_began, None);
+    }
     let pairs = p.overlapping_pairs();
     let threads = if opts.threads == 0 {
         std::thread::available_parallelism().map_or(1, |t| t.get())

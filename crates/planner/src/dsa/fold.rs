@@ -17,19 +17,20 @@ use std::hash::BuildHasher;
 use super::*;
 
 impl Problem {
-    /// The problem without the ranks that add no constraint: those whose live set is a
-    /// subset of the rank before (nothing starts there) or of the rank after (nothing ends
-    /// there, something starts), and those whose live set came before. Sizes, lifetimes on
-    /// the real clock, bounds and `item_of` are kept; intervals, hulls and peaks are of the
-    /// folded clock. `None` where no rank can go.
+    /// Leaves out the ranks that add no constraint: those whose live set is a subset of the
+    /// rank before (nothing starts there) or of the rank after (nothing ends there, something
+    /// starts), and those whose live set came before. Only the intervals, hulls and the
+    /// clock change: sizes, lifetimes on the real clock, bounds, peaks (the heaviest rank of
+    /// an item's is kept) and `item_of` hold as they are. False, and nothing changed, where
+    /// no rank can go.
     ///
     /// Sets are compared by a sum of 128-bit random keys of their items, drawn per call: two
     /// different sets agree with probability 2⁻¹²⁸ (a plan's final placement is checked in
     /// the tests against the unfolded list).
-    pub(super) fn folded(&self) -> Option<Problem> {
+    pub(super) fn fold(&mut self) -> bool {
         let ranks = self.ranks as usize;
         if ranks < 3 {
-            return None;
+            return false;
         }
         // Intervals starting and ending at each rank, as (item, starts) events sorted by rank.
         let mut first = vec![0u32; ranks + 1];
@@ -84,7 +85,7 @@ impl Problem {
             }
         }
         if kept.len() + 1 >= ranks {
-            return None;
+            return false;
         }
         // Rank r of the clock becomes the number of kept ranks before it; an interval keeps
         // the kept ranks within it (none: it goes, its item is live together elsewhere).
@@ -96,58 +97,35 @@ impl Problem {
             }
             *b = k as u32;
         }
-        let mut folded = Problem {
-            ivp: Vec::with_capacity(self.len() + 1),
-            ivs: Vec::with_capacity(kept.len()),
-            hull: Vec::with_capacity(self.len()),
-            peak: Vec::new(),
-            ranks: kept.len() as u32 + 1,
-            events: std::sync::OnceLock::new(),
-            ..self.clone_without_intervals()
-        };
-        folded.ivp.push(0);
+        let mut ivp = Vec::with_capacity(self.len() + 1);
+        let mut ivs: Vec<(u32, u32)> = Vec::with_capacity(kept.len());
+        let mut hull = Vec::with_capacity(self.len());
+        ivp.push(0);
         for i in 0..self.len() {
-            let from = folded.ivs.len();
+            let from = ivs.len();
             for &(s, e) in self.ivs(i) {
                 let (s, e) = (before[s as usize], before[e as usize]);
                 if s == e {
                     continue;
                 }
-                let touching = folded.ivs.len() > from && folded.ivs.last().is_some_and(|last| last.1 == s);
-                match folded.ivs.last_mut() {
-                    Some(last) if touching => last.1 = e,
-                    _ => folded.ivs.push((s, e)),
+                match ivs[from..].last_mut() {
+                    Some(last) if last.1 == s => last.1 = e,
+                    _ => ivs.push((s, e)),
                 }
             }
-            if folded.ivs.len() == from {
+            if ivs.len() == from {
                 // Cannot happen (every rank of an item is within a kept rank holding it); keep
                 // the problem whole rather than lose an item.
                 debug_assert!(false, "item {i} kept no rank");
-                return None;
+                return false;
             }
-            folded.hull.push((folded.ivs[from].0, folded.ivs[folded.ivs.len() - 1].1));
-            folded.ivp.push(folded.ivs.len() as u32);
+            hull.push((ivs[from].0, ivs[ivs.len() - 1].1));
+            ivp.push(ivs.len() as u32);
         }
-        folded.peak = folded.peaks();
-        Some(folded)
-    }
-
-    /// The fields that do not depend on the clock's ranks; intervals, hulls and peaks empty.
-    fn clone_without_intervals(&self) -> Problem {
-        Problem {
-            size: self.size.clone(),
-            ivp: Vec::new(),
-            ivs: Vec::new(),
-            hull: Vec::new(),
-            life: self.life.clone(),
-            start: self.start.clone(),
-            peak: Vec::new(),
-            item_of: self.item_of.clone(),
-            ranks: 0,
-            wmin: self.wmin.clone(),
-            live_bound: self.live_bound,
-            events: std::sync::OnceLock::new(),
-        }
+        (self.ivp, self.ivs, self.hull) = (ivp, ivs, hull);
+        self.ranks = kept.len() as u32 + 1;
+        self.events = std::sync::OnceLock::new();
+        true
     }
 }
 
@@ -155,6 +133,12 @@ impl Problem {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `p` folded, where anything folds.
+    fn folded(p: &Problem) -> Option<Problem> {
+        let mut f = p.clone();
+        f.fold().then_some(f)
+    }
 
     /// The pairs of items live together at some rank.
     fn together(p: &Problem) -> BTreeSet<(usize, usize)> {
@@ -187,7 +171,7 @@ mod tests {
         let steps: Vec<(u64, u64)> = (0..41).map(|t| (t, t + 1)).collect();
         list.extend(group(9, &steps, 10));
         let p = Problem::build(&list).unwrap();
-        let f = p.folded().expect("the periods repeat");
+        let f = folded(&p).expect("the periods repeat");
         assert!(f.ranks < p.ranks / 4, "{} ranks of {}", f.ranks, p.ranks);
         assert!(f.ivs.len() < p.ivs.len() / 4, "{} intervals of {}", f.ivs.len(), p.ivs.len());
         assert_eq!(together(&f), together(&p));
@@ -203,11 +187,12 @@ mod tests {
         // Every rank holds a set of its own, none within another.
         let list: Vec<Buffer> =
             (0..6u64).map(|k| Buffer { start: k, end: k + 1, size: 1 + k, group: None }).collect();
-        assert!(Problem::build(&list).unwrap().folded().is_none());
+        assert!(folded(&Problem::build(&list).unwrap()).is_none());
         // The first and last ranks are within their neighbours: they go.
         let list: Vec<Buffer> =
             (0..6u64).map(|k| Buffer { start: k, end: k + 2, size: 1 + k, group: None }).collect();
-        let (p, f) = (Problem::build(&list).unwrap(), Problem::build(&list).unwrap().folded().unwrap());
+        let p = Problem::build(&list).unwrap();
+        let f = folded(&p).unwrap();
         assert_eq!((p.ranks, f.ranks), (8, 6));
         assert_eq!(together(&f), together(&p));
     }
@@ -254,7 +239,7 @@ mod tests {
     fn a_pipeline_schedule_folds_to_a_few_periods_with_the_same_conflicts() {
         let buffers = uneven_schedule();
         let p = Problem::build(&buffers).unwrap();
-        let f = p.folded().expect("the steady state repeats");
+        let f = folded(&p).expect("the steady state repeats");
         assert!(f.ranks * 10 < p.ranks, "{} ranks of {}", f.ranks, p.ranks);
         assert!(f.ivs.len() * 5 < p.ivs.len(), "{} intervals of {}", f.ivs.len(), p.ivs.len());
         for a in 0..p.len() {
@@ -262,7 +247,7 @@ mod tests {
                 assert_eq!(f.conflict(a, b), p.conflict(a, b), "items {a} and {b}");
             }
         }
-        assert_eq!(f.peak, p.peak);
+        assert_eq!(f.peaks(), p.peak, "each item's heaviest rank is kept");
     }
 
     /// Planned on the folded clock, the schedule reaches its bound (the canonical search
@@ -289,10 +274,11 @@ mod tests {
             let list: Vec<Buffer> =
                 raw.iter().map(|&(start, len, size, group)| Buffer { start, end: start + len, size, group }).collect();
             let p = Problem::build(&list).unwrap();
-            if let Some(f) = p.folded() {
+            if let Some(f) = folded(&p) {
                 prop_assert!(f.ranks < p.ranks);
                 prop_assert_eq!(together(&f), together(&p));
                 prop_assert_eq!(f.live().into_iter().max(), p.live().into_iter().max());
+                prop_assert_eq!(f.peaks(), p.peak.clone());
                 for i in 0..f.len() {
                     prop_assert!(!f.ivs(i).is_empty());
                     prop_assert!(f.ivs(i).windows(2).all(|w| w[0].1 < w[1].0), "intervals apart and in order");
