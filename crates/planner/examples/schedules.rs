@@ -142,7 +142,6 @@ fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
 /// `uneven` the layers of the `uneven` one.
 fn draw(case: u64, large: bool, uneven: bool) -> (Schedule, u32, SchedulePlanInput) {
     let mut rng = Rng::new(case);
-    let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
     let pp = pick(&mut rng, if large { &[8, 16, 32] } else { &[1, 2, 4, 8, 16] }) as u32;
     let (schedule, chunks) = if rng.below(2) == 0 {
         let m = if large {
@@ -172,10 +171,14 @@ fn draw(case: u64, large: bool, uneven: bool) -> (Schedule, u32, SchedulePlanInp
     (schedule, layers, input)
 }
 
+/// One of `options`, drawn uniformly.
+fn pick(rng: &mut Rng, options: &[u64]) -> u64 {
+    options[rng.below(options.len() as u64) as usize]
+}
+
 /// `layers` layers per chunk whose byte counts look measured (see the module documentation).
 fn uneven_layers(chunks: u32, layers: u32, seed: u64) -> Vec<LayerSpec> {
     let mut rng = Rng::new(seed ^ 0x756e_6576_656e);
-    let pick = |rng: &mut Rng, options: &[u64]| options[rng.below(options.len() as u64) as usize];
     let state = |shape: &[u64], kept: bool| TensorSpec {
         name: "hidden".to_string(),
         shape: shape.to_vec(),

@@ -264,14 +264,12 @@ fn bisect(
 ) -> (Option<(Vec<u64>, u64)>, u64) {
     let prep = Prepared::new(items);
     let mut best = None;
-    let several_intervals = items.ivp.is_some_and(|ivp| ivp.len() < items.ivs.len() + 1);
+    let several_intervals = items.ivs.len() > items.size.len();
     if several_intervals && hi - lo >= 2 && !until.passed() {
         let capacity = lo + (hi - lo) / 2;
-        let left = until.deadline.saturating_duration_since(std::time::Instant::now());
-        let probe = Until {
-            deadline: until.deadline.min(std::time::Instant::now() + left.mul_f64(PROBE_SHARE)),
-            ..until
-        };
+        let now = std::time::Instant::now();
+        let share = until.deadline.saturating_duration_since(now).mul_f64(PROBE_SHARE);
+        let probe = Until { deadline: now + share, ..until };
         let outcome = fits_restarting(&prep, capacity, probe, workers);
         narrow(items, outcome, capacity, (&mut lo, &mut hi), &mut best);
     }
