@@ -442,37 +442,45 @@ pub enum PlacementError {
 
 /// Places a plain buffer list.
 pub fn plan_buffers(list: &[NamedBuffer], opts: &PlaceOptions) -> Result<Plan, PlanError> {
-    let buffers = unnamed(list);
-    let placement = dsa::place(&buffers, opts)?;
-    let total = list.iter().fold(0u64, |a, b| a.saturating_add(b.size));
-    Ok(Plan {
-        slots: 0,
-        microbatch_slot: Vec::new(),
-        buffers: list
-            .iter()
-            .zip(&placement.offsets)
-            .map(|(b, &offset)| PlannedBuffer {
-                name: b.name.clone(),
-                start: b.start,
-                end: b.end,
-                size: b.size,
-                offset,
-                alias_group: b.alias_group.clone(),
-            })
-            .collect(),
-        footprint: placement.footprint,
-        lower_bound: placement.lower_bound,
-        live_bound: placement.live_bound,
-        saved_by_aliasing: total.saturating_sub(placement.footprint),
-        elapsed: placement.elapsed,
-        strategy: placement.strategy,
-        stages: placement.stages,
-        steps: Vec::new(),
-        predicted_capture_bytes: placement.footprint,
-        graphs: 0,
-        pools: 0,
-        overhead_bytes: 0,
-    })
+    let placement = dsa::place(&unnamed(list), opts)?;
+    let buffers = list
+        .iter()
+        .zip(&placement.offsets)
+        .map(|(b, &offset)| PlannedBuffer {
+            name: b.name.clone(),
+            start: b.start,
+            end: b.end,
+            size: b.size,
+            offset,
+            alias_group: b.alias_group.clone(),
+        })
+        .collect();
+    Ok(Plan::placed(buffers, placement))
+}
+
+impl Plan {
+    /// The plan of `buffers`, placed as `placement` says (their offsets taken from it
+    /// already), with no schedule: no slots, steps, graphs or pools.
+    fn placed(buffers: Vec<PlannedBuffer>, placement: dsa::Placement) -> Plan {
+        let total = buffers.iter().fold(0u64, |a, b| a.saturating_add(b.size));
+        Plan {
+            slots: 0,
+            microbatch_slot: Vec::new(),
+            buffers,
+            footprint: placement.footprint,
+            lower_bound: placement.lower_bound,
+            live_bound: placement.live_bound,
+            saved_by_aliasing: total.saturating_sub(placement.footprint),
+            elapsed: placement.elapsed,
+            strategy: placement.strategy,
+            stages: placement.stages,
+            steps: Vec::new(),
+            predicted_capture_bytes: placement.footprint,
+            graphs: 0,
+            pools: 0,
+            overhead_bytes: 0,
+        }
+    }
 }
 
 /// Byte sizes and flags of one layer's tensors, checked.
@@ -859,7 +867,6 @@ pub fn plan_schedule(input: &SchedulePlanInput, opts: &PlaceOptions) -> Result<P
 pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result<Plan, PlanError> {
     let opts = PlaceOptions { settle_within: Some(SCHEDULE_TOLERANCE), ..opts.clone() };
     let placement = dsa::place(&sb.buffers, &opts)?;
-    let total = sb.buffers.iter().fold(0u64, |a, b| a.saturating_add(b.size));
     let buffers = sb
         .buffers
         .iter()
@@ -877,19 +884,10 @@ pub fn plan_schedule_buffers(sb: ScheduleBuffers, opts: &PlaceOptions) -> Result
     Ok(Plan {
         slots: sb.slots,
         microbatch_slot: sb.microbatch_slot,
-        buffers,
-        footprint: placement.footprint,
-        lower_bound: placement.lower_bound,
-        live_bound: placement.live_bound,
-        saved_by_aliasing: total.saturating_sub(placement.footprint),
-        elapsed: placement.elapsed,
-        strategy: placement.strategy,
-        stages: placement.stages,
         steps: sb.steps,
-        predicted_capture_bytes: placement.footprint,
         graphs: sb.graphs,
         pools: sb.pools,
-        overhead_bytes: 0,
+        ..Plan::placed(buffers, placement)
     })
 }
 
