@@ -221,16 +221,18 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// up where items have several intervals: see `bisect`), then midpoints. A capacity
 /// that fits lowers the upper end to the placement found; one proved infeasible raises the
 /// lower end; the first undecided one ends the search. Returns the lowest placement found
-/// with its footprint, and the proved lower bound (`lower` or higher). Raises `until`'s flag
-/// when the search settles the question (the two ends meet: the placement found is optimal,
-/// or nothing below `upper` fits). Each capacity is searched by `workers` streams of
-/// restarts on threads of their own ([`fits_restarting`]).
+/// with its footprint, and the proved lower bound (`lower` or higher). With `settles`, raises
+/// `until`'s flag when the search settles the question (the two ends meet: the placement
+/// found is optimal, or nothing below `upper` fits); a search whose `lower` is not a bound
+/// (one started above it) settles nothing. Each capacity is searched by `workers` streams
+/// of restarts on threads of their own ([`fits_restarting`]).
 pub(crate) fn search(
     items: &Items<'_>,
     lower: u64,
     upper: u64,
     until: Until<'_>,
     workers: usize,
+    settles: bool,
 ) -> (Option<(Vec<u64>, u64)>, u64) {
     // The search recurses once per item placed (~0.5 KiB a level in release builds, more in
     // debug ones): its own thread with a stack for that, whatever the caller's.
@@ -238,7 +240,7 @@ pub(crate) fn search(
         std::thread::Builder::new()
             .name("graphpool-canonical".into())
             .stack_size(SEARCH_STACK_BYTES)
-            .spawn_scoped(scope, || bisect(items, (lower, upper), until, workers))
+            .spawn_scoped(scope, || bisect(items, (lower, upper), until, workers, settles))
             .map(|h| h.join().expect("the canonical search panicked"))
             // No thread (resources exhausted): nothing proved, nothing found.
             .unwrap_or((None, lower))
@@ -261,6 +263,7 @@ fn bisect(
     (mut lo, mut hi): (u64, u64),
     until: Until<'_>,
     workers: usize,
+    settles: bool,
 ) -> (Option<(Vec<u64>, u64)>, u64) {
     let prep = Prepared::new(items);
     let mut best = None;
@@ -282,7 +285,7 @@ fn bisect(
             break;
         }
     }
-    if lo >= hi {
+    if lo >= hi && settles {
         until.raise();
     }
     (best, lo)
@@ -995,7 +998,7 @@ mod tests {
             // Bisecting from 0 proves the optimum as the bound and places there.
             for workers in [1, 2] {
                 let (found, proved) = with_items(&groups, &size, |items| {
-                    search(items, 0, 2 * best + 1, Until::at(Instant::now() + Duration::from_secs(10)), workers)
+                    search(items, 0, 2 * best + 1, Until::at(Instant::now() + Duration::from_secs(10)), workers, true)
                 });
                 prop_assert_eq!(proved, best);
                 prop_assert_eq!(found.map(|f| f.1), Some(best));

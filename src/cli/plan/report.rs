@@ -27,6 +27,8 @@ pub fn report(plan: &Plan) -> String {
     row(&mut s, "ratio", format!("{:.4}", plan.ratio()));
     row(&mut s, "strategy", plan.strategy.clone());
     row(&mut s, "planning time", format!("{:.1} ms", plan.elapsed.as_secs_f64() * 1e3));
+    // Stage names in one column, as wide as the longest (`canonical+improvement`).
+    let width = plan.stages.iter().map(|stage| stage.name.chars().count()).max().unwrap_or(0).max(13);
     for (k, stage) in plan.stages.iter().enumerate() {
         let after = match stage.footprint {
             Some(f) if plan.lower_bound > 0 => {
@@ -38,7 +40,7 @@ pub fn report(plan: &Plan) -> String {
         row(
             &mut s,
             label,
-            format!("{:<13} {:>8.1} ms{after}", stage.name, stage.elapsed.as_secs_f64() * 1e3),
+            format!("{:<width$} {:>8.1} ms{after}", stage.name, stage.elapsed.as_secs_f64() * 1e3),
         );
     }
     row(&mut s, "buffers", plan.buffers.len().to_string());
