@@ -59,7 +59,9 @@
 //!    complete **canonical search** at the lower bound and above it (`crate::canonical`,
 //!    MiniMalloc-style inference, dominance and decomposition; 15% of what is left on lists of
 //!    single intervals; on lists with alias groups half of it, or a core of its own beside the
-//!    improvement chains until the deadline with three cores or more), and a fixed-height
+//!    improvement chains until the deadline with three cores or more; there a second search
+//!    from halfway between the bound and the best placement up runs beside the chains too,
+//!    after the canonical stage on two cores, from the start with three or more), and a fixed-height
 //!    **contour search** with backjumping and a bisection of the target height
 //!    (`crate::contour`), when a few skyline passes fit in its share (the portfolio, the
 //!    contour search and the restarts of step 6 do not run after a refined coarse plan);
@@ -370,7 +372,9 @@ pub struct Stage {
     /// planned), `constructions` (the portfolio), `canonical`, `contour`, `restarts`
     /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or
     /// `canonical+improvement` (the two side by side, lists with alias groups on three
-    /// cores or more), `mirrored` (the wait for the plan of the list's mirror image, run
+    /// cores or more), `above+improvement` (a canonical search from halfway above the bound
+    /// beside the improvement stage after the canonical stage, lists with alias groups on
+    /// two cores), `mirrored` (the wait for the plan of the list's mirror image, run
     /// beside; its footprint is the lower of the two); the stages that ran, in order.
     pub name: String,
     /// Wall-clock time it took.
