@@ -221,18 +221,17 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// up where items have several intervals: see `bisect`), then midpoints. A capacity
 /// that fits lowers the upper end to the placement found; one proved infeasible raises the
 /// lower end; the first undecided one ends the search. Returns the lowest placement found
-/// with its footprint, and the proved lower bound (`lower` or higher). With `settles`, raises
-/// `until`'s flag when the search settles the question (the two ends meet: the placement
-/// found is optimal, or nothing below `upper` fits); a search whose `lower` is not a bound
-/// (one started above it) settles nothing. Each capacity is searched by `workers` streams
-/// of restarts on threads of their own ([`fits_restarting`]).
+/// with its footprint, and the proved lower bound (`lower` or higher). Raises `until`'s flag
+/// when the search settles the question: a placement at `bound` (the bound proved so far,
+/// at most `lower`), or, for a search started there (`lower == bound`), the two ends meeting
+/// (the placement found is optimal, or nothing below `upper` fits); a search started above
+/// the bound proves nothing of it. Each capacity is searched by `workers` streams of
+/// restarts on threads of their own ([`fits_restarting`]).
 pub(crate) fn search(
     items: &Items<'_>,
-    lower: u64,
-    upper: u64,
+    (bound, lower, upper): (u64, u64, u64),
     until: Until<'_>,
     workers: usize,
-    settles: bool,
 ) -> (Option<(Vec<u64>, u64)>, u64) {
     // The search recurses once per item placed (~0.5 KiB a level in release builds, more in
     // debug ones): its own thread with a stack for that, whatever the caller's.
@@ -240,7 +239,7 @@ pub(crate) fn search(
         std::thread::Builder::new()
             .name("graphpool-canonical".into())
             .stack_size(SEARCH_STACK_BYTES)
-            .spawn_scoped(scope, || bisect(items, (lower, upper), until, workers, settles))
+            .spawn_scoped(scope, || bisect(items, bound, (lower, upper), until, workers))
             .map(|h| h.join().expect("the canonical search panicked"))
             // No thread (resources exhausted): nothing proved, nothing found.
             .unwrap_or((None, lower))
@@ -260,11 +259,12 @@ const SEARCH_STACK_BYTES: usize = 64 << 20;
 /// where the bound's search, undecided, left the constructions' 1.029).
 fn bisect(
     items: &Items<'_>,
+    bound: u64,
     (mut lo, mut hi): (u64, u64),
     until: Until<'_>,
     workers: usize,
-    settles: bool,
 ) -> (Option<(Vec<u64>, u64)>, u64) {
+    let from_bound = lo <= bound;
     let prep = Prepared::new(items);
     let mut best = None;
     let several_intervals = items.ivs.len() > items.size.len();
@@ -285,7 +285,7 @@ fn bisect(
             break;
         }
     }
-    if lo >= hi && settles {
+    if hi <= bound || (from_bound && lo >= hi) {
         until.raise();
     }
     (best, lo)
@@ -998,7 +998,7 @@ mod tests {
             // Bisecting from 0 proves the optimum as the bound and places there.
             for workers in [1, 2] {
                 let (found, proved) = with_items(&groups, &size, |items| {
-                    search(items, 0, 2 * best + 1, Until::at(Instant::now() + Duration::from_secs(10)), workers, true)
+                    search(items, (0, 0, 2 * best + 1), Until::at(Instant::now() + Duration::from_secs(10)), workers)
                 });
                 prop_assert_eq!(proved, best);
                 prop_assert_eq!(found.map(|f| f.1), Some(best));

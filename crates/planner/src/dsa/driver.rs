@@ -739,7 +739,7 @@ impl Planning<'_> {
 fn canonical_stage(p: &Problem, lb: u64, until: Until<'_>, threads: usize, best: &mut Incumbent) -> u64 {
     let left = until.deadline.saturating_duration_since(Instant::now());
     let workers = workers_for(threads, left).min(CANONICAL_MAX_WORKERS);
-    let (found, proved) = crate::canonical::search(&p.items(), lb, best.high, until, workers, true);
+    let (found, proved) = crate::canonical::search(&p.items(), (lb, lb, best.high), until, workers);
     if let Some((off, high)) = found {
         best.offer(high, off, "canonical");
     }
@@ -766,10 +766,10 @@ struct BesideSearches {
 /// the bound runs undecided to the deadline, while a capacity above it may settle within
 /// tens of milliseconds (a 296-buffer 1F1B stage in 111 alias groups: 1.0105 × the bound
 /// from the constructions, which neither the search at the bound nor the chains lowered in
-/// 1 s; 1.0049 from halfway up, in 30–50 ms). It proves nothing of the bound, so its
-/// bisection closing settles nothing; a placement at the bound from it does. Offers the searches' placements to `best`; returns
-/// the bound (raised where the search at the bound proved a capacity infeasible) and the
-/// chains' steps.
+/// 1 s; 1.0049 from halfway up, in 30–50 ms). It proves nothing of the bound, so only a
+/// placement at the bound from it settles the answer. Offers the searches' placements to
+/// `best`; returns the bound (raised where the search at the bound proved a capacity
+/// infeasible) and the chains' steps.
 #[allow(clippy::too_many_arguments)]
 fn canonical_beside_chains(
     p: &Problem,
@@ -793,25 +793,15 @@ fn canonical_beside_chains(
             scope.spawn(|| {
                 crate::canonical::search(
                     &p.items(),
-                    lb,
-                    upper,
+                    (lb, lb, upper),
                     Until::or_raised(deadline, &settled),
                     bound_workers,
-                    true,
                 )
             })
         });
         let from_above = above.map(|from| {
-            let settled = &settled;
-            scope.spawn(move || {
-                let until = Until::or_raised(deadline, settled);
-                let outcome = crate::canonical::search(&p.items(), from, upper, until, 1, false);
-                // A placement at the bound settles the answer after all.
-                if outcome.0.as_ref().is_some_and(|&(_, high)| high <= lb) {
-                    settled.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                outcome
-            })
+            let until = Until::or_raised(deadline, &settled);
+            scope.spawn(move || crate::canonical::search(&p.items(), (lb, from, upper), until, 1))
         });
         let until = Until::or_raised(deadline, &settled);
         let steps = if chains {
@@ -1426,7 +1416,7 @@ mod long_group_tests {
         let constructions = lb + lb / 95; // 1.0105 × the bound
         let from = lb + (constructions - lb) / 2;
         let until = Until::at(Instant::now() + Duration::from_secs(60));
-        let (found, _) = crate::canonical::search(&p.items(), from, constructions, until, 1, false);
+        let (found, _) = crate::canonical::search(&p.items(), (lb, from, constructions), until, 1);
         let (_, high) = found.expect("a placement from halfway up");
         assert!(high as f64 <= lb as f64 * 1.0075, "{:.4}", high as f64 / lb as f64);
     }
