@@ -32,6 +32,11 @@
 //! (`workload::random_grouped`); `repeated` rows ten iterations of one random list, nothing
 //! live between them (`workload::repeated_iterations`); `pow2` rows lists of power-of-two
 //! sizes, about 260 buffers live at once (`workload::random_powers_of_two`).
+//!
+//! Under the rows, a summary per workload over its seeds: median [min–max] of the ratios,
+//! how many meet README's target for that kind of list (1.001 for pipeline schedules, 1.10
+//! for tilings and re-cut arenas, 1.035 for the rest; none for `grouped`), and the slowest
+//! plan.
 
 use std::time::Duration;
 
@@ -176,6 +181,7 @@ fn main() {
             workload::packed_recut_arena(n, seed, runs, units)
         });
     }
+    let mut summary = Summary::default();
     println!(
         "{:<36} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8}  strategy",
         "workload", "buffers", "floor", "greedy", "ratio", "vs-live", "time", "win", "steps"
@@ -216,6 +222,7 @@ fn main() {
             p.improvement_steps,
             p.strategy
         );
+        summary.add(&name, p.ratio(), p.elapsed);
         if show_stages {
             let stages: Vec<String> = p
                 .stages
@@ -226,6 +233,76 @@ fn main() {
                 })
                 .collect();
             println!("    stages: {}", stages.join(" | "));
+        }
+    }
+    summary.print();
+}
+
+/// The ratio a row's workload is held to (README's "Planner figures"), if any.
+fn target(row: &str) -> Option<f64> {
+    let family = row.split_whitespace().next().unwrap_or_default();
+    match family {
+        "grouped" => None,
+        f if f.starts_with("packed")
+            || f.starts_with("recut")
+            || f.starts_with("arena")
+            || f == "skyline" =>
+        {
+            Some(1.10)
+        }
+        f if f.contains("1f1b") || f.contains("inter") => Some(1.001),
+        _ => Some(1.035),
+    }
+}
+
+/// Rows of one workload over its seeds (the row's name without ` seed=N`): their ratios and
+/// times, summarised under the rows when more than one seed ran.
+#[derive(Default)]
+struct Summary {
+    groups: Vec<(String, Vec<f64>, Duration)>,
+}
+
+impl Summary {
+    fn add(&mut self, row: &str, ratio: f64, elapsed: Duration) {
+        let group: String =
+            row.split_whitespace().filter(|w| !w.starts_with("seed=")).collect::<Vec<_>>().join(" ");
+        match self.groups.iter_mut().find(|(g, _, _)| *g == group) {
+            Some((_, ratios, slowest)) => {
+                ratios.push(ratio);
+                *slowest = (*slowest).max(elapsed);
+            }
+            None => self.groups.push((group, vec![ratio], elapsed)),
+        }
+    }
+
+    /// Median [min–max], how many within the target, and the slowest plan, per workload.
+    fn print(&self) {
+        if self.groups.iter().all(|(_, ratios, _)| ratios.len() < 2) {
+            return;
+        }
+        println!();
+        println!(
+            "{:<36} {:>5} {:>9} {:>19} {:>14} {:>10}",
+            "summary", "lists", "median", "[min-max]", "within target", "slowest"
+        );
+        for (group, ratios, slowest) in &self.groups {
+            let mut sorted = ratios.clone();
+            sorted.sort_by(f64::total_cmp);
+            let n = sorted.len();
+            let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
+            let within = match target(group) {
+                Some(t) => format!("{}/{n} <= {t}", sorted.iter().filter(|&&r| r <= t).count()),
+                None => "-".to_string(),
+            };
+            println!(
+                "{:<36} {:>5} {:>9.4} {:>19} {:>14} {:>8.1}ms",
+                group,
+                n,
+                median,
+                format!("[{:.4}-{:.4}]", sorted[0], sorted[n - 1]),
+                within,
+                slowest.as_secs_f64() * 1e3
+            );
         }
     }
 }

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Measures every row of README's "Planner figures" on this machine, one run after the other
+# (never side by side: plans use every core), and writes each part's output to a directory:
+#
+#   figures.txt    the planner's generated lists and tilings, seeds $SEEDS, with a summary per
+#                  workload (median [min-max], count within the target, slowest plan)
+#   schedules.txt  random pipeline schedules planned as PlanCapture plans them (200 ms): the
+#                  sweeps of varied, measured-looking and long pipelines, explicit step
+#                  orders and 1F1B with workspaces, each ending with its count above 1.001
+#   lists.txt      bench/lists/lists.py's families (drawn outside the planner) at 10k and 100k,
+#                  planned by `graphpool plan --buffers` in 1 s
+#   env.txt        date, commit, CPU and core count
+#
+#   bench/planner/figures.sh [OUT_DIR]          (default: bench-out/planner-figures)
+#
+# Environment: SEEDS (default 1-20) for the generated lists, FILTER (default: every row) to
+# keep the rows whose name contains it (e.g. "n=100000"), LIST_SEEDS (default 1-10) for
+# bench/lists, PARTS (default "figures schedules lists") to run some parts only, SCHEDULES
+# to run some of the schedule sweeps only (their arguments, separated by commas), BIN_DIR
+# (default target/release) holding the `graphpool` CLI and the planner's `figures` and
+# `schedules` examples, built first with
+#   cargo build --release --locked -p graphpool --bins -p graphpool-planner --example figures --example schedules
+# Nothing is built here. About 50 minutes on two cores with every part.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=$(readlink -m "${1:-bench-out/planner-figures}")
+BIN_DIR=$(readlink -m "${BIN_DIR:-target/release}")
+SEEDS=${SEEDS:-1-20}
+LIST_SEEDS=${LIST_SEEDS:-1-10}
+PARTS=${PARTS:-figures schedules lists}
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+FIGURES_BIN=$BIN_DIR/examples/figures
+SCHEDULES_BIN=$BIN_DIR/examples/schedules
+CLI=$BIN_DIR/graphpool
+for bin in "$FIGURES_BIN" "$SCHEDULES_BIN" "$CLI"; do
+  [ -x "$bin" ] || {
+    echo "figures.sh: no $bin; build it first (see the header of $0) or set BIN_DIR" >&2
+    exit 2
+  }
+done
+mkdir -p "$OUT"
+{
+  date -u
+  git rev-parse --short HEAD 2>/dev/null || echo "(not a git checkout)"
+  grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'
+  echo "$(nproc) cores"
+} > "$OUT/env.txt"
+cat "$OUT/env.txt"
+
+if has figures; then
+  echo "== generated lists and tilings, seeds $SEEDS -> $OUT/figures.txt"
+  FIGURES_SEEDS=$SEEDS "$FIGURES_BIN" "${FILTER:-}" > "$OUT/figures.txt"
+  sed -n '/^summary/,$p' "$OUT/figures.txt"
+fi
+
+if has schedules; then
+  echo "== pipeline schedules, 200 ms each -> $OUT/schedules.txt"
+  : > "$OUT/schedules.txt"
+  IFS=, read -r -a sweeps <<< "${SCHEDULES:-1000 200,explicit 1000 200,workspaces 200,uneven 1-3000 200,large 1-100 200,uneven large 1-40 200}"
+  for args in "${sweeps[@]}"; do
+    # shellcheck disable=SC2086 # the arguments are words
+    { echo "### schedules -- $args"; "$SCHEDULES_BIN" $args; echo; } >> "$OUT/schedules.txt"
+    echo "schedules -- $args: $(tail -n 3 "$OUT/schedules.txt" | grep -v '^$' | tail -n 1)"
+  done
+fi
+
+if has lists; then
+  echo "== bench/lists families, seeds $LIST_SEEDS -> $OUT/lists.txt"
+  GRAPHPOOL_BIN=$CLI bench/lists/run.sh --sizes 10000,100000 --seeds "$LIST_SEEDS" > "$OUT/lists.txt"
+  tail -n 25 "$OUT/lists.txt"
+fi
