@@ -184,6 +184,8 @@ pub struct LimitsConfig {
     pub default_job_quota_bytes: u64,
     /// Per-job quotas.
     pub jobs: BTreeMap<String, u64>,
+    /// Per-rank quotas, by job and rank.
+    pub ranks: BTreeMap<(String, u32), u64>,
     /// Device budgets by index or UUID ("0", "GPU-..."); default is the device's capacity.
     pub devices: BTreeMap<String, u64>,
 }
@@ -295,6 +297,8 @@ struct FileLimits {
     default_job_quota: Option<SizeValue>,
     #[serde(default)]
     jobs: BTreeMap<String, SizeValue>,
+    #[serde(default)]
+    ranks: BTreeMap<String, SizeValue>,
     #[serde(default)]
     devices: BTreeMap<String, SizeValue>,
 }
@@ -434,6 +438,29 @@ impl Config {
                             "more than 0; leave the job out to use limits.default_job_quota",
                         )),
                         bytes => Ok((k.clone(), bytes)),
+                    }
+                })
+                .collect::<Result<_, ConfigError>>()?,
+            ranks: file
+                .limits
+                .ranks
+                .iter()
+                .map(|(k, v)| {
+                    let key = format!("limits.ranks.{k:?}");
+                    // A job id may hold ':' itself: the rank follows the last one.
+                    let (job, rank) = k
+                        .rsplit_once(':')
+                        .and_then(|(job, rank)| Some((job, rank.parse::<u32>().ok()?)))
+                        .ok_or_else(|| {
+                            invalid(&key, "a key \"JOB:RANK\" with RANK a number, e.g. \"train:0\"")
+                        })?;
+                    crate::service::validate::job_id(job).map_err(|e| invalid(&key, e.message()))?;
+                    match v.bytes(&key)? {
+                        0 => Err(invalid(
+                            &key,
+                            "more than 0; leave the rank out to use limits.default_rank_quota",
+                        )),
+                        bytes => Ok(((job.to_string(), rank), bytes)),
                     }
                 })
                 .collect::<Result<_, ConfigError>>()?,
@@ -627,6 +654,7 @@ mod tests {
             [limits]
             default_rank_quota = "8GiB"
             jobs = { train = "40GiB" }
+            ranks = { "train:0" = "8GiB", "a:b:3" = "1GiB" }
             [host]
             devices = 4
             capacity = "1GiB"
@@ -638,6 +666,9 @@ mod tests {
         assert_eq!(c.socket_mode, 0o600);
         assert_eq!(c.limits.default_rank_quota_bytes, 8 << 30);
         assert_eq!(c.limits.jobs["train"], 40 << 30);
+        // The rank follows the last ':', as job ids may hold one.
+        assert_eq!(c.limits.ranks[&("train".to_string(), 0)], 8 << 30);
+        assert_eq!(c.limits.ranks[&("a:b".to_string(), 3)], 1 << 30);
         assert_eq!(c.host.devices, 4);
         assert_eq!(c.host.capacity_bytes, 1 << 30);
     }
@@ -672,6 +703,10 @@ mod tests {
         let cases = [
             // 0 would lift the default quota off the job (SetLimits reads 0 as "no own quota").
             ("[limits]\ndefault_job_quota = \"8MiB\"\njobs = { train = 0 }", "limits.jobs.train"),
+            ("[limits]\nranks = { \"train:0\" = 0 }", "limits.ranks.\"train:0\""),
+            ("[limits]\nranks = { \"train\" = \"1GiB\" }", "limits.ranks.\"train\""),
+            ("[limits]\nranks = { \"train:first\" = \"1GiB\" }", "limits.ranks.\"train:first\""),
+            ("[limits]\nranks = { \":0\" = \"1GiB\" }", "limits.ranks.\":0\""),
             ("[guards]\nmax_plan_buffers = 0", "guards.max_plan_buffers"),
             // Grants are whole granules: 3 MiB of 2 MiB granules can never be granted whole.
             ("[host]\ncapacity = \"3MiB\"\ngranularity = \"2MiB\"", "host.capacity"),

@@ -431,7 +431,7 @@ impl Ledger {
                     default_rank_quota_bytes: limits.default_rank_quota_bytes,
                     default_job_quota_bytes: limits.default_job_quota_bytes,
                     jobs: limits.jobs.clone(),
-                    ranks: BTreeMap::new(),
+                    ranks: limits.ranks.clone(),
                     device_budgets,
                 },
                 next_session: base + 1,
@@ -1127,6 +1127,23 @@ mod tests {
         l.allocate(b.id, &peer(2), 2 * MIB, "").unwrap();
         let LedgerError::Refused(r) = l.allocate(b.id, &peer(2), 2 * MIB, "").unwrap_err() else { panic!() };
         assert_eq!(r.limit, LimitKind::JobQuota);
+    }
+
+    #[test]
+    fn rank_quotas_of_the_config_file_apply_from_the_start() {
+        let limits = LimitsConfig {
+            default_rank_quota_bytes: 8 * MIB,
+            ranks: [(("j".to_string(), 1), 2 * MIB)].into(),
+            ..Default::default()
+        };
+        let l = ledger(64 * MIB, limits);
+        let (a, _) = l.attach(peer(1), spec("j", 0, 0), &[]).unwrap();
+        let (b, _) = l.attach(peer(2), spec("j", 1, 0), &[]).unwrap();
+        l.allocate(a.id, &peer(1), 4 * MIB, "").unwrap();
+        l.allocate(b.id, &peer(2), 2 * MIB, "").unwrap();
+        let LedgerError::Refused(r) = l.allocate(b.id, &peer(2), 2 * MIB, "").unwrap_err() else { panic!() };
+        assert_eq!(r.limit, LimitKind::RankQuota);
+        assert_eq!(r.limit_bytes, 2 * MIB);
     }
 
     #[test]

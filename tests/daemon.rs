@@ -123,7 +123,9 @@ async fn two_processes_share_a_grant_and_only_the_owner_gets_fds() {
 
 #[tokio::test]
 async fn quota_exhaustion_gives_structured_details() {
-    let d = start("[limits]\ndefault_rank_quota = \"64MiB\"\njobs = { capped = \"96MiB\" }");
+    let d = start(
+        "[limits]\ndefault_rank_quota = \"64MiB\"\njobs = { capped = \"96MiB\" }\nranks = { \"other:3\" = \"8MiB\" }",
+    );
     let mut c = d.clients().await;
     let a = attach(&mut c, "capped", 0, "").await.unwrap();
     let b = attach(&mut c, "capped", 1, "").await.unwrap();
@@ -145,6 +147,10 @@ async fn quota_exhaustion_gives_structured_details() {
     let x = attach(&mut c, "other", 0, "").await.unwrap();
     let r = capacity(&allocate(&mut c, &x, 1024 * MIB).await.unwrap_err());
     assert_eq!((r.limit.as_str(), r.free_bytes), ("device-budget", 1024 * MIB - 96 * MIB));
+    // A rank quota of the config file is in effect from the start.
+    let y = attach(&mut c, "other", 3, "").await.unwrap();
+    let r = capacity(&allocate(&mut c, &y, 16 * MIB).await.unwrap_err());
+    assert_eq!((r.limit.as_str(), r.limit_bytes), ("rank-quota", 8 * MIB));
     // Quotas change at run time (the test runs as an admin: root or the daemon's uid).
     let set = pb::SetLimitsRequest {
         jobs: vec![pb::JobLimit { job_id: "capped".into(), quota_bytes: 0 }],
