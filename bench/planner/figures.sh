@@ -20,7 +20,7 @@
 # (default target/release) holding the `graphpool` CLI and the planner's `figures` and
 # `schedules` examples, built first with
 #   cargo build --release --locked -p graphpool --bins -p graphpool-planner --example figures --example schedules
-# Nothing is built here. About 50 minutes on two cores with every part.
+# Nothing is built here. About 20 minutes on two cores with every part (17-20 measured).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=$(readlink -m "${1:-bench-out/planner-figures}")
