@@ -78,17 +78,20 @@ fn missing(field: &str, hint: &'static str) -> PlanningError {
 
 /// Plans `input`: validates it, places its buffers within the time budget
 /// (`input.time_budget_ms`, at most [`MAX_TIME_BUDGET`], used whole; or when 0
-/// `default_time_budget`, which buffer lists use in proportion to their size) and returns
-/// the plan. Inputs that make more than `max_buffers` buffers are refused.
+/// `default_time_budget`, which buffer lists use in proportion to their size) on `threads`
+/// threads (0: every core) and returns the plan. Inputs that make more than `max_buffers`
+/// buffers are refused.
 pub fn plan(
     input: &pb::PlanInput,
     default_time_budget: Duration,
     max_buffers: usize,
+    threads: usize,
 ) -> Result<pb::Plan, PlanningError> {
-    let opts = match input.time_budget_ms {
+    let mut opts = match input.time_budget_ms {
         0 => PlaceOptions::with_budget(default_time_budget, false),
         ms => PlaceOptions::with_budget(Duration::from_millis(ms as u64).min(MAX_TIME_BUDGET), true),
     };
+    opts.threads = threads;
     let plan = match &input.input {
         None => return Err(missing("input", "send either `schedule` or `buffers`")),
         Some(pb::plan_input::Input::Buffers(list)) => {
@@ -322,17 +325,17 @@ mod tests {
             input: Some(pb::plan_input::Input::Buffers(buffers.clone())),
             time_budget_ms: ms,
         };
-        let given = plan(&input(400), Duration::from_secs(1), 10_000).unwrap();
+        let given = plan(&input(400), Duration::from_secs(1), 10_000, 0).unwrap();
         if given.footprint_bytes > given.lower_bound_bytes {
             assert!(given.planning_seconds >= 0.35, "{} s", given.planning_seconds);
         }
-        let default = plan(&input(0), Duration::from_secs(1), 10_000).unwrap();
+        let default = plan(&input(0), Duration::from_secs(1), 10_000, 0).unwrap();
         assert!(default.planning_seconds < 0.3, "{} s", default.planning_seconds);
     }
 
     #[test]
     fn plans_a_schedule() {
-        let p = plan(&one_f_one_b(8, 0, 16), Duration::from_millis(200), 100_000).unwrap();
+        let p = plan(&one_f_one_b(8, 0, 16), Duration::from_millis(200), 100_000, 0).unwrap();
         assert_eq!(p.slots, 8);
         assert_eq!(p.microbatch_slot.len(), 16);
         assert_eq!(p.graphs, 8 * 3 * 2);
@@ -343,18 +346,18 @@ mod tests {
 
     #[test]
     fn names_the_field() {
-        let e = plan(&pb::PlanInput::default(), Duration::from_millis(10), 10).unwrap_err();
+        let e = plan(&pb::PlanInput::default(), Duration::from_millis(10), 10, 0).unwrap_err();
         assert_eq!(e.field(), Some("input"));
-        let e = plan(&one_f_one_b(4, 4, 8), Duration::from_millis(10), 1000).unwrap_err();
+        let e = plan(&one_f_one_b(4, 4, 8), Duration::from_millis(10), 1000, 0).unwrap_err();
         assert_eq!(e.field(), Some("schedule.schedule.one_f_one_b.pp_rank"), "{e}");
         let mut bad = one_f_one_b(4, 0, 8);
         if let Some(pb::plan_input::Input::Schedule(s)) = &mut bad.input {
             s.layers[1].inputs[0].dtype = "bfloat17".into();
         }
-        let e = plan(&bad, Duration::from_millis(10), 1000).unwrap_err();
+        let e = plan(&bad, Duration::from_millis(10), 1000, 0).unwrap_err();
         assert_eq!(e.field(), Some("schedule.layers[1].inputs[0].dtype"), "{e}");
         assert_eq!(e.to_string().matches("inputs[0]").count(), 1, "the field is named once: {e}");
-        let e = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), 5).unwrap_err();
+        let e = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), 5, 0).unwrap_err();
         assert!(matches!(e, PlanningError::TooManyBuffers { .. }));
     }
 
@@ -362,11 +365,11 @@ mod tests {
     /// microbatches (a few hundred bytes of request) would make 34 million.
     #[test]
     fn refuses_a_schedule_by_its_count_before_building_it() {
-        let made = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), 1000).unwrap().buffers.len();
-        let e = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), made - 1).unwrap_err();
+        let made = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), 1000, 0).unwrap().buffers.len();
+        let e = plan(&one_f_one_b(4, 0, 8), Duration::from_millis(10), made - 1, 0).unwrap_err();
         assert_eq!(e, PlanningError::TooManyBuffers { field: "schedule".into(), count: made, max: made - 1 });
         let t = std::time::Instant::now();
-        let e = plan(&one_f_one_b(8, 0, 2_000_000), Duration::from_millis(10), 1_000_000).unwrap_err();
+        let e = plan(&one_f_one_b(8, 0, 2_000_000), Duration::from_millis(10), 1_000_000, 0).unwrap_err();
         let count = made / 8 * 2_000_000;
         assert_eq!(e, PlanningError::TooManyBuffers { field: "schedule".into(), count, max: 1_000_000 });
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
@@ -392,7 +395,7 @@ mod tests {
             })),
             time_budget_ms: 50,
         };
-        let p = plan(&input, Duration::from_millis(10), 100).unwrap();
+        let p = plan(&input, Duration::from_millis(10), 100, 0).unwrap();
         assert_eq!(p.lower_bound_bytes, 30);
         assert_eq!(p.footprint_bytes, 30);
         assert_eq!(p.buffers[1].offset, p.buffers[2].offset);
@@ -400,7 +403,7 @@ mod tests {
         if let Some(pb::plan_input::Input::Buffers(l)) = &mut reversed.input {
             l.buffers[3].end = 1;
         }
-        let e = plan(&reversed, Duration::from_millis(10), 100).unwrap_err();
+        let e = plan(&reversed, Duration::from_millis(10), 100, 0).unwrap_err();
         assert_eq!(e.field(), Some("buffers.buffers[3].end"));
         // A buffer that is never live ([2, 2)) is refused too (found by the fuzzer: it used to
         // be placed outside a zero footprint).
@@ -409,7 +412,7 @@ mod tests {
             l.buffers[3].start = 2;
             l.buffers[3].end = 2;
         }
-        let e = plan(&empty, Duration::from_millis(10), 100).unwrap_err();
+        let e = plan(&empty, Duration::from_millis(10), 100, 0).unwrap_err();
         assert_eq!(e.field(), Some("buffers.buffers[3].end"));
     }
 }

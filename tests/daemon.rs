@@ -731,7 +731,7 @@ fn one_f_one_b_plan(m: u32) -> pb::PlanInput {
 /// is reserved, with what to do; asked for without its buffers, it is sent and reserved.
 #[tokio::test]
 async fn plans_too_large_to_send_are_refused_before_reserving() {
-    let d = start("[guards]\nmax_message_bytes = \"64KiB\"");
+    let d = start("log_format = \"json\"\n[guards]\nmax_message_bytes = \"64KiB\"");
     let mut c = d.clients().await;
     let s = attach(&mut c, "planner", 0, "").await.unwrap();
     let request = |summary_only| pb::PlanCaptureRequest {
@@ -752,6 +752,16 @@ async fn plans_too_large_to_send_are_refused_before_reserving() {
     // Reserved in whole units of the device's granularity.
     assert!(resp.reserved_bytes >= plan.predicted_capture_bytes.max(plan.footprint_bytes));
     assert_eq!(usage(&mut c).await.devices[0].planned_bytes, resp.reserved_bytes);
+    // Alone on the node, the plan ran on every core (each plan gets its share of them).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let planned: Vec<serde_json::Value> = d
+        .log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "planned")
+        .collect();
+    assert_eq!(planned.len(), 1, "{planned:?}");
+    assert_eq!(planned[0]["threads"], cores, "{planned:?}");
 }
 
 /// Whether the session's Attach stream is still open: no event and no end within 300 ms.

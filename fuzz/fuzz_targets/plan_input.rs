@@ -13,7 +13,7 @@ use prost::Message;
 fuzz_target!(|data: &[u8]| {
     let Ok(mut input) = pb::PlanInput::decode(data) else { return };
     input.time_budget_ms = input.time_budget_ms.clamp(1, 2);
-    match graphpool::planning::plan(&input, Duration::from_millis(1), 64) {
+    match graphpool::planning::plan(&input, Duration::from_millis(1), 64, 1) {
         Err(e) => assert!(e.field().is_some_and(|f| !f.is_empty()), "error without a field: {e}"),
         Ok(plan) => {
             assert!(plan.footprint_bytes >= plan.lower_bound_bytes, "{plan:?}");

@@ -350,11 +350,11 @@ impl GraphpoolService {
         // thread holds the ticket to its end, so a caller that gives up frees the place only
         // when the planner stops.
         let ticket = self.plan_gate.enter(r.session_id).await?;
-        let (budget, max) = (self.plans.time_budget, self.plans.max_buffers);
+        let (budget, max, threads) = (self.plans.time_budget, self.plans.max_buffers, ticket.threads());
         // Planning is CPU work bounded by its time box: keep it off the async workers.
         let mut plan = tokio::task::spawn_blocking(move || {
             let _ticket = ticket;
-            crate::planning::plan(&input, budget, max)
+            crate::planning::plan(&input, budget, max, threads)
         })
         .await
         .map_err(|e| Status::internal(format!("planner failed: {e}")))?
@@ -394,7 +394,7 @@ impl GraphpoolService {
             session = r.session_id, job = %session.job_id, rank = session.rank, footprint = plan.footprint_bytes,
             lower_bound = plan.lower_bound_bytes, live_bound = plan.live_bound_bytes,
             predicted = plan.predicted_capture_bytes, reserved,
-            strategy = %plan.strategy, seconds = plan.planning_seconds, "planned"
+            strategy = %plan.strategy, seconds = plan.planning_seconds, threads, "planned"
         );
         Ok(Response::new(pb::PlanCaptureResponse { plan: Some(plan), reserved_bytes: reserved }))
     }

@@ -3,7 +3,9 @@
 //! one plan in flight per session (a second is refused at once), and at most
 //! [`plans_at_once`] on the node (more wait their turn in arrival order; a caller that gives
 //! up stops waiting). A plan that started keeps its place until the planner stops, even when
-//! its caller gives up: cancelling and asking again does not add planners.
+//! its caller gives up: cancelling and asking again does not add planners. Each plan runs on
+//! its share of the cores ([`PlanTicket::threads`]), so that plans started together do not
+//! each spawn a thread per core.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -23,12 +25,15 @@ pub fn plans_at_once() -> usize {
 #[derive(Debug)]
 pub struct PlanGate {
     running: Arc<Semaphore>,
+    at_once: usize,
+    cores: usize,
     sessions: Arc<Mutex<HashSet<u64>>>,
 }
 
 impl Default for PlanGate {
     fn default() -> Self {
-        PlanGate::new(plans_at_once())
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        PlanGate::new(plans_at_once(), cores)
     }
 }
 
@@ -40,6 +45,19 @@ pub struct PlanTicket {
     sessions: Arc<Mutex<HashSet<u64>>>,
     session_id: u64,
     _running: Option<OwnedSemaphorePermit>,
+    threads: usize,
+}
+
+impl PlanTicket {
+    /// The planner threads this plan may use: the node's cores over the plans running when
+    /// it got its place, itself included (at least one). Eight ranks planning at once on 16
+    /// cores each get two instead of sixteen: on two cores, a schedule sweep planned with 16
+    /// threads (as each of eight such plans would be) left 13 of 3000 above 1.001 × the bound,
+    /// the worst at 1.0105, and plans took up to 299 ms of a 200 ms budget; with 2 threads, 10,
+    /// 1.0049 and 198 ms (docs/planner.md, "Plans that run together").
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
 }
 
 impl Drop for PlanTicket {
@@ -49,9 +67,10 @@ impl Drop for PlanTicket {
 }
 
 impl PlanGate {
-    /// A gate letting `at_once` plans run together (at least one).
-    pub fn new(at_once: usize) -> Self {
-        PlanGate { running: Arc::new(Semaphore::new(at_once.max(1))), sessions: Arc::default() }
+    /// A gate letting `at_once` plans run together (at least one) on a node of `cores` cores.
+    pub fn new(at_once: usize, cores: usize) -> Self {
+        let at_once = at_once.max(1);
+        PlanGate { running: Arc::new(Semaphore::new(at_once)), at_once, cores, sessions: Arc::default() }
     }
 
     /// Waits for a place for a plan of `session_id`. Refused with RESOURCE_EXHAUSTED when that
@@ -64,10 +83,13 @@ impl PlanGate {
             )));
         }
         // Dropped while waiting (the caller gave up), the ticket clears the session's mark.
-        let mut ticket = PlanTicket { sessions: self.sessions.clone(), session_id, _running: None };
+        let mut ticket =
+            PlanTicket { sessions: self.sessions.clone(), session_id, _running: None, threads: 1 };
         ticket._running = Some(self.running.clone().acquire_owned().await.map_err(|_| {
             Status::unavailable("graphpoold is shutting down; attach again after it restarts")
         })?);
+        let running = self.at_once.saturating_sub(self.running.available_permits()).max(1);
+        ticket.threads = (self.cores / running).max(1);
         Ok(ticket)
     }
 
@@ -84,7 +106,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_plan_per_session_and_a_bounded_number_at_once() {
-        let gate = PlanGate::new(1);
+        let gate = PlanGate::new(1, 2);
         let a = gate.enter(1).await.unwrap();
         // The same session again: refused at once, naming what to do.
         let e = gate.enter(1).await.unwrap_err();
@@ -99,5 +121,29 @@ mod tests {
         drop(b);
         assert_eq!(gate.in_flight(), 0);
         let _c = gate.enter(1).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn each_plan_gets_its_share_of_the_cores() {
+        let gate = PlanGate::new(8, 16);
+        // Alone, a plan has every core; each plan that starts beside others, its share.
+        let a = gate.enter(1).await.unwrap();
+        assert_eq!(a.threads(), 16);
+        let b = gate.enter(2).await.unwrap();
+        assert_eq!(b.threads(), 8);
+        let mut held = Vec::new();
+        for s in 3..=8 {
+            held.push(gate.enter(s).await.unwrap());
+        }
+        assert_eq!(held.last().unwrap().threads(), 2);
+        // Places freed give the next plan more.
+        drop(held);
+        drop(b);
+        assert_eq!(gate.enter(9).await.unwrap().threads(), 8);
+        // Never less than one thread, on a node with fewer cores than plans.
+        let small = PlanGate::new(4, 2);
+        let _x = small.enter(1).await.unwrap();
+        let _y = small.enter(2).await.unwrap();
+        assert_eq!(small.enter(3).await.unwrap().threads(), 1);
     }
 }
