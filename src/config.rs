@@ -328,6 +328,25 @@ struct FileCuda {
     warm_stock: Option<SizeValue>,
 }
 
+/// The bytes of a job's or rank's own quota at `key`: more than 0, since 0 means "no quota
+/// of its own" to SetLimits, and written in the file it would lift the default quota off
+/// `what` (`default` names the key of that default, `limits.default_{default}_quota`).
+fn own_quota(key: &str, v: &SizeValue, what: &str, default: &str) -> Result<u64, ConfigError> {
+    match v.bytes(key)? {
+        0 => {
+            Err(invalid(key, format!("more than 0; leave {what} out to use limits.default_{default}_quota")))
+        }
+        bytes => Ok(bytes),
+    }
+}
+
+/// A rank named `JOB:RANK`, as rank quotas are written in the file and on the command line:
+/// the rank follows the last ':' (job ids may hold one). `None` unless RANK is a number.
+pub fn parse_job_rank(key: &str) -> Option<(&str, u32)> {
+    let (job, rank) = key.rsplit_once(':')?;
+    Some((job, rank.parse().ok()?))
+}
+
 /// A size in the file: a byte count or a string with a unit.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -429,16 +448,8 @@ impl Config {
                     // A key no job id can match would be a quota that never applies.
                     crate::service::validate::job_id(k)
                         .map_err(|e| invalid(&format!("limits.jobs.{k:?}"), e.message()))?;
-                    let key = format!("limits.jobs.{k}");
-                    match v.bytes(&key)? {
-                        // 0 means "no quota of its own" to SetLimits; written here it would lift
-                        // the default quota off the job.
-                        0 => Err(invalid(
-                            &key,
-                            "more than 0; leave the job out to use limits.default_job_quota",
-                        )),
-                        bytes => Ok((k.clone(), bytes)),
-                    }
+                    let bytes = own_quota(&format!("limits.jobs.{k}"), v, "the job", "job")?;
+                    Ok((k.clone(), bytes))
                 })
                 .collect::<Result<_, ConfigError>>()?,
             ranks: file
@@ -447,21 +458,11 @@ impl Config {
                 .iter()
                 .map(|(k, v)| {
                     let key = format!("limits.ranks.{k:?}");
-                    // A job id may hold ':' itself: the rank follows the last one.
-                    let (job, rank) = k
-                        .rsplit_once(':')
-                        .and_then(|(job, rank)| Some((job, rank.parse::<u32>().ok()?)))
-                        .ok_or_else(|| {
-                            invalid(&key, "a key \"JOB:RANK\" with RANK a number, e.g. \"train:0\"")
-                        })?;
+                    let (job, rank) = parse_job_rank(k).ok_or_else(|| {
+                        invalid(&key, "a key \"JOB:RANK\" with RANK a number, e.g. \"train:0\"")
+                    })?;
                     crate::service::validate::job_id(job).map_err(|e| invalid(&key, e.message()))?;
-                    match v.bytes(&key)? {
-                        0 => Err(invalid(
-                            &key,
-                            "more than 0; leave the rank out to use limits.default_rank_quota",
-                        )),
-                        bytes => Ok(((job.to_string(), rank), bytes)),
-                    }
+                    Ok(((job.to_string(), rank), own_quota(&key, v, "the rank", "rank")?))
                 })
                 .collect::<Result<_, ConfigError>>()?,
             devices: file

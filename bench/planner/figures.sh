@@ -60,8 +60,10 @@ if has schedules; then
   IFS=, read -r -a sweeps <<< "${SCHEDULES:-1000 200,explicit 1000 200,workspaces 200,uneven 1-3000 200,large 1-100 200,uneven large 1-40 200}"
   for args in "${sweeps[@]}"; do
     # shellcheck disable=SC2086 # the arguments are words
-    { echo "### schedules -- $args"; "$SCHEDULES_BIN" $args; echo; } >> "$OUT/schedules.txt"
-    echo "schedules -- $args: $(tail -n 3 "$OUT/schedules.txt" | grep -v '^$' | tail -n 1)"
+    sweep=$("$SCHEDULES_BIN" $args)
+    printf '### schedules -- %s\n%s\n\n' "$args" "$sweep" >> "$OUT/schedules.txt"
+    # Each sweep ends with its count above 1.001 and its worst plan.
+    echo "schedules -- $args: ${sweep##*$'\n'}"
   done
 fi
 

@@ -253,13 +253,10 @@ async fn run(socket: &std::path::Path, command: Command) -> Result<ExitCode, Cli
                         ..Default::default()
                     };
                     for (k, q) in ranks {
-                        let (job, rank) = k
-                            .rsplit_once(':')
-                            .and_then(|(j, r)| Some((j.to_string(), r.parse::<u32>().ok()?)))
-                            .ok_or_else(|| {
-                                CliError::Usage(format!("--rank {k:?}: expected JOB:RANK=SIZE"))
-                            })?;
-                        req.ranks.push(pb::RankLimit { job_id: job, rank, quota_bytes: q });
+                        let (job, rank) = crate::config::parse_job_rank(&k).ok_or_else(|| {
+                            CliError::Usage(format!("--rank {k:?}: expected JOB:RANK=SIZE"))
+                        })?;
+                        req.ranks.push(pb::RankLimit { job_id: job.to_string(), rank, quota_bytes: q });
                     }
                     for (k, b) in devices {
                         let mut d = pb::DeviceLimit { budget_bytes: b, ..Default::default() };
