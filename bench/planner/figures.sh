@@ -9,13 +9,19 @@
 #                  orders and 1F1B with workspaces, each ending with its count above 1.001
 #   lists.txt      bench/lists/lists.py's families (drawn outside the planner) at 10k and 100k,
 #                  planned by `graphpool plan --buffers` in 1 s
+#   together.txt   (only when PARTS names it) ranks planning at once: $TOGETHER sweeps of
+#                  `uneven 1-3000 200`, a slice each, side by side, first with a thread per core
+#                  in every plan, then with each plan on its share of the cores (what graphpoold
+#                  gives each PlanCapture while that many run)
 #   env.txt        date, commit, CPU and core count
 #
 #   bench/planner/figures.sh [OUT_DIR]          (default: bench-out/planner-figures)
 #
 # Environment: SEEDS (default 1-20) for the generated lists, FILTER (default: every row) to
 # keep the rows whose name contains it (e.g. "n=100000"), LIST_SEEDS (default 1-10) for
-# bench/lists, PARTS (default "figures schedules lists") to run some parts only, SCHEDULES
+# bench/lists, PARTS (default "figures schedules lists"; add "together" for together.txt) to
+# run some parts only, TOGETHER (default 8) and TOGETHER_CASES (default 3000) for the plans
+# at once, SCHEDULES
 # to run some of the schedule sweeps only (their arguments, separated by commas), BIN_DIR
 # (default target/release) holding the `graphpool` CLI and the planner's `figures` and
 # `schedules` examples, built first with
@@ -71,4 +77,29 @@ if has lists; then
   echo "== bench/lists families, seeds $LIST_SEEDS -> $OUT/lists.txt"
   GRAPHPOOL_BIN=$CLI bench/lists/run.sh --sizes 10000,100000 --seeds "$LIST_SEEDS" > "$OUT/lists.txt"
   tail -n 25 "$OUT/lists.txt"
+fi
+
+if has together; then
+  k=${TOGETHER:-8}
+  cases=${TOGETHER_CASES:-3000}
+  cores=$(nproc)
+  share=$(( cores / k > 0 ? cores / k : 1 ))
+  echo "== $k sweeps at once, uneven 1-$cases 200 in slices -> $OUT/together.txt"
+  : > "$OUT/together.txt"
+  for threads in 0 "$share"; do
+    dir=$(mktemp -d)
+    for ((i = 0; i < k; i++)); do
+      from=$(( i * cases / k + 1 )); to=$(( (i + 1) * cases / k ))
+      "$SCHEDULES_BIN" uneven "$from-$to" 200 "$threads" > "$dir/$i.txt" &
+    done
+    wait
+    # Each slice ends with "N schedules, ...: A above 1.001 × the bound, worst W, slowest plan S ms".
+    summary=$(sed -n 's/^\([0-9]*\) schedules, 200 ms each: \([0-9]*\) above 1.001 × the bound, worst \([0-9.]*\), slowest plan \([0-9.]*\) ms.*/\1 \2 \3 \4/p' "$dir"/*.txt |
+      awk '{ n += $1; a += $2; if ($3 > w) w = $3; if ($4 > s) s = $4 }
+           END { printf "%d schedules: %d above 1.001, worst %.4f, slowest plan %.1f ms", n, a, w, s }')
+    label=$([ "$threads" = 0 ] && echo "a thread per core ($cores) in each plan" || echo "each plan on $threads of the $cores cores")
+    { printf '### %d at once, %s: %s\n' "$k" "$label" "$summary"; cat "$dir"/*.txt; echo; } >> "$OUT/together.txt"
+    echo "$k at once, $label: $summary"
+    rm -r "$dir"
+  done
 fi
