@@ -4,6 +4,7 @@
 //!
 //! `FIGURES_SEEDS=1-10` runs the generated lists with other seeds (default `1-3`);
 //! `FIGURES_BUDGET_MS=2000` gives every row that budget instead of the default cap;
+//! `FIGURES_THREADS=4` plans on that many threads instead of one per core;
 //! `FIGURES_STAGES=1` prints the planner's stages under every row (time, footprint after);
 //! `FIGURES_SIZES=17000,25000` generates the random lists and the 1 s tilings at those sizes
 //! instead of 1k, 10k and 100k buffers (the default-cap tilings keep 100, 1k and 10k).
@@ -186,12 +187,15 @@ fn main() {
         "{:<36} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>6} {:>8}  strategy",
         "workload", "buffers", "floor", "greedy", "ratio", "vs-live", "time", "win", "steps"
     );
+    let threads =
+        std::env::var("FIGURES_THREADS").map_or(0, |v| v.parse().expect("FIGURES_THREADS: a thread count"));
     for (name, build) in cases {
         if !name.contains(&filter) {
             continue;
         }
         let buffers = build();
-        let mut opts = PlaceOptions { time_budget: Duration::from_secs(1), ..PlaceOptions::default() };
+        let mut opts =
+            PlaceOptions { time_budget: Duration::from_secs(1), threads, ..PlaceOptions::default() };
         if name.starts_with("var-") {
             // Schedules as a training rank plans them (`plan_schedule`): the daemon's
             // default budget, uncapped.

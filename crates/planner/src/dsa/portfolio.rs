@@ -80,8 +80,9 @@ pub(super) struct PortfolioPlan<'a> {
     /// After this no job starts that its estimate says would not finish.
     pub(super) portfolio_deadline: Instant,
     pub(super) threads: usize,
-    /// A coarse placement exists already (the first job need not finish).
-    pub(super) coarse_placed: bool,
+    /// A placement other than the floor exists already: a coarse plan, or the plan this one
+    /// is the mirror image of, running beside it. The first job then need not finish.
+    pub(super) placement_in_hand: bool,
     /// A planned skeleton: the layered construction's stretches are the first jobs.
     pub(super) skeleton: Option<&'a Skeleton>,
     /// What filling in around the skeleton is expected to take per worker.
@@ -225,7 +226,7 @@ fn job_order(
 pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Portfolio {
     let PortfolioPlan { lb, dense, greedy_pass, deadline, portfolio_deadline, threads, .. } = *plan;
     let floor_far = best.high as f64 > lb as f64 * FAR_FLOOR;
-    let (coarse_placed, skeleton) = (plan.coarse_placed, plan.skeleton);
+    let (placement_in_hand, skeleton) = (plan.placement_in_hand, plan.skeleton);
     let n = p.len();
     let d = decompose(p, lb);
     let threads = threads.clamp(1, Strategy::PORTFOLIO.len());
@@ -332,9 +333,9 @@ pub(super) fn run(p: &Problem, plan: &PortfolioPlan, best: &mut Incumbent) -> Po
             let allowed = plan.budget.max(GUARANTEED_PASS_MIN);
             let allowed = if floor_far { allowed * FAR_FLOOR_PASS_BUDGETS } else { allowed };
             let first = k == 0 || matches!(order[k], Job::Layered(_));
-            let guaranteed = first && !coarse_placed && est <= allowed;
+            let guaranteed = first && !placement_in_hand && est <= allowed;
             // A job starts when it is expected to end by `start_by`; the first job (every
-            // plan waits for it) by the deadline — with a coarse placement in hand one that
+            // plan waits for it) by the deadline — with a placement in hand one that
             // cannot would only be stopped there, giving nothing. The guaranteed first job
             // and the layered fill's stretches (the construction needs every one) always
             // start.
@@ -557,6 +558,42 @@ mod tests {
         assert_eq!(expected(ms(287), false), ms(287));
     }
 
+    /// Past the deadline, the first construction runs to its end where the plan has only its
+    /// floor, and does not start where it has a placement in hand (a coarse plan, or the
+    /// plan beside a mirror image): such a plan then ends at its deadline with what it has.
+    #[test]
+    fn with_a_placement_in_hand_no_construction_runs_past_the_deadline() {
+        let b = crate::workload::packed(3000, 2);
+        let p = Problem::build(&b).unwrap();
+        let (floor_off, floor_high) = online_best_fit(&p);
+        for in_hand in [false, true] {
+            let now = Instant::now();
+            let plan = PortfolioPlan {
+                lb: p.lower_bound(),
+                dense: false,
+                greedy_pass: greedy_pass_estimate(p.len(), p.overlapping_pairs()),
+                budget: Duration::from_secs(1),
+                deadline: now,
+                portfolio_deadline: now,
+                threads: 2,
+                placement_in_hand: in_hand,
+                skeleton: None,
+                fill_pass: Duration::ZERO,
+                aligned_built: None,
+                repair: true,
+            };
+            let mut best = Incumbent::new(floor_high, floor_off.clone(), "online-best-fit");
+            let built = run(&p, &plan, &mut best);
+            if in_hand {
+                assert_eq!(built.strategies_run, 0);
+                assert_eq!((best.high, best.strategy.as_str()), (floor_high, "online-best-fit"));
+            } else {
+                assert!(built.strategies_run >= 1);
+                assert!(best.high < floor_high, "the first construction ran: {}", best.strategy);
+            }
+        }
+    }
+
     /// The construction around a hot skeleton is where the stages after the portfolio start,
     /// even far above the lowest construction, which is set aside and stays the answer
     /// unless they get below it; around a skeleton by area the lowest construction is the
@@ -594,7 +631,7 @@ mod tests {
                 deadline: now + Duration::from_secs(5),
                 portfolio_deadline: now + Duration::from_millis(300),
                 threads: 2,
-                coarse_placed: false,
+                placement_in_hand: false,
                 skeleton: Some(&sk),
                 fill_pass: greedy_pass / 2,
                 aligned_built: None,
