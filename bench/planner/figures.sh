@@ -21,10 +21,9 @@
 # keep the rows whose name contains it (e.g. "n=100000"), LIST_SEEDS (default 1-10) for
 # bench/lists, PARTS (default "figures schedules lists"; add "together" for together.txt) to
 # run some parts only, TOGETHER (default 8) and TOGETHER_CASES (default 3000) for the plans
-# at once, SCHEDULES
-# to run some of the schedule sweeps only (their arguments, separated by commas), BIN_DIR
-# (default target/release) holding the `graphpool` CLI and the planner's `figures` and
-# `schedules` examples, built first with
+# at once, SCHEDULES to run some of the schedule sweeps only (their arguments, separated by
+# commas), BIN_DIR (default target/release) holding the `graphpool` CLI and the planner's
+# `figures` and `schedules` examples, built first with
 #   cargo build --release --locked -p graphpool --bins -p graphpool-planner --example figures --example schedules
 # Nothing is built here. About 20 minutes on two cores with every part (17-20 measured).
 set -euo pipefail

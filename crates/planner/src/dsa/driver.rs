@@ -161,9 +161,9 @@ pub(super) enum Mirror {
     Beside,
     /// Never: the plans of parts of a list.
     Never,
-    /// This plan is the mirror image, beside the plan of the list: never again, and nothing
-    /// runs past its deadline (the plan beside it has its own construction, so its first
-    /// has no guarantee to finish).
+    /// The mirror image itself, planned beside the plan of the list: no image of its own, and
+    /// nothing in it runs past its deadline (the plan beside it has a construction of its
+    /// own, so the image's first has no guarantee to finish).
     Image,
 }
 
