@@ -51,11 +51,12 @@ pub struct PlanTicket {
 
 impl PlanTicket {
     /// The planner threads this plan may use: the node's cores over the plans running when
-    /// it got its place, itself included (at least one). Eight ranks planning at once on 16
-    /// cores each get two instead of sixteen: on two cores, a schedule sweep planned with 16
-    /// threads (as each of eight such plans would be) left 13 of 3000 above 1.001 × the bound,
-    /// the worst at 1.0105, and plans took up to 299 ms of a 200 ms budget; with 2 threads, 10,
-    /// 1.0049 and 198 ms (docs/planner.md, "Plans that run together").
+    /// it got its place, itself included (at least one), fixed for the plan's life: as eight
+    /// ranks start on 16 cores, 16, 8, 5, 4, 3, 2, 2, 2; once eight run, two each instead of
+    /// sixteen. On two cores, a schedule sweep planned with 16 threads (as each of eight such
+    /// plans would be) left 13 of 3000 above 1.001 × the bound, the worst at 1.0105, and plans
+    /// took up to 299 ms of a 200 ms budget; with 2 threads, 10, 1.0049 and 198 ms
+    /// (docs/planner.md, "Plans that run together").
     pub fn threads(&self) -> usize {
         self.threads
     }
