@@ -96,6 +96,9 @@ if has together; then
     summary=$(sed -n 's/^\([0-9]*\) schedules, 200 ms each: \([0-9]*\) above 1.001 × the bound, worst \([0-9.]*\), slowest plan \([0-9.]*\) ms.*/\1 \2 \3 \4/p' "$dir"/*.txt |
       awk '{ n += $1; a += $2; if ($3 > w) w = $3; if ($4 > s) s = $4 }
            END { printf "%d schedules: %d above 1.001, worst %.4f, slowest plan %.1f ms", n, a, w, s }')
+    # The example lists every plan that took over 1.25 × its budget ("planned in ...").
+    late=$(cat "$dir"/*.txt | grep -c ': planned in ' || true)
+    summary="$summary, $late past 1.25 × the budget"
     label=$([ "$threads" = 0 ] && echo "a thread per core ($cores) in each plan" || echo "each plan on $threads of the $cores cores")
     { printf '### %d at once, %s: %s\n' "$k" "$label" "$summary"; cat "$dir"/*.txt; echo; } >> "$OUT/together.txt"
     echo "$k at once, $label: $summary"
