@@ -514,3 +514,24 @@ fn options_that_do_not_apply_and_placements_past_the_address_space_are_refused()
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("past 2^64"), "{text}");
 }
+
+#[test]
+fn the_planner_threads_are_chosen_and_reported() {
+    let schedule = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/planner/examples/schedule-1f1b.toml");
+    let schedule = schedule.to_str().unwrap();
+    // As a PlanCapture on three threads plans it (its `planned` log line gives the threads).
+    let report = stdout(&plan(&["--schedule", schedule, "--threads", "3"]));
+    assert!(row(&report, "planning time").ends_with(" ms on 3 threads"), "{report}");
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&plan(&["--schedule", schedule, "--json", "--threads", "1"]))).unwrap();
+    assert_eq!(json["threads"], 1);
+    // Without the option, one per core.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&plan(&["--schedule", schedule, "--json"]))).unwrap();
+    assert_eq!(json["threads"], cores);
+    // No planner runs on no thread.
+    let out = plan(&["--schedule", schedule, "--threads", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--threads"), "{out:?}");
+}

@@ -286,6 +286,9 @@ pub struct Plan {
     /// The planner's stages, in order, with their times.
     #[serde(default)]
     pub stages: Vec<crate::dsa::Stage>,
+    /// Planner threads the plan ran on.
+    #[serde(default)]
+    pub threads: usize,
     /// Steps of the schedule as signed chunk numbers (`+c` forward, `-c` backward).
     pub steps: Vec<i32>,
     /// Device bytes capture needs for this plan: the footprint (static inputs and outputs,
@@ -474,6 +477,7 @@ impl Plan {
             elapsed: placement.elapsed,
             strategy: placement.strategy,
             stages: placement.stages,
+            threads: placement.threads,
             steps: Vec::new(),
             predicted_capture_bytes: placement.footprint,
             graphs: 0,

@@ -96,6 +96,10 @@ pub struct PlanArgs {
     /// (for traces that record the last use).
     #[arg(long)]
     pub inclusive_end: bool,
+    /// Planner threads (default: one per core). graphpoold's `planned` log line gives the
+    /// threads and time of each `PlanCapture`: with both, this plans as the daemon did.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
 }
 
 /// Why `graphpool plan` failed.
@@ -230,10 +234,11 @@ impl PlanCliError {
 
 /// Runs `graphpool plan`: reads the input, plans it and prints the report to stdout.
 pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
-    let opts = match args.time_budget_ms {
+    let mut opts = match args.time_budget_ms {
         Some(ms) => PlaceOptions::with_budget(Duration::from_millis(ms), true),
         None => PlaceOptions::default(),
     };
+    opts.threads = args.threads.map_or(0, usize::from);
     let (plan, given) = match (&args.buffers, &args.schedule) {
         (Some(path), None) => {
             let text = read(path)?;

@@ -26,7 +26,9 @@ pub fn report(plan: &Plan) -> String {
     }
     row(&mut s, "ratio", format!("{:.4}", plan.ratio()));
     row(&mut s, "strategy", plan.strategy.clone());
-    row(&mut s, "planning time", format!("{:.1} ms", plan.elapsed.as_secs_f64() * 1e3));
+    let threads =
+        if plan.threads == 1 { "1 thread".to_string() } else { format!("{} threads", plan.threads) };
+    row(&mut s, "planning time", format!("{:.1} ms on {threads}", plan.elapsed.as_secs_f64() * 1e3));
     // Stage names in one column, as wide as the longest (`canonical+improvement`).
     let width = plan.stages.iter().map(|stage| stage.name.chars().count()).max().unwrap_or(0).max(13);
     for (k, stage) in plan.stages.iter().enumerate() {
@@ -94,6 +96,7 @@ impl serde::Serialize for PlanJson<'_> {
         m.serialize_entry("ratio", &plan.ratio())?;
         m.serialize_entry("strategy", &plan.strategy)?;
         m.serialize_entry("planning_seconds", &plan.elapsed.as_secs_f64())?;
+        m.serialize_entry("threads", &plan.threads)?;
         m.serialize_entry("stages", &stages)?;
         m.serialize_entry("saved_by_aliasing_bytes", &plan.saved_by_aliasing)?;
         m.serialize_entry("predicted_capture_bytes", &plan.predicted_capture_bytes)?;

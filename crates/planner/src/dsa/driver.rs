@@ -275,6 +275,7 @@ pub(super) fn place_for(
                 strategies_run: built.strategies_run,
                 improvement_steps: steps,
                 stages: clock.stages,
+                threads,
             }
         };
     // A full list (the bound live at every step) may be placed at its bound by refilling

@@ -419,6 +419,8 @@ pub struct Placement {
     /// The stages that ran, in order, with their times (nested plans of a coarse instance
     /// or a skeleton count as one stage).
     pub stages: Vec<Stage>,
+    /// Planner threads the plan ran on ([`PlaceOptions::threads`], one per core for 0).
+    pub threads: usize,
 }
 
 impl Placement {
