@@ -12,7 +12,8 @@
 #   together.txt   (only when PARTS names it) ranks planning at once: $TOGETHER sweeps of
 #                  `uneven 1-3000 200`, a slice each, side by side, first with a thread per core
 #                  in every plan, then with each plan on its share of the cores (what graphpoold
-#                  gives each PlanCapture while that many run)
+#                  gives each PlanCapture while that many run), then with the shares of plans
+#                  that started together (16, 8, 5, ... on 16 cores)
 #   env.txt        date, commit, CPU and core count
 #
 #   bench/planner/figures.sh [OUT_DIR]          (default: bench-out/planner-figures)
@@ -85,10 +86,18 @@ if has together; then
   share=$(( cores / k > 0 ? cores / k : 1 ))
   echo "== $k sweeps at once, uneven 1-$cases 200 in slices -> $OUT/together.txt"
   : > "$OUT/together.txt"
-  for threads in 0 "$share"; do
+  # Three ways to give out the cores: a thread per core in every plan ("every"); each plan
+  # its share once all run ("share"); slice i on cores / (i + 1), the shares graphpoold gives
+  # plans that start at one moment and keep while they run ("burst": 16, 8, 5, ... on 16 cores).
+  for mode in every share burst; do
     dir=$(mktemp -d)
     for ((i = 0; i < k; i++)); do
       from=$(( i * cases / k + 1 )); to=$(( (i + 1) * cases / k ))
+      case $mode in
+        every) threads=0 ;;
+        share) threads=$share ;;
+        burst) threads=$(( cores / (i + 1) > 0 ? cores / (i + 1) : 1 )) ;;
+      esac
       "$SCHEDULES_BIN" uneven "$from-$to" 200 "$threads" > "$dir/$i.txt" &
     done
     wait
@@ -99,7 +108,11 @@ if has together; then
     # The example lists every plan that took over 1.25 × its budget ("planned in ...").
     late=$(cat "$dir"/*.txt | grep -c ': planned in ' || true)
     summary="$summary, $late past 1.25 × the budget"
-    label=$([ "$threads" = 0 ] && echo "a thread per core ($cores) in each plan" || echo "each plan on $threads of the $cores cores")
+    case $mode in
+      every) label="a thread per core ($cores) in each plan" ;;
+      share) label="each plan on $share of the $cores cores" ;;
+      burst) label="slice i on $cores / (i + 1) threads, as plans started together keep them" ;;
+    esac
     { printf '### %d at once, %s: %s\n' "$k" "$label" "$summary"; cat "$dir"/*.txt; echo; } >> "$OUT/together.txt"
     echo "$k at once, $label: $summary"
     rm -r "$dir"
