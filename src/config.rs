@@ -145,6 +145,9 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// Default time box of the planner's improvement stage.
     pub plan_time_budget: Duration,
+    /// Cores the daemon's plans use between them (`plan_cores`; default every core of the
+    /// node): they plan one per two of them at once, each on its share.
+    pub plan_cores: usize,
 }
 
 /// Who may talk to the daemon.
@@ -270,6 +273,7 @@ struct FileConfig {
     log_format: Option<LogFormat>,
     drain_timeout_seconds: Option<f64>,
     plan_time_budget_ms: Option<u64>,
+    plan_cores: Option<usize>,
     #[serde(default)]
     access: FileAccess,
     #[serde(default)]
@@ -564,6 +568,16 @@ impl Config {
             }
             None => Duration::from_millis(200),
         };
+        let plan_cores = match file.plan_cores {
+            Some(0) => {
+                return Err(invalid(
+                    "plan_cores",
+                    "at least 1 (the cores the daemon's plans use between them)",
+                ));
+            }
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        };
 
         Ok(Config {
             socket,
@@ -584,6 +598,7 @@ impl Config {
             cuda,
             drain_timeout,
             plan_time_budget,
+            plan_cores,
         })
     }
 }
@@ -709,6 +724,7 @@ mod tests {
             ("[limits]\nranks = { \"train:first\" = \"1GiB\" }", "limits.ranks.\"train:first\""),
             ("[limits]\nranks = { \":0\" = \"1GiB\" }", "limits.ranks.\":0\""),
             ("[guards]\nmax_plan_buffers = 0", "guards.max_plan_buffers"),
+            ("plan_cores = 0", "plan_cores"),
             // Grants are whole granules: 3 MiB of 2 MiB granules can never be granted whole.
             ("[host]\ncapacity = \"3MiB\"\ngranularity = \"2MiB\"", "host.capacity"),
         ];
@@ -780,9 +796,13 @@ mod tests {
     }
 
     #[test]
-    fn plan_time_budget_is_range_checked() {
+    fn plan_time_budget_and_cores_are_read_and_checked() {
         let c = Config::from_toml("socket = \"/tmp/a\"\nplan_time_budget_ms = 500").unwrap();
         assert_eq!(c.plan_time_budget, Duration::from_millis(500));
+        // The plans' cores: every core of the node unless the file says how many.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        assert_eq!(c.plan_cores, cores);
+        assert_eq!(Config::from_toml("socket = \"/tmp/a\"\nplan_cores = 3").unwrap().plan_cores, 3);
         for bad in [10_001u64, u64::MAX >> 1] {
             let e =
                 Config::from_toml(&format!("socket = \"/tmp/a\"\nplan_time_budget_ms = {bad}")).unwrap_err();

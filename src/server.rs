@@ -83,6 +83,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         time_budget: config.plan_time_budget,
         max_buffers: config.guards.max_plan_buffers,
         max_response_bytes: max_msg,
+        cores: config.plan_cores,
     };
     let service = GraphpoolService::new(
         shared.clone(),

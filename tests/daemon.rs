@@ -764,6 +764,30 @@ async fn plans_too_large_to_send_are_refused_before_reserving() {
     assert_eq!(planned[0]["threads"], cores, "{planned:?}");
 }
 
+/// `plan_cores` bounds the cores the daemon's plans use: a plan alone runs on all of them,
+/// not on every core of the node.
+#[tokio::test]
+async fn plans_run_on_the_cores_the_config_gives_them() {
+    let d = start("log_format = \"json\"\nplan_cores = 1");
+    let mut c = d.clients().await;
+    let s = attach(&mut c, "planner", 0, "").await.unwrap();
+    let request = pb::PlanCaptureRequest {
+        session_id: s.id,
+        input: Some(one_f_one_b_plan(8)),
+        reserve: false,
+        summary_only: true,
+    };
+    c.graphpool.plan_capture(request).await.unwrap();
+    let planned: Vec<serde_json::Value> = d
+        .log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "planned")
+        .collect();
+    assert_eq!(planned.len(), 1, "{planned:?}");
+    assert_eq!(planned[0]["threads"], 1, "{planned:?}");
+}
+
 /// Whether the session's Attach stream is still open: no event and no end within 300 ms.
 async fn stream_open(s: &mut Session) -> bool {
     tokio::time::timeout(Duration::from_millis(300), s.events.message()).await.is_err()

@@ -30,12 +30,16 @@ pub struct PlanLimits {
     pub max_buffers: usize,
     /// Largest response the server sends (`[guards] max_message_bytes`).
     pub max_response_bytes: usize,
+    /// Cores the plans use between them (`plan_cores`).
+    pub cores: usize,
 }
 
 impl GraphpoolService {
     /// A service over `shared`, announcing `fd_socket` to clients.
     pub fn new(shared: Shared, fd_socket: String, instance: String, plans: PlanLimits) -> Self {
-        GraphpoolService { shared, fd_socket, instance, plans, plan_gate: Default::default() }
+        let plan_gate =
+            super::plan_gate::PlanGate::new(super::plan_gate::plans_at_once(plans.cores), plans.cores);
+        GraphpoolService { shared, fd_socket, instance, plans, plan_gate: std::sync::Arc::new(plan_gate) }
     }
 
     fn device_proto(&self, index: u32) -> pb::Device {

@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
-/// Plans that run at once on a node of `cores` cores: one per two cores, at least two. Each
-/// runs on its share of the cores ([`PlanTicket::threads`]) for its time box; the ranks of a
-/// node (eight on a node of eight GPUs and sixteen cores or more) plan together at the start
-/// of a job without waiting on one another's whole budget, while a flood of plans cannot take
-/// more than that from the node.
+/// Plans that run at once on `cores` cores (`plan_cores`: by default every core of the node):
+/// one per two cores, at least two. Each runs on its share of the cores
+/// ([`PlanTicket::threads`]) for its time box; the ranks of a node (eight on a node of eight
+/// GPUs and sixteen cores or more) plan together at the start of a job without waiting on one
+/// another's whole budget, while a flood of plans cannot take more than that from the node.
 pub fn plans_at_once(cores: usize) -> usize {
     (cores / 2).max(2)
 }
@@ -29,13 +29,6 @@ pub struct PlanGate {
     at_once: usize,
     cores: usize,
     sessions: Arc<Mutex<HashSet<u64>>>,
-}
-
-impl Default for PlanGate {
-    fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        PlanGate::new(plans_at_once(cores), cores)
-    }
 }
 
 /// A plan's place through the gate: while it lives, its session has a plan in flight (waiting
