@@ -84,6 +84,8 @@ impl Daemon {
             time_budget: Duration::from_millis(1),
             max_buffers: guards().max_plan_buffers,
             max_response_bytes: guards().max_message_bytes,
+            // Plans of a millisecond on one thread: no thread spawned per plan and input.
+            cores: 1,
         };
         let graphpool =
             GraphpoolService::new(shared.clone(), "/nonexistent/graphpool-fd.sock".into(), "fuzz".into(), plans);
