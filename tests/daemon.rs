@@ -727,6 +727,15 @@ fn one_f_one_b_plan(m: u32) -> pb::PlanInput {
     pb::PlanInput { input: Some(pb::plan_input::Input::Schedule(schedule)), time_budget_ms: 50 }
 }
 
+/// The daemon's `planned` log lines (it logs JSON), one per plan made.
+fn planned_lines(d: &Daemon) -> Vec<serde_json::Value> {
+    d.log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "planned")
+        .collect()
+}
+
 /// A plan whose response would pass the daemon's message limit is refused before anything
 /// is reserved, with what to do; asked for without its buffers, it is sent and reserved.
 #[tokio::test]
@@ -754,12 +763,7 @@ async fn plans_too_large_to_send_are_refused_before_reserving() {
     assert_eq!(usage(&mut c).await.devices[0].planned_bytes, resp.reserved_bytes);
     // Alone on the node, the plan ran on every core (each plan gets its share of them).
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let planned: Vec<serde_json::Value> = d
-        .log()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "planned")
-        .collect();
+    let planned = planned_lines(&d);
     assert_eq!(planned.len(), 1, "{planned:?}");
     assert_eq!(planned[0]["threads"], cores, "{planned:?}");
 }
@@ -778,12 +782,7 @@ async fn plans_run_on_the_cores_the_config_gives_them() {
         summary_only: true,
     };
     c.graphpool.plan_capture(request).await.unwrap();
-    let planned: Vec<serde_json::Value> = d
-        .log()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "planned")
-        .collect();
+    let planned = planned_lines(&d);
     assert_eq!(planned.len(), 1, "{planned:?}");
     assert_eq!(planned[0]["threads"], 1, "{planned:?}");
 }
