@@ -128,7 +128,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
     tracing::info!(
         socket = %config.socket.display(), fd_socket = %config.fd_socket.display(), instance = %instance,
-        version = env!("CARGO_PKG_VERSION"), "graphpoold ready"
+        version = env!("CARGO_PKG_VERSION"), plan_cores = config.plan_cores, "graphpoold ready"
     );
     notify(&[sd_notify::NotifyState::Ready]);
 
