@@ -37,9 +37,8 @@ pub struct PlanLimits {
 impl GraphpoolService {
     /// A service over `shared`, announcing `fd_socket` to clients.
     pub fn new(shared: Shared, fd_socket: String, instance: String, plans: PlanLimits) -> Self {
-        let plan_gate =
-            super::plan_gate::PlanGate::new(super::plan_gate::plans_at_once(plans.cores), plans.cores);
-        GraphpoolService { shared, fd_socket, instance, plans, plan_gate: std::sync::Arc::new(plan_gate) }
+        let plan_gate = std::sync::Arc::new(super::plan_gate::PlanGate::for_cores(plans.cores));
+        GraphpoolService { shared, fd_socket, instance, plans, plan_gate }
     }
 
     fn device_proto(&self, index: u32) -> pb::Device {

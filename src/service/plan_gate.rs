@@ -62,7 +62,12 @@ impl Drop for PlanTicket {
 }
 
 impl PlanGate {
-    /// A gate letting `at_once` plans run together (at least one) on a node of `cores` cores.
+    /// The gate of plans sharing `cores` cores: [`plans_at_once`] of them run together.
+    pub fn for_cores(cores: usize) -> Self {
+        PlanGate::new(plans_at_once(cores), cores)
+    }
+
+    /// A gate letting `at_once` plans run together (at least one), sharing `cores` cores.
     pub fn new(at_once: usize, cores: usize) -> Self {
         let at_once = at_once.max(1);
         PlanGate { running: Arc::new(Semaphore::new(at_once)), at_once, cores, sessions: Arc::default() }
@@ -120,7 +125,7 @@ mod tests {
 
     #[tokio::test]
     async fn each_plan_gets_its_share_of_the_cores() {
-        let gate = PlanGate::new(8, 16);
+        let gate = PlanGate::for_cores(16);
         // Alone, a plan has every core; each plan that starts beside others, its share.
         let a = gate.enter(1).await.unwrap();
         assert_eq!(a.threads(), 16);
