@@ -45,6 +45,17 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "could not read or raise the open-file limit"),
     }
+    let node_cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if config.plan_cores > node_cores {
+        tracing::warn!(
+            plan_cores = config.plan_cores,
+            node_cores,
+            "plan_cores is {} but this process may use {node_cores} cores: plans that run together \
+             then share cores and may end past their time budget; set plan_cores to at most \
+             {node_cores}, or leave it out for every core",
+            config.plan_cores
+        );
+    }
     let backend = crate::backend::open(&config)?;
     for d in backend.devices() {
         tracing::info!(

@@ -787,6 +787,23 @@ async fn plans_run_on_the_cores_the_config_gives_them() {
     assert_eq!(planned[0]["threads"], 1, "{planned:?}");
 }
 
+/// More plan cores than the daemon may use is taken as given, with a warning that names the
+/// cores there are.
+#[tokio::test]
+async fn more_plan_cores_than_the_node_has_are_warned_of() {
+    let warned = |d: &Daemon| {
+        d.log().lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).any(|v| {
+            v["level"] == "WARN" && v["message"].as_str().is_some_and(|m| m.contains("plan_cores is"))
+        })
+    };
+    let d = start("log_format = \"json\"\nplan_cores = 100000");
+    d.clients().await;
+    assert!(warned(&d), "{}", d.log());
+    let d = start("log_format = \"json\"\nplan_cores = 1");
+    d.clients().await;
+    assert!(!warned(&d), "{}", d.log());
+}
+
 /// Whether the session's Attach stream is still open: no event and no end within 300 ms.
 async fn stream_open(s: &mut Session) -> bool {
     tokio::time::timeout(Duration::from_millis(300), s.events.message()).await.is_err()
