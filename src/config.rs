@@ -576,7 +576,7 @@ impl Config {
                 ));
             }
             Some(n) => n,
-            None => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            None => node_cores(),
         };
 
         Ok(Config {
@@ -601,6 +601,12 @@ impl Config {
             plan_cores,
         })
     }
+}
+
+/// The cores this process may run on (the node's, or its container's CPU quota): `plan_cores`'
+/// default. Two where the system does not say.
+pub fn node_cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 fn opt_size(v: &Option<SizeValue>, key: &str) -> Result<Option<u64>, ConfigError> {
@@ -800,8 +806,7 @@ mod tests {
         let c = Config::from_toml("socket = \"/tmp/a\"\nplan_time_budget_ms = 500").unwrap();
         assert_eq!(c.plan_time_budget, Duration::from_millis(500));
         // The plans' cores: every core of the node unless the file says how many.
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        assert_eq!(c.plan_cores, cores);
+        assert_eq!(c.plan_cores, node_cores());
         assert_eq!(Config::from_toml("socket = \"/tmp/a\"\nplan_cores = 3").unwrap().plan_cores, 3);
         for bad in [10_001u64, u64::MAX >> 1] {
             let e =

@@ -45,7 +45,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "could not read or raise the open-file limit"),
     }
-    let node_cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let node_cores = crate::config::node_cores();
     if config.plan_cores > node_cores {
         tracing::warn!(
             plan_cores = config.plan_cores,
