@@ -296,9 +296,9 @@ async fn uid_not_on_allow_list_is_refused_at_accept() {
     // Each refusal at accept was dropped, not logged: at most one line per socket every 10 s
     // (two if the child's connections spanned an interval), naming the uid and the socket.
     let log = d.log();
-    let lines: Vec<serde_json::Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let lines: Vec<serde_json::Value> = d
+        .json_log()
+        .into_iter()
         .filter(|v| v["message"].as_str().is_some_and(|m| m.contains("not on the allow-list")))
         .collect();
     for socket in ["grpc", "fd-socket"] {
@@ -729,11 +729,7 @@ fn one_f_one_b_plan(m: u32) -> pb::PlanInput {
 
 /// The daemon's `planned` log lines (it logs JSON), one per plan made.
 fn planned_lines(d: &Daemon) -> Vec<serde_json::Value> {
-    d.log()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "planned")
-        .collect()
+    d.json_log().into_iter().filter(|v| v["message"] == "planned").collect()
 }
 
 /// A plan whose response would pass the daemon's message limit is refused before anything
@@ -762,7 +758,7 @@ async fn plans_too_large_to_send_are_refused_before_reserving() {
     assert!(resp.reserved_bytes >= plan.predicted_capture_bytes.max(plan.footprint_bytes));
     assert_eq!(usage(&mut c).await.devices[0].planned_bytes, resp.reserved_bytes);
     // Alone on the node, the plan ran on every core (each plan gets its share of them).
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let cores = graphpool::config::node_cores();
     let planned = planned_lines(&d);
     assert_eq!(planned.len(), 1, "{planned:?}");
     assert_eq!(planned[0]["threads"], cores, "{planned:?}");
@@ -792,7 +788,7 @@ async fn plans_run_on_the_cores_the_config_gives_them() {
 #[tokio::test]
 async fn more_plan_cores_than_the_node_has_are_warned_of() {
     let warned = |d: &Daemon| {
-        d.log().lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).any(|v| {
+        d.json_log().iter().any(|v| {
             v["level"] == "WARN" && v["message"].as_str().is_some_and(|m| m.contains("plan_cores is"))
         })
     };

@@ -79,6 +79,12 @@ impl Daemon {
         std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
     }
 
+    /// The JSON objects of the log (`log_format = "json"`: one event per line; other lines
+    /// skipped).
+    pub fn json_log(&self) -> Vec<serde_json::Value> {
+        self.log().lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).collect()
+    }
+
     pub async fn clients(&self) -> Clients {
         connect(&self.socket).await.expect("connect")
     }
