@@ -535,3 +535,40 @@ fn the_planner_threads_are_chosen_and_reported() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--threads"), "{out:?}");
 }
+
+/// `-` reads the input from standard input, as a converter's output piped in, and names it
+/// `<stdin>` in messages.
+#[test]
+fn standard_input_is_read_for_a_dash() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let run = |args: &[&str], input: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_graphpool"))
+            .arg("plan")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run graphpool plan");
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let report =
+        stdout(&run(&["--buffers", "-"], "buffer,start,end,size\na,0,2,1KiB\nb,1,3,2KiB\nc,2,4,1KiB\n"));
+    assert_eq!(row(&report, "lower bound"), "3 KiB (3072 bytes)");
+    assert_eq!(row(&report, "buffers"), "3");
+
+    let bad = run(&["--buffers", "-"], "buffer,start,end,size\na,0,2,1KiB\nb,3,1,1KiB\n");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("<stdin>:3: field `end`"), "{err}");
+
+    let schedule = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/planner/examples/schedule-1f1b.toml"
+    ))
+    .expect("the example schedule");
+    let report = stdout(&run(&["--schedule", "-"], &schedule));
+    assert_eq!(row(&report, "slots"), "8");
+}

@@ -40,6 +40,9 @@
 //!   `crates/planner/examples/schedule-1f1b.toml` is a complete example; `docs/planner.md`
 //!   explains how buffers, lifetimes and slots follow from it.
 //!
+//! Either file may be `-`: the input is read from standard input and named `<stdin>` in
+//! messages (a schedule there is read as whichever of TOML and JSON parses).
+//!
 //! The report gives footprint, lower bound, their ratio, the strategy that won, planning
 //! time and, for schedules, slots and graphs; `--json` prints the whole plan with every
 //! buffer's offset.
@@ -75,11 +78,11 @@ pub use schedule_file::{ScheduleDescription, parse_schedule};
 pub struct PlanArgs {
     /// A buffer list: CSV with header `buffer,start,end,size` (optional columns `alias_group`
     /// and `offset`, another allocator's placement to check), one buffer per line, live over
-    /// [start, end).
+    /// [start, end). `-` reads standard input.
     #[arg(long, value_name = "FILE.csv", conflicts_with = "schedule", required_unless_present = "schedule")]
     pub buffers: Option<PathBuf>,
     /// A pipeline schedule with per-layer tensor specs, as TOML or JSON (by the extension
-    /// `.toml` or `.json`, else whichever parses).
+    /// `.toml` or `.json`, else whichever parses). `-` reads standard input.
     #[arg(long, value_name = "FILE")]
     pub schedule: Option<PathBuf>,
     /// Print the plan as JSON, with every buffer's offset.
@@ -241,7 +244,8 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
     opts.threads = args.threads.map_or(0, usize::from);
     let (plan, given) = match (&args.buffers, &args.schedule) {
         (Some(path), None) => {
-            let text = read(path)?;
+            let (path, text) = read(path)?;
+            let path = &path;
             let list = parse_buffers_csv(path, &text, CsvOptions { inclusive_end: args.inclusive_end })?;
             let plan = pipeline::plan_buffers(&list.buffers, &opts).map_err(|source| PlanCliError::Plan {
                 path: path.clone(),
@@ -254,7 +258,8 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
         }
         (None, Some(_)) if args.inclusive_end => return Err(PlanCliError::InclusiveEndWithSchedule),
         (None, Some(path)) => {
-            let text = read(path)?;
+            let (path, text) = read(path)?;
+            let path = &path;
             let desc = parse_schedule(path, &text)?;
             // The daemon's default limit: a schedule accepted here is one it would accept.
             let max = GuardsConfig::default().max_plan_buffers;
@@ -321,12 +326,31 @@ impl GivenPlacement {
 }
 
 /// Reads a file as UTF-8 text; bytes that are not are refused with their place.
-fn read(path: &Path) -> Result<String, PlanCliError> {
-    let bytes =
-        std::fs::read(path).map_err(|source| PlanCliError::Read { path: path.to_path_buf(), source })?;
-    String::from_utf8(bytes).map_err(|e| {
-        let at = e.utf8_error().valid_up_to();
-        let at = Location::of_offset(std::str::from_utf8(&e.as_bytes()[..at]).unwrap_or_default(), at);
-        PlanCliError::NotUtf8 { path: path.to_path_buf(), at }
-    })
+/// How standard input is named in messages when `-` is given for a file.
+const STDIN_NAME: &str = "<stdin>";
+
+/// Reads an input file, or standard input for `-`, as UTF-8 text. Returns the name to give
+/// the input in messages with the text.
+fn read(path: &Path) -> Result<(PathBuf, String), PlanCliError> {
+    let (path, bytes) = if path == Path::new("-") {
+        let path = PathBuf::from(STDIN_NAME);
+        let mut bytes = Vec::new();
+        match std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes) {
+            Ok(_) => (path, bytes),
+            Err(source) => return Err(PlanCliError::Read { path, source }),
+        }
+    } else {
+        match std::fs::read(path) {
+            Ok(bytes) => (path.to_path_buf(), bytes),
+            Err(source) => return Err(PlanCliError::Read { path: path.to_path_buf(), source }),
+        }
+    };
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok((path, text)),
+        Err(e) => {
+            let at = e.utf8_error().valid_up_to();
+            let at = Location::of_offset(std::str::from_utf8(&e.as_bytes()[..at]).unwrap_or_default(), at);
+            Err(PlanCliError::NotUtf8 { path, at })
+        }
+    }
 }
