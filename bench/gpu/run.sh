@@ -60,7 +60,7 @@ fi
 if has tests; then
 echo "== GPU tests"
 rm -f "$OUT/gpu_tests.json"
-GRAPHPOOL_GPU_SOCKET=$SOCK GRAPHPOOL_BENCH_OUT="$OUT/gpu_tests.json" timeout 300 \
+GRAPHPOOL_GPU_SOCKET=$SOCK GRAPHPOOL_BENCH_OUT="$OUT/gpu_tests.json" GRAPHPOOL_CLI_BIN="$BIN/graphpool" timeout 300 \
   python3 -m pytest client-py/tests/gpu -v -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 echo "pytest exit $?"; tail -15 "$OUT/pytest.log"
 echo "== replay cost of generators registered for rng_generators"

@@ -99,7 +99,8 @@ def test_public_api_is_documented() -> None:
     import inspect
 
     missing = []
-    for modname in ("client", "errors", "segments", "units", "schedule", "capture", "_shim"):
+    modules = ("client", "errors", "segments", "units", "schedule", "capture", "_shim", "snapshot")
+    for modname in modules:
         mod = importlib.import_module(f"graphpool.{modname}")
         for name in getattr(mod, "__all__", ()):
             obj = getattr(mod, name)
