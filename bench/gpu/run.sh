@@ -8,8 +8,9 @@
 # libgraphpool_shim.so (default <repo>/.carry, ignored by git), built elsewhere with
 # `cargo build --release -p graphpool --bins` and `cargo build --release -p graphpool-shim`.
 # Results go to $OUT (default /tmp/graphpool-bench-out): env.txt, cuda_backend.json,
-# shim_latency.json, gpu_tests.json, pytest.log, generator_replay.txt, graphpoold.log, run.log;
-# a short table is printed last.
+# shim_latency.json, gpu_tests.json, pytest.log, generator_replay.txt, seed.json, seed.log,
+# traces/ (each eager step's allocations as a gzipped buffer list, planned in seed.log),
+# poison.log, graphpoold.log, run.log; a short table is printed last.
 #
 # STAGES (default "backend shim tests seed poison") picks what runs; SEED_ARGS adds arguments to
 # the seed reproduction (bench/gpu/seed_repro.py), e.g. SEED_ARGS="--m 8,128 --deadline 200".
@@ -71,7 +72,7 @@ fi
 if has seed; then
 echo "== seed reproduction (daemon-backed graphpool pools)"
 GRAPHPOOL_SOCKET=$SOCK timeout 600 python3 bench/gpu/seed_repro.py --pools graphpool --steps 2 --timeout 60 \
-  --graphpool-cli "$BIN/graphpool" --order schedule-major --out "$OUT/seed.json" ${SEED_ARGS:-} \
+  --graphpool-cli "$BIN/graphpool" --plan-eager-step --trace-dir "$OUT/traces" --order schedule-major --out "$OUT/seed.json" ${SEED_ARGS:-} \
   > "$OUT/seed.log" 2>&1
 echo "seed_repro exit $?"; tail -40 "$OUT/seed.log"
 fi

@@ -22,6 +22,11 @@ Per variant: device footprint (rise in used device memory per ``torch.cuda.mem_g
 reserve + graph objects), allocator peaks (reserved / allocated), graphs, capture time, median
 step time of a full schedule, and a per-parameter-tensor gradient check against eager.
 
+With ``--plan-eager-step`` (and ``--graphpool-cli``), one more eager step per (schedule, M) runs
+with the allocator's history on; its allocations (``graphpool.snapshot``: the whole device, the
+weights and inputs held throughout) are planned by ``graphpool plan --buffers`` with 1 s, beside
+the bytes torch reserved for that step.
+
     PYTHONPATH=client-py/src python3 bench/gpu/seed_repro.py --out seed.json
     PYTHONPATH=client-py/src python3 bench/gpu/seed_repro.py --quick
 """
@@ -289,6 +294,10 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
         step_ms_all=[t * 1e3 for t in times],
     )
     out["outside_allocator_gib"] = out["footprint_gib"] - out["reserved_now_gib"]
+    if variant == "eager" and case.get("eager_trace"):
+        for _, p in params:
+            p.grad.zero_()
+        out.update(record_step(step, case["eager_trace"]))
     if variant in GP_VARIANTS:
         out["capture_overhead"] = gs.capture_overhead()
         out["warmup_outside_mib"] = gs.stats.warmup_outside_bytes / 2**20
@@ -319,6 +328,82 @@ def _child(case: dict[str, Any]) -> dict[str, Any]:
                    grad_ok=not bad, grad_max_over_own_noise=per_t,
                    grad_max_over_eager_noise=diffs[worst] / max(max(ref["noise"]), GRAD_FLOOR))
     return out
+
+
+def record_step(step: Any, path: str) -> dict[str, Any]:
+    """Runs `step` once with the allocator's history on and writes its allocations to `path`
+    as a buffer list (``graphpool.snapshot``); returns what the record says (whole device)."""
+    import torch
+
+    from graphpool.snapshot import buffers_from_snapshot, write_csv
+
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.memory._record_memory_history(max_entries=10_000_000)
+        try:
+            step()
+            torch.cuda.synchronize()
+            snap = torch.cuda.memory._snapshot()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        found = buffers_from_snapshot(snap, device=torch.cuda.current_device())
+        with open(path, "w") as f:
+            write_csv(found.buffers, f)
+        return {"trace_path": path, "trace_buffers": len(found.buffers),
+                "trace_events": found.events,
+                "trace_live_gib": found.peak_live_bytes / GiB,
+                "trace_reserved_gib": (found.peak_reserved_bytes or 0) / GiB,
+                "trace_torch_max_reserved_gib": torch.cuda.max_memory_reserved() / GiB,
+                "trace_torch_max_allocated_gib": torch.cuda.max_memory_allocated() / GiB}
+    except Exception as e:  # noqa: BLE001 - reported in the row, the other figures stand
+        return {"trace_error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def plan_recorded_step(r: dict[str, Any], cli: str, keep_dir: str) -> None:
+    """``graphpool plan --buffers`` on the eager step's recorded allocations (1 s); the list is
+    kept gzipped in `keep_dir` when one is given."""
+    import gzip
+    import shutil
+    import subprocess
+
+    path = r.get("trace_path")
+    if not path or not cli:
+        return
+    try:
+        p = subprocess.run([cli, "plan", "--buffers", path, "--json", "--time-budget-ms", "1000"],
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            r["trace_error"] = (p.stderr or p.stdout)[-300:]
+            return
+        plan = json.loads(p.stdout)
+        r.update(trace_planned_gib=plan["footprint_bytes"] / GiB,
+                 trace_lower_bound_gib=plan["lower_bound_bytes"] / GiB,
+                 trace_planning_s=plan["planning_seconds"])
+        if keep_dir:
+            os.makedirs(keep_dir, exist_ok=True)
+            kept = os.path.join(keep_dir, os.path.basename(path) + ".gz")
+            with open(path, "rb") as src, gzip.open(kept, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            r["trace_path"] = kept
+    except Exception as e:  # noqa: BLE001
+        r["trace_error"] = f"{type(e).__name__}: {e}"[:300]
+
+
+def fmt_trace(r: dict[str, Any]) -> str:
+    """One line on an eager row's recorded step, where one was recorded."""
+    if "trace_error" in r:
+        return f"  recorded step: error: {r['trace_error']}"
+    if "trace_planned_gib" not in r:
+        return ""
+    return (f"  recorded step ({r['schedule']} M={r['m']}, whole device): {r['trace_buffers']} "
+            f"buffers; torch reserved {r['trace_reserved_gib']:.2f} GiB at most "
+            f"(max_memory_reserved {r['trace_torch_max_reserved_gib']:.2f}); most live at once "
+            f"{r['trace_live_gib']:.2f} GiB; graphpool plan {r['trace_planned_gib']:.2f} GiB "
+            f"({r['trace_planned_gib'] / r['trace_lower_bound_gib']:.4f} x its bound, "
+            f"{r['trace_planning_s'] * 1e3:.0f} ms), "
+            + (f"{r['trace_planned_gib'] / r['trace_reserved_gib']:.3f} x torch's reserved"
+               if r["trace_reserved_gib"] else "torch's reserved unknown"))
 
 
 def pool_report(gs: Any) -> dict[str, Any]:
@@ -519,6 +604,12 @@ def main() -> int:
                          "allocation history during "
                          "capture and report every pool's segments and what its overflow "
                          "segments hold (slower capture; for diagnosis)")
+    ap.add_argument("--plan-eager-step", action="store_true",
+                    help="record one more eager step per (schedule, M) and plan its allocations "
+                         "with `graphpool plan --buffers` (needs --graphpool-cli)")
+    ap.add_argument("--trace-dir", default="",
+                    help="with --plan-eager-step: keep each recorded step's buffer list here "
+                         "(eager_<schedule>_<M>.csv.gz)")
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="seconds after which remaining cases are skipped (0 = none)")
     args = ap.parse_args()
@@ -554,15 +645,20 @@ def main() -> int:
             case = dict(variant=v, m=m, schedule=sname, steps=steps, ref_path=ref_path,
                         seq=args.seq, pools=args.pools,
                         pool_report=m in report_ms and v in GP_VARIANTS)
+            if v == "eager" and args.plan_eager_step and args.graphpool_cli:
+                case["eager_trace"] = os.path.join(tmp, f"eager_{sname}_{m}.csv")
             r = run_case(case, args.timeout)
         r.update(variant=v, m=m, schedule=sname)
         if calibration is None and v == "graphpool" and r.get("capture_overhead"):
             calibration = r  # the first graphpool capture calibrates every prediction
         predict_with_cli(r, args.graphpool_cli, tmp, calibration)
+        plan_recorded_step(r, args.graphpool_cli, args.trace_dir)
         results.append(r)
         if v == "eager":
             eagers[(sname, m)] = r
         print(fmt_row(r, eagers.get((sname, m))), flush=True)
+        if fmt_trace(r):
+            print(fmt_trace(r), flush=True)
         if "trace" in r:
             print(r["trace"], file=sys.stderr)
         if args.out:
@@ -580,6 +676,9 @@ def main() -> int:
     by = {(r["schedule"], r["m"]): r for r in results if r["variant"] == "eager"}
     for r in results:
         print(fmt_row(r, by.get((r["schedule"], r["m"]))))
+    for r in results:
+        if fmt_trace(r):
+            print(fmt_trace(r))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1, default=str)
