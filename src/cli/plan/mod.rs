@@ -244,11 +244,10 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
     opts.threads = args.threads.map_or(0, usize::from);
     let (plan, given) = match (&args.buffers, &args.schedule) {
         (Some(path), None) => {
-            let (path, text) = read(path)?;
-            let path = &path;
-            let list = parse_buffers_csv(path, &text, CsvOptions { inclusive_end: args.inclusive_end })?;
+            let (name, text) = read(path)?;
+            let list = parse_buffers_csv(&name, &text, CsvOptions { inclusive_end: args.inclusive_end })?;
             let plan = pipeline::plan_buffers(&list.buffers, &opts).map_err(|source| PlanCliError::Plan {
-                path: path.clone(),
+                path: name.clone(),
                 at: None,
                 field: source.field(),
                 source: Box::new(source),
@@ -258,14 +257,13 @@ pub fn run(args: &PlanArgs) -> Result<(), PlanCliError> {
         }
         (None, Some(_)) if args.inclusive_end => return Err(PlanCliError::InclusiveEndWithSchedule),
         (None, Some(path)) => {
-            let (path, text) = read(path)?;
-            let path = &path;
-            let desc = parse_schedule(path, &text)?;
+            let (name, text) = read(path)?;
+            let desc = parse_schedule(&name, &text)?;
             // The daemon's default limit: a schedule accepted here is one it would accept.
             let max = GuardsConfig::default().max_plan_buffers;
             let plan = pipeline::schedule_buffers_within(&desc.input, max)
                 .and_then(|sb| pipeline::plan_schedule_buffers(sb, &opts))
-                .map_err(|source| schedule_plan_error(path, &text, &desc.input.schedule, source))?
+                .map_err(|source| schedule_plan_error(&name, &text, &desc.input.schedule, source))?
                 .with_overhead(&desc.overhead.unwrap_or_default());
             (plan, None)
         }
@@ -325,12 +323,11 @@ impl GivenPlacement {
     }
 }
 
-/// Reads a file as UTF-8 text; bytes that are not are refused with their place.
 /// How standard input is named in messages when `-` is given for a file.
 const STDIN_NAME: &str = "<stdin>";
 
-/// Reads an input file, or standard input for `-`, as UTF-8 text. Returns the name to give
-/// the input in messages with the text.
+/// Reads an input file, or standard input for `-`, as UTF-8 text (bytes that are not are
+/// refused with their place). Returns the name to give the input in messages, and the text.
 fn read(path: &Path) -> Result<(PathBuf, String), PlanCliError> {
     let (path, bytes) = if path == Path::new("-") {
         let path = PathBuf::from(STDIN_NAME);
