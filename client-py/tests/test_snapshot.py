@@ -94,6 +94,58 @@ def test_a_step_becomes_one_buffer_per_block_on_a_clock_of_allocations_and_frees
     assert len({b.name for b in result.buffers}) == len(result.buffers)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_random_histories_keep_every_block_and_the_live_peak(seed: int) -> None:
+    """A random allocator history (addresses reused, frees pending on streams): one buffer per
+    allocation, the buffers of one address never live together, and the list's most bytes
+    live at once is the history's own, counted event by event."""
+    import random
+
+    rng = random.Random(seed)
+    trace: list[dict[str, Any]] = []
+    held: dict[int, int] = {}
+    pending: dict[int, int] = {}  # free requested, not completed
+    free_addresses = [0x1000 * (k + 1) for k in range(40)]
+    live = peak = allocations = 0
+    for _ in range(400):
+        r = rng.random()
+        if r < 0.45 and free_addresses:
+            addr = free_addresses.pop(rng.randrange(len(free_addresses)))
+            size = rng.randrange(1, 64) * 512
+            trace.append(alloc(addr, size))
+            held[addr] = size
+            allocations += 1
+            live += size
+            peak = max(peak, live)
+        elif r < 0.8 and held:
+            addr = rng.choice(sorted(held))
+            size = held.pop(addr)
+            completed = rng.random() < 0.7
+            trace += free(addr, size, completed=completed)
+            if completed:
+                live -= size
+                free_addresses.append(addr)
+            else:
+                pending[addr] = size
+        elif pending:
+            addr = rng.choice(sorted(pending))
+            size = pending.pop(addr)
+            trace.append({"action": "free_completed", "addr": addr, "size": size})
+            live -= size  # a pending free holds its bytes until it completes
+            free_addresses.append(addr)
+    result = buffers_from_snapshot({"device_traces": [trace]})
+    assert len(result.buffers) == allocations
+    assert result.held_at_end == len(held) + len(pending)
+    by_address: dict[str, list[tuple[int, int]]] = {}
+    for b in result.buffers:
+        assert b.start < b.end
+        by_address.setdefault(b.name.split("@")[1], []).append((b.start, b.end))
+    for spans in by_address.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert result.peak_live_bytes == peak
+
+
 def test_buffers_end_at_the_free_the_caller_picks() -> None:
     """With ``end="requested"`` a block ends where the program let go of it, even when the
     allocator completes the free later (or, pending on a stream, not within the record)."""
