@@ -24,6 +24,17 @@ def test_lazy_schedule_export() -> None:
     assert graphpool.Schedule is Schedule
 
 
+def test_snapshot_tool_is_a_lazy_submodule_without_torch() -> None:
+    """`graphpool.snapshot` comes on first access, and reading snapshots needs no torch."""
+    r = run_python(
+        "import sys, graphpool; graphpool.snapshot.buffers_from_snapshot; "
+        "print('graphpool.snapshot' in sys.modules, 'torch' in sys.modules)"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True False"
+    assert "snapshot" in dir(graphpool)
+
+
 def test_unknown_attribute() -> None:
     with pytest.raises(AttributeError):
         graphpool.no_such_thing  # noqa: B018

@@ -94,9 +94,10 @@ __all__ = [
     "parse_size",
 ]
 
-# Submodules imported on first attribute access: `graphpool.torch` needs torch, and the
-# schedule module is optional.
-_LAZY_SUBMODULES = ("torch", "schedule", "capture")
+# Submodules imported on first attribute access: `graphpool.torch` needs torch, the schedule
+# module is optional, and `graphpool.snapshot` (PyTorch memory snapshots as buffer lists) is a
+# tool few ranks need.
+_LAZY_SUBMODULES = ("torch", "schedule", "capture", "snapshot")
 _LAZY_ATTRS = {"Schedule": "schedule"}
 
 
