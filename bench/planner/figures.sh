@@ -9,6 +9,8 @@
 #                  orders and 1F1B with workspaces, each ending with its count above 1.001
 #   lists.txt      bench/lists/lists.py's families (drawn outside the planner) at 10k and 100k,
 #                  planned by `graphpool plan --buffers` in 1 s
+#   recorded.txt   bench/lists/recorded/'s eager training steps (recorded from PyTorch), at the
+#                  CLI's default budget and with 1 s
 #   together.txt   (only when PARTS names it) ranks planning at once: $TOGETHER sweeps of
 #                  `uneven 1-3000 200`, a slice each, side by side, first with a thread per core
 #                  in every plan, then with each plan on its share of the cores (what graphpoold
@@ -77,6 +79,9 @@ if has lists; then
   echo "== bench/lists families, seeds $LIST_SEEDS -> $OUT/lists.txt"
   GRAPHPOOL_BIN=$CLI bench/lists/run.sh --sizes 10000,100000 --seeds "$LIST_SEEDS" > "$OUT/lists.txt"
   tail -n 25 "$OUT/lists.txt"
+  echo "== bench/lists/recorded (eager steps as PyTorch's allocator saw them) -> $OUT/recorded.txt"
+  GRAPHPOOL_BIN=$CLI bench/lists/recorded.sh > "$OUT/recorded.txt"
+  cat "$OUT/recorded.txt"
 fi
 
 if has together; then
