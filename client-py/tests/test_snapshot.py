@@ -276,6 +276,12 @@ def test_the_command_reports_a_bad_file_and_fails(
     assert "no `device_traces`" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.pickle")]) == 2
     assert "No such file" in capsys.readouterr().err
+    good = tmp_path / "s.pickle"
+    good.write_bytes(pickle.dumps(step_snapshot()))
+    assert main([str(good), "-o", str(tmp_path / "no-such-dir" / "s.csv")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    assert main([str(good), "--align", "0"]) == 2
+    assert "at least 1 byte" in capsys.readouterr().err
 
 
 def test_the_list_streams_to_standard_output(

@@ -368,8 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout = open(os.devnull, "w")  # so that the flush at exit does not fail again
             return 1
     else:
-        with open(args.output, "w", encoding="utf-8", newline="") as out:
-            write_csv(result.buffers, out)
+        try:
+            with open(args.output, "w", encoding="utf-8", newline="") as out:
+                write_csv(result.buffers, out)
+        except OSError as e:
+            print(f"graphpool.snapshot: cannot write {args.output}: {e}", file=sys.stderr)
+            return 2
     print(f"graphpool.snapshot: {result.summary()}", file=sys.stderr)
     return 0
 
