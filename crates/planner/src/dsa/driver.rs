@@ -31,18 +31,29 @@ pub(super) struct Incumbent {
     /// A lower placement set aside when the stages went on from a higher one
     /// ([`Incumbent::start_from`]): the answer unless they get below it.
     pub(super) aside: Option<Box<Incumbent>>,
+    /// A lower placement kept only as the answer unless the stages get below it; unlike the
+    /// one set aside, no stage goes on from it ([`Incumbent::keep`]).
+    pub(super) kept: Option<Box<Incumbent>>,
 }
 
 impl Incumbent {
     /// The placement `off` reaching `high`, made by `name`.
     pub(super) fn new(high: u64, off: Vec<u64>, name: impl Into<String>) -> Incumbent {
-        Incumbent { off, high, strategy: name.into(), aside: None }
+        Incumbent { off, high, strategy: name.into(), aside: None, kept: None }
     }
 
-    /// The footprint of the answer so far: the placement held, or the one set aside where
-    /// that is lower (what [`Incumbent::settled`] keeps; the stages report this).
+    /// The footprint of the answer so far: the placement held, or the one set aside or kept
+    /// where that is lower (what [`Incumbent::settled`] keeps; the stages report this).
     pub(super) fn footprint(&self) -> u64 {
-        self.aside.as_ref().map_or(self.high, |aside| aside.high.min(self.high))
+        [&self.aside, &self.kept].into_iter().flatten().map(|other| other.high).fold(self.high, u64::min)
+    }
+
+    /// Keeps `off` as the answer where it is lower than every placement held, without the
+    /// stages going on from it (they go on from the placement held).
+    pub(super) fn keep(&mut self, high: u64, off: Vec<u64>, name: impl Into<String>) {
+        if high < self.footprint() {
+            self.kept = Some(Box::new(Incumbent::new(high, off, name)));
+        }
     }
 
     /// Takes a placement when it is lower.
@@ -57,7 +68,8 @@ impl Incumbent {
     /// Goes on from a placement even when it is higher than the one held, which is then set
     /// aside (kept as the answer unless a later one gets below it; see [`Incumbent::settled`]).
     pub(super) fn start_from(&mut self, high: u64, off: Vec<u64>, name: impl Into<String>) {
-        let held = std::mem::replace(self, Incumbent::new(high, off, name));
+        let mut held = std::mem::replace(self, Incumbent::new(high, off, name));
+        self.kept = held.kept.take();
         let lowest = match held.aside {
             Some(aside) if aside.high < held.high => aside,
             _ => Box::new(Incumbent { aside: None, ..held }),
@@ -67,12 +79,15 @@ impl Incumbent {
         }
     }
 
-    /// The lower of the placement held and the one set aside.
-    pub(super) fn settled(self) -> Incumbent {
-        match self.aside {
-            Some(aside) if aside.high < self.high => *aside,
-            _ => Incumbent { aside: None, ..self },
-        }
+    /// The lowest of the placement held and the ones set aside or kept (the held one on a
+    /// tie).
+    pub(super) fn settled(mut self) -> Incumbent {
+        let aside = self.aside.take();
+        let kept = self.kept.take();
+        [aside, kept]
+            .into_iter()
+            .flatten()
+            .fold(self, |low, other| if other.high < low.high { *other } else { low })
     }
 }
 
@@ -1198,6 +1213,28 @@ mod density_tests {
         best.start_from(80, vec![6], "hot");
         assert!(best.aside.is_none());
         assert_eq!(best.settled().strategy, "hot");
+    }
+
+    /// A placement kept is the answer unless the stages get below it, whatever they start
+    /// from; it survives a new start and is no chain's start.
+    #[test]
+    fn incumbents_keep_a_lower_placement_no_stage_goes_on_from() {
+        let mut best = Incumbent::new(120, vec![1], "aligned");
+        best.keep(100, vec![2], "greedy");
+        assert_eq!((best.high, best.footprint()), (120, 100), "the stages go on from the held one");
+        best.keep(110, vec![3], "higher");
+        assert_eq!(best.kept.as_ref().map(|k| k.high), Some(100), "only a lower one replaces it");
+        best.start_from(130, vec![4], "hot");
+        assert_eq!(best.kept.as_ref().map(|k| k.high), Some(100), "a new start keeps it");
+        assert_eq!(best.aside.as_ref().map(|a| a.high), Some(120));
+        best.offer(105, vec![5], "improved");
+        let settled = best.settled();
+        assert_eq!((settled.high, settled.off, settled.strategy.as_str()), (100, vec![2], "greedy"));
+        // Below it, the stages' placement is the answer.
+        let mut best = Incumbent::new(120, vec![1], "aligned");
+        best.keep(100, vec![2], "greedy");
+        best.offer(95, vec![6], "improved");
+        assert_eq!((best.footprint(), best.settled().strategy.as_str()), (95, "improved"));
     }
 
     /// Improvement chains from a start above a placement set aside: chains start from both,
