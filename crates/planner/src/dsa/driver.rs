@@ -1485,7 +1485,9 @@ mod long_group_tests {
     /// A worker that passes over jobs while the first one runs (the cost model, ~9 × too high
     /// for this schedule, says they do not fit) leaves them to be taken up once the first job
     /// has ended and measured its kind: on two cores the first pass ends at 1.0032 of the
-    /// bound, and the next greedy order, which one core runs, places the schedule at it.
+    /// bound, and the next greedy order, which one core runs, places the schedule at it. (Where
+    /// that order reaches the bound before the first pass ends, the first is stopped and one
+    /// run is counted; the plan is still the other order's.)
     /// Timing: in a debug build the first pass itself takes most of the budget.
     #[test]
     #[ignore = "timing on two idle cores: run alone, `cargo test --release -p graphpool-planner --lib -- --ignored long_group_tests`"]
@@ -1500,7 +1502,13 @@ mod long_group_tests {
             layers: varied_layers(4, 1, 8192, 4, 1024, 73),
         };
         let placed = placed(&input, Duration::from_millis(200), 2);
-        assert!(placed.strategies_run >= 2, "{} ({:?})", placed.strategy, placed.stages);
+        let first = Strategy::PORTFOLIO[0].name();
+        assert!(
+            placed.strategies_run >= 2 || !placed.strategy.starts_with(first),
+            "only the first order ran: {} ({:?})",
+            placed.strategy,
+            placed.stages
+        );
         assert_eq!(placed.footprint, placed.lower_bound, "{}", placed.strategy);
     }
 
