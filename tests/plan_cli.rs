@@ -14,6 +14,22 @@ fn plan(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_graphpool")).arg("plan").args(args).output().expect("run graphpool plan")
 }
 
+/// `graphpool plan ARGS` with `input` on its standard input.
+fn plan_stdin(args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graphpool"))
+        .arg("plan")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run graphpool plan");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn stdout(out: &Output) -> String {
     assert!(out.status.success(), "graphpool plan failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout.clone()).expect("UTF-8 output")
@@ -540,26 +556,14 @@ fn the_planner_threads_are_chosen_and_reported() {
 /// `<stdin>` in messages.
 #[test]
 fn standard_input_is_read_for_a_dash() {
-    use std::io::Write;
-    use std::process::Stdio;
-    let run = |args: &[&str], input: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_graphpool"))
-            .arg("plan")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run graphpool plan");
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-        child.wait_with_output().unwrap()
-    };
-    let report =
-        stdout(&run(&["--buffers", "-"], "buffer,start,end,size\na,0,2,1KiB\nb,1,3,2KiB\nc,2,4,1KiB\n"));
+    let report = stdout(&plan_stdin(
+        &["--buffers", "-"],
+        "buffer,start,end,size\na,0,2,1KiB\nb,1,3,2KiB\nc,2,4,1KiB\n",
+    ));
     assert_eq!(row(&report, "lower bound"), "3 KiB (3072 bytes)");
     assert_eq!(row(&report, "buffers"), "3");
 
-    let bad = run(&["--buffers", "-"], "buffer,start,end,size\na,0,2,1KiB\nb,3,1,1KiB\n");
+    let bad = plan_stdin(&["--buffers", "-"], "buffer,start,end,size\na,0,2,1KiB\nb,3,1,1KiB\n");
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("<stdin>:3: field `end`"), "{err}");
@@ -569,7 +573,7 @@ fn standard_input_is_read_for_a_dash() {
         "/crates/planner/examples/schedule-1f1b.toml"
     ))
     .expect("the example schedule");
-    let report = stdout(&run(&["--schedule", "-"], &schedule));
+    let report = stdout(&plan_stdin(&["--schedule", "-"], &schedule));
     assert_eq!(row(&report, "slots"), "8");
 }
 
@@ -580,7 +584,6 @@ fn standard_input_is_read_for_a_dash() {
 /// builds reach 1.000–1.014 with the default budget: `bench/lists/recorded.sh`).
 #[test]
 fn recorded_eager_steps_are_planned() {
-    use std::process::Stdio;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/lists/recorded");
     let mut planned = 0;
     for entry in std::fs::read_dir(&dir).expect("bench/lists/recorded") {
@@ -609,15 +612,7 @@ fn recorded_eager_steps_are_planned() {
             peak = peak.max(live);
         }
 
-        let mut child = Command::new(env!("CARGO_BIN_EXE_graphpool"))
-            .args(["plan", "--buffers", "-", "--json"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run graphpool plan");
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = plan_stdin(&["--buffers", "-", "--json"], &text);
         let plan: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
         let bound = plan["lower_bound_bytes"].as_u64().unwrap();
         let footprint = plan["footprint_bytes"].as_u64().unwrap();
