@@ -360,23 +360,31 @@ def record_step(step: Any, path: str) -> dict[str, Any]:
         return {"trace_error": f"{type(e).__name__}: {e}"[:300]}
 
 
+def cli_plan(cli: str, args: list[str], timeout: float) -> tuple[dict[str, Any] | None, str]:
+    """``graphpool plan ARGS --json``: the plan, or None and the end of what the CLI said."""
+    import subprocess
+
+    p = subprocess.run([cli, "plan", *args, "--json"], capture_output=True, text=True,
+                       timeout=timeout)
+    if p.returncode != 0:
+        return None, (p.stderr or p.stdout)[-300:]
+    return json.loads(p.stdout), ""
+
+
 def plan_recorded_step(r: dict[str, Any], cli: str, keep_dir: str) -> None:
     """``graphpool plan --buffers`` on the eager step's recorded allocations (1 s); the list is
     kept gzipped in `keep_dir` when one is given."""
     import gzip
     import shutil
-    import subprocess
 
     path = r.get("trace_path")
     if not path or not cli:
         return
     try:
-        p = subprocess.run([cli, "plan", "--buffers", path, "--json", "--time-budget-ms", "1000"],
-                           capture_output=True, text=True, timeout=120)
-        if p.returncode != 0:
-            r["trace_error"] = (p.stderr or p.stdout)[-300:]
+        plan, error = cli_plan(cli, ["--buffers", path, "--time-budget-ms", "1000"], 120)
+        if plan is None:
+            r["trace_error"] = error
             return
-        plan = json.loads(p.stdout)
         r.update(trace_planned_gib=plan["footprint_bytes"] / GiB,
                  trace_lower_bound_gib=plan["lower_bound_bytes"] / GiB,
                  trace_planning_s=plan["planning_seconds"])
@@ -479,8 +487,6 @@ def predict_with_cli(r: dict[str, Any], cli: str, tmp: str,
                      calibration: dict[str, Any] | None = None) -> None:
     """``graphpool plan --schedule <description> --json``: the planner's predicted capture bytes
     for the measured case's profile."""
-    import subprocess
-
     desc = r.get("plan_description")
     if not desc or not cli:
         return
@@ -489,12 +495,10 @@ def predict_with_cli(r: dict[str, Any], cli: str, tmp: str,
         path = os.path.join(tmp, f"plan_{r['schedule']}_{r['m']}_{r['variant']}_{tag}.json")
         with open(path, "w") as f:
             json.dump(d, f)
-        p = subprocess.run([cli, "plan", "--schedule", path, "--json"], capture_output=True,
-                           text=True, timeout=60)
-        if p.returncode != 0:
-            r["plan_error"] = (p.stderr or p.stdout)[-300:]
-            return None
-        return json.loads(p.stdout)  # type: ignore[no-any-return]
+        plan, error = cli_plan(cli, ["--schedule", path], 60)
+        if plan is None:
+            r["plan_error"] = error
+        return plan
 
     try:
         # the planned buffers alone (the profile of one eager step)
