@@ -400,6 +400,23 @@ pub(super) fn place_for(
         built = portfolio::run(&p, &plan, &mut best);
         clock.end("constructions", Some(best.footprint()));
     }
+    // Where nothing got below the floor, the floor's sweep again with the gap at the top kept
+    // for last (`TopGap::Last`; as cheap as the floor): well below the floor on eager
+    // training steps recorded from PyTorch, where the constructions stay at it. It is kept
+    // as the answer unless the stages after get below it, but they go on from the floor (as
+    // their start it raised random lists and arenas re-cut twice per step; run beside the
+    // floor on every list it changed nothing else: docs/planner.md, "The gap at the top kept
+    // for last").
+    if best.footprint() >= floor_high && best.high > lb && n > 0 && Instant::now() < deadline {
+        let (off, high) = online_best_fit_with(&p, TopGap::Last);
+        let name = "online-best-fit(top gap last)";
+        if high <= lb {
+            best.offer(high, off, name)
+        } else {
+            best.keep(high, off, name)
+        }
+        clock.end("top-gap-last", Some(best.footprint()));
+    }
     let greedy_high = best.high;
     // Close enough where the options settle for it: the searches stop at the capped budget.
     if let Some((within, at)) = settle
