@@ -369,8 +369,8 @@ pub struct Stage {
     /// instance planned), `refine` (the coarse plan refined) or `refine+improvement` (beside
     /// the improvement stage on the items), `fill-probe` (the layered construction's fill timed around a dominant
     /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
-    /// planned), `constructions` (the portfolio), `top-gap-last` (where no construction got below
-    /// the floor: the floor's sweep with the gap at the top kept for last, kept as the answer
+    /// planned), `constructions` (the portfolio), `top-gap-last` (where no construction got 1%
+    /// below the floor: the floor's sweep with the gap at the top kept for last, kept as the answer
     /// unless the stages after get below it), `canonical`, `contour`, `restarts`
     /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or
     /// `canonical+improvement` (the two side by side, lists with alias groups on three
