@@ -359,25 +359,24 @@ impl Default for PlaceOptions {
 /// once it ended.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stage {
-    /// `parts` (the list split into parts that share no moment, one copy of each kept: the
-    /// stages after it plan those), `prepare` (the compressed problem, its bounds), `fold`
-    /// (the clock without the ranks that add no constraint: lists with alias groups that
-    /// repeat, such as schedules; the stages after it plan the folded clock), `floor`
-    /// (online best fit), `refill` (the refilling sweep of a full list; its footprint is the
-    /// bound where it placed the list, `None` where it gave up), `coarsen` (the coarse
-    /// instance built), `coarse` (the coarse
-    /// instance planned), `refine` (the coarse plan refined) or `refine+improvement` (beside
-    /// the improvement stage on the items), `fill-probe` (the layered construction's fill timed around a dominant
-    /// skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
+    /// `parts` (the list split into parts that share no moment, one copy of each kept: the stages
+    /// after it plan those), `prepare` (the compressed problem, its bounds), `fold` (the clock
+    /// without the ranks that add no constraint: lists with alias groups that repeat, such as
+    /// schedules; the stages after it plan the folded clock), `floor` (online best fit), `refill`
+    /// (the refilling sweep of a full list; its footprint is the bound where it placed the list,
+    /// `None` where it gave up), `coarsen` (the coarse instance built), `coarse` (the coarse
+    /// instance planned), `refine` (the coarse plan refined) or `refine+improvement` (beside the
+    /// improvement stage on the items), `fill-probe` (the layered construction's fill timed around
+    /// a dominant skeleton at its floor offsets), `skeleton` (the layered construction's skeleton
     /// planned), `constructions` (the portfolio), `top-gap-last` (where no construction got 1%
     /// below the floor: the floor's sweep with the gap at the top kept for last, kept as the answer
-    /// unless the stages after get below it), `canonical`, `contour`, `restarts`
-    /// (skyline, aligned or repairing restarts), `exact`, `improvement`, or
-    /// `canonical+improvement` (the two side by side, lists with alias groups on three
-    /// cores or more), `above+improvement` (a canonical search from halfway above the bound
-    /// beside the improvement stage after the canonical stage, lists with alias groups on
-    /// two cores), `mirrored` (the wait for the plan of the list's mirror image, run
-    /// beside; its footprint is the lower of the two); the stages that ran, in order.
+    /// unless the stages after get below it), `canonical`, `contour`, `restarts` (skyline, aligned
+    /// or repairing restarts), `exact`, `improvement`, or `canonical+improvement` (the two side by
+    /// side, lists with alias groups on three cores or more), `above+improvement` (a canonical
+    /// search from halfway above the bound beside the improvement stage after the canonical stage,
+    /// lists with alias groups on two cores), `mirrored` (the wait for the plan of the list's
+    /// mirror image, run beside; its footprint is the lower of the two); the stages that ran, in
+    /// order.
     pub name: String,
     /// Wall-clock time it took.
     pub elapsed: Duration,
