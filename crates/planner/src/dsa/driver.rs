@@ -277,11 +277,10 @@ pub(super) fn place_for(
     let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > budget;
     let share = if dense { 0.7 } else { 0.4 };
     clock.end(if folded { "fold" } else { "prepare" }, None);
-    let floor_began = Instant::now();
     let (floor_off, floor_high) = online_best_fit(&p);
-    // What another sweep of the floor's kind takes (see `TopGap::Last` below).
-    let floor_took = floor_began.elapsed();
     clock.end("floor", Some(floor_high));
+    // What another sweep of the floor's kind takes (see `TopGap::Last` below).
+    let floor_took = clock.stages.last().map_or(Duration::ZERO, |s| s.elapsed);
     let mut best = Incumbent::new(floor_high, floor_off, "online-best-fit");
     let finish =
         |best: Incumbent, lb: u64, greedy_high: u64, built: Portfolio, steps: u64, clock: StageClock| {
@@ -420,7 +419,6 @@ pub(super) fn place_for(
     // of their 85 ms: docs/planner.md, "The gap at the top kept for last").
     if best.footprint() as f64 >= floor_high as f64 * (1.0 - TOP_LAST_BELOW_FLOOR)
         && best.high > lb
-        && n > 0
         && Instant::now() + floor_took < deadline
     {
         let (off, high) = online_best_fit_with(&p, TopGap::Last);
