@@ -115,9 +115,12 @@ def test_by_default_a_fork_is_fast_and_a_child_cannot_open_grpc(
     tries to reach the daemon over gRPC is told how to, instead of risking an abort."""
     timing = subprocess.run(
         [sys.executable, str(CLIENT.parent / "bench/fork/fork_timing.py"), "--graphpoold", str(daemon_bin),
-         "--forks", "5", "--modes", "0"],
+         "--forks", "5", "--modes", "0", "--timeout", "60"],
         capture_output=True, text=True, timeout=120,
     )
+    # Every wait of the benchmark is bounded (60 s, 10 s per forked child, 15 s for its
+    # daemon to stop), so a hang fails here with what hung (every thread's stack) instead of
+    # the outer timeout.
     # "GRPC_ENABLE_FORK_SUPPORT=0: 5 forks: median 0.9 ms, p90 1.0 ms, max 2.2 ms"
     assert timing.returncode == 0 and "median" in timing.stdout, timing.stdout + timing.stderr
     median_ms = float(timing.stdout.split("median ")[1].split()[0])
