@@ -29,9 +29,12 @@ def _wait_child(pid: int) -> int:
 
 
 def _python(code: str, *args: str, fork_support: bool) -> subprocess.CompletedProcess[str]:
-    """Runs ``code`` in a fresh interpreter (gRPC's fork support is fixed when it is imported)."""
+    """Runs ``code`` in a fresh interpreter (gRPC's fork support is fixed when it is imported).
+    An interpreter still running after 100 s prints every thread's stack and exits, so a hang
+    fails the test with where it hung, before the 120 s timeout."""
     env = {**os.environ, "PYTHONPATH": str(CLIENT / "src")}
     env["GRPC_ENABLE_FORK_SUPPORT"] = "1" if fork_support else "0"
+    code = "import faulthandler; faulthandler.dump_traceback_later(100, exit=True)\n" + code
     return subprocess.run(
         [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120
     )
