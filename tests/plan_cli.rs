@@ -320,7 +320,7 @@ fn malformed_buffer_lists_name_the_line_and_the_column_at_fault() {
             "buffer,start,end,size\na,0,4,16\nb,0,4,\"16\n",
             "quote.csv:3: field `size`: a quoted field",
         ),
-        // Two sizes of 10^19 bytes: more than the 2^64 bytes a plan can address.
+        // Two sizes of 10^19 bytes: more than the 2^62 bytes the planner places.
         (
             "huge.csv",
             "buffer,start,end,size\na,0,4,10000000000000000000\nb,2,6,10000000000000000000\n",
@@ -464,7 +464,7 @@ fn malformed_schedules_name_the_line_and_the_field() {
             r#"dtype = "bf17" }"#,
             ":9:39: field `layers[0].outputs[0].dtype`: unknown dtype \"bf17\"; use one of",
         ),
-        // 2^62 bytes per microbatch in each of 4 buffer slots, with its gradient: past 2^64.
+        // 2^63 bytes per microbatch in each of 4 buffer slots, with its gradient: past 2^62.
         (
             "bytes.json",
             SCHEDULE_JSON,
@@ -473,8 +473,8 @@ fn malformed_schedules_name_the_line_and_the_field() {
             r#"{"layer": 1,
      "outputs": [{"shape": [4611686018427387904]"#,
             ":7:28: field `layers[1].outputs[0].shape`: makes a tensor of 9223372036854775808 bytes, held in \
-          each of chunk 0's 4 buffer slot(s): with the schedule's other buffers that is more than 2^64 \
-          bytes; check the dimensions (elements, not bytes) and the dtype",
+          each of chunk 0's 4 buffer slot(s): with the schedule's other buffers that is more than 2^62 \
+          bytes, the most the planner places; check the dimensions (elements, not bytes) and the dtype",
         ),
         (
             "saved.toml",

@@ -16,7 +16,10 @@ pub mod schedule;
 pub(crate) mod until;
 pub mod workload;
 
-pub use dsa::{Buffer, PlaceError, PlaceOptions, Placement, Stage, live_bound, lower_bound, place, verify};
+pub use dsa::{
+    Buffer, MAX_TOTAL_BYTES, PlaceError, PlaceOptions, Placement, Stage, live_bound, lower_bound, place,
+    verify,
+};
 pub use pipeline::{
     DType, LayerSpec, NamedBuffer, Plan, PlanError, PlannedBuffer, SchedulePlanInput, TensorSpec,
     plan_buffers, plan_schedule,

@@ -653,7 +653,8 @@ fn buffer_kinds(layers: &[Layer]) -> Vec<BufferKind> {
     out
 }
 
-/// Refuses a schedule whose buffers cannot be placed in a 2^64-byte arena, naming the
+/// Refuses a schedule whose buffers add up to more than the planner places
+/// ([`crate::MAX_TOTAL_BYTES`], 2^62 bytes), naming the
 /// setting of the layer that weighs most (the likeliest mistake: a dimension or a byte count
 /// off by a factor), where the placement would only say that the sizes add up too high.
 ///
@@ -679,13 +680,13 @@ fn check_total_bytes(
         }
     }
     match heaviest {
-        Some((_, c, k)) if total > u64::MAX as u128 => {
+        Some((_, c, k)) if total > crate::MAX_TOTAL_BYTES as u128 => {
             let slots = chunk_slots[c].0;
             Err(invalid(
                 k.source.field(layers[c][k.layer].index),
                 format!(
                     "{} {} bytes, held in each of chunk {c}'s {slots} buffer slot(s): with the \
-                     schedule's other buffers that is more than 2^64 bytes; {}",
+                     schedule's other buffers that is more than 2^62 bytes, the most the planner places; {}",
                     k.source.what(),
                     k.size,
                     k.source.hint()
@@ -1183,13 +1184,15 @@ mod tests {
         // One tensor past 2^64 bytes on its own: its shape.
         let e = schedule_buffers(&four_slots(vec![layer(0, &[1 << 32, 1 << 32], 0)])).unwrap_err();
         assert_eq!(e.field(), "layers[0].outputs[0].shape", "{e}");
-        // Exactly 2^64 - 1 bytes fit: one slot holding one buffer of them.
-        let one_slot = SchedulePlanInput {
+        // Exactly 2^62 bytes fit: one slot holding one buffer of them; a byte more does not.
+        let one_slot = |bytes: u64| SchedulePlanInput {
             schedule: Schedule::OneFOneB { pp_size: 1, pp_rank: 0, num_microbatches: 1 },
-            layers: vec![LayerSpec { inputs: vec![], outputs: vec![], ..layer(0, &[], u64::MAX) }],
+            layers: vec![LayerSpec { inputs: vec![], outputs: vec![], ..layer(0, &[], bytes) }],
         };
-        let plan = plan_schedule(&one_slot, &PlaceOptions::default()).unwrap();
-        assert_eq!(plan.footprint, u64::MAX);
+        let plan = plan_schedule(&one_slot(crate::MAX_TOTAL_BYTES), &PlaceOptions::default()).unwrap();
+        assert_eq!(plan.footprint, crate::MAX_TOTAL_BYTES);
+        let e = plan_schedule(&one_slot(crate::MAX_TOTAL_BYTES + 1), &PlaceOptions::default()).unwrap_err();
+        assert_eq!(e.field(), "layers[0].saved_bytes", "{e}");
     }
 
     #[test]

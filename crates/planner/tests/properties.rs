@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use graphpool_planner::pipeline::{schedule_buffers, transformer_layers};
 use graphpool_planner::{
-    Buffer, PlaceOptions, Schedule, SchedulePlanInput, live_bound, lower_bound, place, verify,
+    Buffer, MAX_TOTAL_BYTES, PlaceError, PlaceOptions, Schedule, SchedulePlanInput, live_bound, lower_bound,
+    place, verify,
 };
 use proptest::prelude::*;
 
@@ -355,6 +356,28 @@ proptest! {
         let p = place(&b, &quick()).unwrap();
         verify(&b, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(p.footprint, brute_force(&b));
+    }
+
+    /// Lists whose sizes add up to the most the planner places: a few giant buffers beside
+    /// small ones (every stage lifts buffers out and adds sizes to the tops left above them;
+    /// an earlier limit of 2^64 let such a sum overflow). A byte more is refused.
+    #[test]
+    fn lists_at_the_byte_limit_are_placed(
+        b in buffers(40, 0),
+        giants in prop::collection::vec((0u64..40, 1u64..48), 1..4),
+    ) {
+        let small: u64 = b.iter().map(|x| x.size).sum();
+        let share = (MAX_TOTAL_BYTES - small) / giants.len() as u64;
+        let mut list = b.clone();
+        for (k, &(start, len)) in giants.iter().enumerate() {
+            let extra = if k == 0 { MAX_TOTAL_BYTES - small - share * giants.len() as u64 } else { 0 };
+            list.push(Buffer { start, end: start + len, size: share + extra, group: None });
+        }
+        let p = place(&list, &quick()).unwrap();
+        verify(&list, &p.offsets).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(p.footprint <= MAX_TOTAL_BYTES);
+        list[b.len()].size += 1;
+        prop_assert_eq!(place(&list, &quick()).unwrap_err(), PlaceError::Overflow);
     }
 
     #[test]

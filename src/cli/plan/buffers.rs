@@ -249,9 +249,9 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
             lines_of[k],
             "size",
             format!(
-                "is {} bytes, the largest of buffers that add up to {total} bytes, more than 2^64 \
-                 (an alias group counts once, at its largest member); check the sizes: byte counts, \
-                 or sizes with a unit such as 64MiB",
+                "is {} bytes, the largest of buffers that add up to {total} bytes, more than the \
+                 2^62 the planner places (an alias group counts once, at its largest member); check \
+                 the sizes: byte counts, or sizes with a unit such as 64MiB",
                 buffers[k].size
             ),
         )
@@ -259,7 +259,8 @@ pub fn parse_buffers_csv(path: &Path, text: &str, opts: CsvOptions) -> Result<Bu
     Ok(BufferList { buffers, offsets })
 }
 
-/// Whether the buffers fit a 2^64-byte arena, as the planner counts them: each buffer once,
+/// Whether the buffers add up to no more than the planner places
+/// ([`graphpool_planner::MAX_TOTAL_BYTES`]), as it counts them: each buffer once,
 /// except that an alias group takes one place, as large as its largest member. Err: the
 /// position of the largest buffer (the likeliest mistake), and the sum.
 fn check_total_size(buffers: &[NamedBuffer]) -> Result<(), (usize, u128)> {
@@ -274,7 +275,7 @@ fn check_total_size(buffers: &[NamedBuffer]) -> Result<(), (usize, u128)> {
         }
     }
     total += groups.values().map(|&s| s as u128).sum::<u128>();
-    if total <= u64::MAX as u128 {
+    if total <= graphpool_planner::MAX_TOTAL_BYTES as u128 {
         return Ok(());
     }
     let largest = (0..buffers.len()).max_by_key(|&k| (buffers[k].size, std::cmp::Reverse(k))).unwrap_or(0);
@@ -345,7 +346,7 @@ mod tests {
 
     #[test]
     fn sizes_past_the_arena_name_the_line_of_the_largest() {
-        // Two buffers of 10^19 bytes: 2 × 10^19 > 2^64. The planner would only say "the sizes".
+        // Two buffers of 10^19 bytes: 2 × 10^19 > 2^62. The planner would only say "the sizes".
         let e =
             csv("buffer,start,end,size\na,0,4,16\nb,0,4,10000000000000000000\nc,0,2,10000000000000000000\n")
                 .unwrap_err();
@@ -353,7 +354,7 @@ mod tests {
         assert_eq!(e.line(), Some(3));
         // An alias group takes one place, as large as its largest member: these fit.
         let b = csv(
-            "buffer,start,end,size,alias_group\na,0,4,10000000000000000000,g\nb,5,6,10000000000000000000,g\n",
+            "buffer,start,end,size,alias_group\na,0,4,4000000000000000000,g\nb,5,6,4000000000000000000,g\n",
         )
         .unwrap();
         assert_eq!(b.len(), 2);

@@ -50,7 +50,7 @@
 //! A malformed input is refused with the file, the line (and for schedules the column) and
 //! the field at fault: a CSV column, or a path into the schedule such as
 //! `layers[2].outputs[0].shape`, whether the parser found the fault (a string where a number
-//! belongs, a missing key) or the planner did (an unknown dtype, tensors past 2^64 bytes).
+//! belongs, a missing key) or the planner did (an unknown dtype, buffers past the 2^62 bytes it places).
 
 mod buffers;
 mod report;

@@ -519,14 +519,18 @@ outputs = [{ shape = [16, 8], dtype = "bf16" }]
             let e = planner_error(path, &dtype);
             assert_eq!(place_and_field(&e), (shape_line, "layers[1].outputs[0].dtype".to_string()));
             assert!(e.to_string().contains("unknown dtype \"bf17\"; use one of"), "{e}");
-            // 2^62 bytes in each of 4 slots, twice (the output and its gradient): past 2^64.
+            // 2^63 bytes in each of 4 slots, twice (the output and its gradient): past 2^62.
             let huge = {
                 let (head, tail) = text.rsplit_once("[16, 8]").unwrap();
                 format!("{head}[4611686018427387904]{tail}")
             };
             let e = planner_error(path, &huge);
             assert_eq!(place_and_field(&e), (shape_line, "layers[1].outputs[0].shape".to_string()));
-            assert!(e.to_string().contains("more than 2^64 bytes; check the dimensions"), "{e}");
+            assert!(
+                e.to_string()
+                    .contains("more than 2^62 bytes, the most the planner places; check the dimensions"),
+                "{e}"
+            );
             // A setting the file leaves out is placed at the table that would hold it.
             let chunkless =
                 text.replace("\"pp_size\": 4", "\"pp_size\": 1").replace("pp_size = 4", "pp_size = 1");

@@ -431,6 +431,13 @@ impl Placement {
     }
 }
 
+/// The most bytes the planner places: the sizes of the buffers, an alias group counted once at
+/// its largest member, add up to at most this. 2^62 bytes (4 EiB) is far past any device's
+/// memory, and leaves the engine's sums room below 2^64: a search that lifts a buffer out
+/// adds its size to the tops of the buffers left floating above where it was, which may be
+/// the whole sum.
+pub const MAX_TOTAL_BYTES: u64 = 1 << 62;
+
 /// Why buffers could not be placed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlaceError {
@@ -444,8 +451,12 @@ pub enum PlaceError {
         /// Its end.
         end: u64,
     },
-    /// The sizes add up to more than 2^64 bytes.
-    #[error("buffer sizes add up to more than 2^64 bytes; check the sizes (they are bytes)")]
+    /// The sizes add up to more than [`MAX_TOTAL_BYTES`] (an alias group counted once, at its
+    /// largest member).
+    #[error(
+        "buffer sizes add up to more than 2^62 bytes (4 EiB), the most the planner places; check \
+         the sizes (they are bytes)"
+    )]
     Overflow,
 }
 

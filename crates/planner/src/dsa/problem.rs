@@ -91,7 +91,10 @@ impl Problem {
         for &(item, _, _, z) in &members {
             size[item as usize] = size[item as usize].max(z);
         }
-        size.iter().try_fold(0u64, |acc, &s| acc.checked_add(s)).ok_or(PlaceError::Overflow)?;
+        size.iter()
+            .try_fold(0u64, |acc, &s| acc.checked_add(s))
+            .filter(|&total| total <= MAX_TOTAL_BYTES)
+            .ok_or(PlaceError::Overflow)?;
         // The compressed clock: the distinct starts and ends; `ends[2k]`, `ends[2k + 1]` are
         // the ranks of member k's start and end.
         let mut events: Vec<(u64, u32)> = Vec::with_capacity(members.len() * 2);
