@@ -93,21 +93,27 @@ pub(crate) fn fits_restarting(
         streams.run(prep, capacity, until, 0);
     } else {
         std::thread::scope(|scope| {
-            // A worker without a thread leaves its restarts to nobody: the others neither wait
-            // for it nor need it.
-            let started: Vec<_> = (1..workers)
-                .filter_map(|w| {
-                    std::thread::Builder::new()
-                        .name("graphpool-canonical".into())
-                        .stack_size(SEARCH_STACK_BYTES)
-                        .spawn_scoped(scope, {
-                            let streams = &streams;
-                            move || streams.run(prep, capacity, until, w)
-                        })
-                        .ok()
-                })
-                .collect();
+            let mut started = Vec::with_capacity(workers - 1);
+            let mut unstarted = Vec::new();
+            for w in 1..workers {
+                let spawned = std::thread::Builder::new()
+                    .name("graphpool-canonical".into())
+                    .stack_size(SEARCH_STACK_BYTES)
+                    .spawn_scoped(scope, {
+                        let streams = &streams;
+                        move || streams.run(prep, capacity, until, w)
+                    });
+                match spawned {
+                    Ok(worker) => started.push(worker),
+                    Err(_) => unstarted.push(w),
+                }
+            }
             streams.run(prep, capacity, until, 0);
+            // A worker without a thread (resources exhausted) runs here after worker 0's
+            // stream, so that its restarts before the answer still run: the same answer, later.
+            for w in unstarted {
+                streams.run(prep, capacity, until, w);
+            }
             for worker in started {
                 worker.join().expect("a canonical search worker panicked");
             }
@@ -122,7 +128,10 @@ struct Streams {
     /// The earliest restart (in the one sequence) that found a placement, `u64::MAX` while
     /// none has; 0 once a worker proved the capacity infeasible.
     earliest: AtomicU64,
-    /// The restart each worker is in.
+    /// The restart each worker is in (in the one sequence): its first, `w`, until it starts.
+    /// A worker whose thread has not run yet is stopped only by an answer before its first
+    /// restart; were it counted as beyond every restart, an answer found later in the
+    /// sequence would stop it, and the answer would depend on when its thread ran.
     current: Vec<AtomicU64>,
     /// Raised for a worker whose restart can no longer be the answer.
     moot: Vec<AtomicBool>,
@@ -135,7 +144,7 @@ impl Streams {
         Streams {
             workers,
             earliest: AtomicU64::new(u64::MAX),
-            current: (0..workers).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            current: (0..workers as u64).map(AtomicU64::new).collect(),
             moot: (0..workers).map(|_| AtomicBool::new(false)).collect(),
             answer: Mutex::new(None),
         }
@@ -745,7 +754,7 @@ mod tests {
             fits_restarting(
                 &Prepared::new(items),
                 capacity,
-                Until::at(Instant::now() + Duration::from_secs(10)),
+                Until::at(Instant::now() + Duration::from_secs(60)),
                 workers,
             )
         })
@@ -913,6 +922,30 @@ mod tests {
             }
             for _ in 0..3 {
                 assert_eq!(run_workers(&single(&ivs), &size, 1 << 32, 4), first, "seed {seed}");
+            }
+        }
+    }
+
+    /// The answer does not depend on when each worker's thread gets to run: workers run one
+    /// after another, the last first (as when threads start late, or only one runs), answer
+    /// what the four running side by side answer.
+    #[test]
+    fn workers_answer_the_same_whenever_their_threads_run() {
+        for seed in [2, 3, 8] {
+            let (ivs, size) = tiling(200, seed);
+            let side_by_side = run_workers(&single(&ivs), &size, 1 << 32, 4);
+            assert!(matches!(side_by_side, Outcome::Fits(_)), "seed {seed}");
+            for order in [[3, 2, 1, 0], [1, 3, 0, 2]] {
+                let one_by_one = with_items(&single(&ivs), &size, |items| {
+                    let prep = Prepared::new(items);
+                    let streams = Streams::new(4);
+                    // (A deadline reached would change the answer: far beyond the seconds
+                    // these take in a debug build on a busy machine.)
+                    let far = Until::at(Instant::now() + Duration::from_secs(120));
+                    order.iter().for_each(|&w| streams.run(&prep, 1 << 32, far, w));
+                    streams.outcome()
+                });
+                assert_eq!(one_by_one, side_by_side, "seed {seed}, workers in the order {order:?}");
             }
         }
     }
