@@ -123,16 +123,23 @@ pub(super) fn greedy_pass_estimate(n: usize, pairs: u64) -> Duration {
 
 /// Runs `f(k)` for `k` in `0..workers`: worker 0 on the calling thread, the others on
 /// scoped threads (none at all for one worker: on a loaded machine a new thread can wait
-/// milliseconds to be scheduled, which a stage with little time left cannot afford).
+/// milliseconds to be scheduled, which a stage with little time left cannot afford). A
+/// worker whose thread cannot be made (resources exhausted) runs on the calling thread
+/// after worker 0: the same answers, later.
 pub(crate) fn run_workers<T: Send>(workers: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     if workers <= 1 {
         return vec![f(0)];
     }
     std::thread::scope(|scope| {
         let f = &f;
-        let handles: Vec<_> = (1..workers).map(|k| scope.spawn(move || f(k))).collect();
+        let handles: Vec<_> = (1..workers)
+            .map(|k| std::thread::Builder::new().spawn_scoped(scope, move || f(k)).map_err(|_| k))
+            .collect();
         let mut out = vec![f(0)];
-        out.extend(handles.into_iter().map(|h| h.join().expect("planner worker panicked")));
+        out.extend(handles.into_iter().map(|h| match h {
+            Ok(h) => h.join().expect("planner worker panicked"),
+            Err(k) => f(k),
+        }));
         out
     })
 }
