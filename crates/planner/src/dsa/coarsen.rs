@@ -663,9 +663,10 @@ pub(super) fn refine_beside(
     let mut refined = best.clone();
     let refining = threads / 2;
     let steps = std::thread::scope(|scope| {
-        let refiner = scope.spawn(|| refine_coarse(p, c, lb, until, seed, refining, &mut refined));
+        // (Without a thread for it, the chains go on alone.)
+        let refiner = spawn_beside(scope, || refine_coarse(p, c, lb, until, seed, refining, &mut refined));
         let steps = improvement_chains(p, lb, pairs, until, seed ^ 0x6974_656d, threads - refining, best);
-        steps + refiner.join().expect("the coarse plan's refinement panicked")
+        steps + refiner.map_or(0, |h| h.join().expect("the coarse plan's refinement panicked"))
     });
     best.offer(refined.high, refined.off, refined.strategy);
     steps

@@ -144,6 +144,15 @@ pub(crate) fn run_workers<T: Send>(workers: usize, f: impl Fn(usize) -> T + Sync
     })
 }
 
+/// Starts `f` on a scoped thread beside the caller's work, or `None` where no thread can be
+/// made (resources exhausted): the caller then goes on without what it would have found.
+pub(super) fn spawn_beside<'scope, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    f: impl FnOnce() -> T + Send + 'scope,
+) -> Option<std::thread::ScopedJoinHandle<'scope, T>> {
+    std::thread::Builder::new().spawn_scoped(scope, f).ok()
+}
+
 /// Workers for a stage with `left` time: all `threads` unless too little is left to pay
 /// for starting threads.
 pub(crate) fn workers_for(threads: usize, left: Duration) -> usize {
@@ -850,7 +859,7 @@ fn canonical_beside_chains(
     let cores = if searches.at_bound { bound_workers } else { 0 } + usize::from(above.is_some());
     let (at_bound, from_above, steps) = std::thread::scope(|scope| {
         let at_bound = searches.at_bound.then(|| {
-            scope.spawn(|| {
+            spawn_beside(scope, || {
                 crate::canonical::search(
                     &p.items(),
                     (lb, lb, upper),
@@ -861,7 +870,7 @@ fn canonical_beside_chains(
         });
         let from_above = above.map(|from| {
             let until = Until::or_raised(deadline, &settled);
-            scope.spawn(move || crate::canonical::search(&p.items(), (lb, from, upper), until, 1))
+            spawn_beside(scope, move || crate::canonical::search(&p.items(), (lb, from, upper), until, 1))
         });
         let until = Until::or_raised(deadline, &settled);
         let steps = if chains {
@@ -872,7 +881,7 @@ fn canonical_beside_chains(
         // The chains stop at the deadline or at the bound: the searches need not go on.
         until.raise();
         let join = |h: std::thread::ScopedJoinHandle<'_, _>| h.join().expect("a canonical search panicked");
-        (at_bound.map(join), from_above.map(join), steps)
+        (at_bound.flatten().map(join), from_above.flatten().map(join), steps)
     });
     let mut bound = lb;
     if let Some((found, proved)) = at_bound {

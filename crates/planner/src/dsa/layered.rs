@@ -302,9 +302,14 @@ pub(super) fn skeleton_beside_aligned(
 ) -> (Option<Skeleton>, Option<(Vec<u64>, u64)>) {
     let sk_opts = PlaceOptions { threads: opts.threads.saturating_sub(1).max(1), ..opts.clone() };
     std::thread::scope(|scope| {
-        let whole = scope.spawn(|| aligned_variant(p, 0, || Instant::now() > deadline));
+        let whole = spawn_beside(scope, || aligned_variant(p, 0, || Instant::now() > deadline));
         let sk = plan_skeleton(p, items, budget, &sk_opts, PlanFor::Fill, tail);
-        (sk, whole.join().expect("the aligned construction panicked"))
+        // (Without a thread for it, the aligned construction runs after the skeleton's.)
+        let whole = match whole {
+            Some(h) => h.join().expect("the aligned construction panicked"),
+            None => aligned_variant(p, 0, || Instant::now() > deadline),
+        };
+        (sk, whole)
     })
 }
 
