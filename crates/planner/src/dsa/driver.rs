@@ -1326,9 +1326,12 @@ mod density_tests {
         let settled = place(&b, &settling(2.0)).unwrap();
         verify(&b, &settled.offsets).unwrap();
         assert!(settled.footprint > settled.lower_bound && settled.footprint < 2 * settled.lower_bound);
+        // The constructions run to their end past the cap (~0.3 s in a debug build alone, 0.52 s
+        // once beside the other tests on two cores): what tells settling from searching is the
+        // whole budget, which settling leaves almost all unused.
         assert!(
-            settled.elapsed < cap + Duration::from_millis(400),
-            "{:?} with a cap of {cap:?}",
+            settled.elapsed < whole / 3,
+            "{:?} with a cap of {cap:?} and a budget of {whole:?}",
             settled.elapsed
         );
         let searched = place(&b, &settling(1.0001)).unwrap();
