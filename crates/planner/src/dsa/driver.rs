@@ -132,9 +132,7 @@ pub(crate) fn run_workers<T: Send>(workers: usize, f: impl Fn(usize) -> T + Sync
     }
     std::thread::scope(|scope| {
         let f = &f;
-        let handles: Vec<_> = (1..workers)
-            .map(|k| std::thread::Builder::new().spawn_scoped(scope, move || f(k)).map_err(|_| k))
-            .collect();
+        let handles: Vec<_> = (1..workers).map(|k| spawn_beside(scope, move || f(k)).ok_or(k)).collect();
         let mut out = vec![f(0)];
         out.extend(handles.into_iter().map(|h| match h {
             Ok(h) => h.join().expect("planner worker panicked"),
