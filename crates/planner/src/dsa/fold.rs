@@ -125,6 +125,7 @@ impl Problem {
         (self.ivp, self.ivs, self.hull) = (ivp, ivs, hull);
         self.ranks = kept.len() as u32 + 1;
         self.events = std::sync::OnceLock::new();
+        self.meeting = std::sync::OnceLock::new();
         true
     }
 }

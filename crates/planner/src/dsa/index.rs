@@ -22,6 +22,11 @@ pub(super) struct Entry {
 #[derive(Debug, Clone)]
 pub(super) struct Index {
     pub(super) levels: Vec<Level>,
+    /// Where the problem has [`Problem::meeting_rows`]: which items are placed (a bit each),
+    /// their offsets, and the placed items sorted by offset; empty otherwise.
+    placed: Vec<u64>,
+    off_of: Vec<u64>,
+    by_off: Vec<(u64, u32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -46,7 +51,11 @@ impl Index {
             }
             shift += 2;
         }
-        Index { levels }
+        let (placed, off_of) = match p.meeting_rows() {
+            Some(_) => (vec![0; p.len().div_ceil(64)], vec![0; p.len()]),
+            None => (Vec::new(), Vec::new()),
+        };
+        Index { levels, placed, off_of, by_off: Vec::new() }
     }
 
     /// The index of `placed` (item, offset) pairs: each bucket filled, then sorted once —
@@ -85,6 +94,12 @@ impl Index {
 
     /// Hands `put` every bucket `item` at `off` belongs in, with its entry there.
     fn add(&mut self, p: &Problem, item: usize, off: u64, mut put: impl FnMut(&mut Vec<Entry>, Entry)) {
+        if !self.placed.is_empty() {
+            self.placed[item / 64] |= 1 << (item % 64);
+            self.off_of[item] = off;
+            let at = self.by_off.partition_point(|&x| x < (off, item as u32));
+            self.by_off.insert(at, (off, item as u32));
+        }
         let top = off + p.size[item];
         for &(s, e) in p.ivs(item) {
             let en = Entry { off, top, s, e, item: item as u32 };
@@ -98,6 +113,11 @@ impl Index {
     }
 
     pub(super) fn remove(&mut self, p: &Problem, item: usize, off: u64) {
+        if !self.placed.is_empty() {
+            self.placed[item / 64] &= !(1 << (item % 64));
+            let at = self.by_off.partition_point(|&x| x < (off, item as u32));
+            self.by_off.remove(at);
+        }
         for &(s, e) in p.ivs(item) {
             let k = self.level_of(s, e);
             let level = &mut self.levels[k];
@@ -192,7 +212,40 @@ impl Index {
             return gaps.over_sorted(&scratch.pairs);
         }
         // An item with several intervals meets most neighbours in several of them, and every
-        // interval of a neighbour has its offset: one pair per neighbour.
+        // interval of a neighbour has its offset: one pair per neighbour, read from the
+        // item's row of the items it meets where the problem has one (what the scan below
+        // finds, without visiting each neighbour once per interval and bucket).
+        if !self.placed.is_empty()
+            && let Some(meeting) = p.meeting_rows()
+        {
+            let row = meeting.row(item);
+            let met: usize = row.iter().zip(&self.placed).map(|(&r, &q)| (r & q).count_ones() as usize).sum();
+            // Every placed item in offset order, the ones met visited; or the ones met,
+            // sorted: whichever is fewer steps.
+            if self.by_off.len() <= met * (met.max(2).ilog2() as usize + 1) {
+                let mut gaps = gaps;
+                for &(o, j) in &self.by_off {
+                    if bit(row, j as usize)
+                        && let Some(at) = gaps.visit(o, o + p.size[j as usize])
+                    {
+                        return at;
+                    }
+                }
+                return gaps.end();
+            }
+            let pairs = &mut scratch.pairs;
+            for (k, (&r, &q)) in row.iter().zip(&self.placed).enumerate() {
+                let mut bits = r & q;
+                while bits != 0 {
+                    let j = k * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let o = self.off_of[j];
+                    pairs.push((o, o + p.size[j]));
+                }
+            }
+            pairs.sort_unstable_by_key(|x| x.0);
+            return gaps.over_sorted(pairs);
+        }
         scratch.seen.clear(p.len());
         let mut sorted = true;
         let FindScratch { pairs, seen, .. } = scratch;
@@ -511,6 +564,42 @@ mod find_tests {
             best_fit in any::<bool>(),
         ) {
             agree_with_a_scan(&raw, best_fit)?;
+        }
+
+        /// Alias groups met at many steps read the items they meet from the problem's rows
+        /// (both ways: every placed item in offset order, or the ones met, sorted) and agree
+        /// with a scan, also after items are taken out and asked again.
+        #[test]
+        fn gap_queries_from_the_rows_of_items_met_agree_with_a_scan(
+            raw in prop::collection::vec((0u64..40, 1u64..40, 1u64..64, prop::option::of(0u32..12)), 20..120),
+            best_fit in any::<bool>(),
+        ) {
+            let b: Vec<Buffer> =
+                raw.iter().map(|&(s, l, z, g)| Buffer { start: s, end: s + l, size: z, group: g }).collect();
+            let p = Problem::build(&b).unwrap();
+            prop_assume!(p.meeting_rows().is_some());
+            let fit = if best_fit { Fit::BestFit } else { Fit::LowestOffset };
+            let mut index = Index::new(&p);
+            let mut scratch = FindScratch::default();
+            let mut placed = Vec::new();
+            for i in 0..p.len() {
+                let o = index.find(&p, i, fit, &mut scratch);
+                prop_assert_eq!(o, scan(&p, &placed, i, fit), "item {}", i);
+                index.insert(&p, i, o);
+                placed.push((i, o));
+            }
+            // Every third item out, then each asked again and put back where it fits now.
+            let out: Vec<(usize, u64)> = placed.iter().copied().filter(|&(i, _)| i % 3 == 0).collect();
+            for &(i, o) in &out {
+                index.remove(&p, i, o);
+            }
+            placed.retain(|&(i, _)| i % 3 != 0);
+            for &(i, _) in &out {
+                let o = index.find(&p, i, fit, &mut scratch);
+                prop_assert_eq!(o, scan(&p, &placed, i, fit), "item {} again", i);
+                index.insert(&p, i, o);
+                placed.push((i, o));
+            }
         }
 
         /// The same on a long clock, where a query visits many buckets (sorted runs: more
