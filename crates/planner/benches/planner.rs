@@ -2,7 +2,8 @@
 //! random / dense / two-population / tightly packed buffer lists up to 100k buffers,
 //! `plan_schedule` (what PlanCapture runs) on schedules with varied layers at the daemon's
 //! default budget, and the gap queries every construction and improvement step is made of
-//! (`gap_query/…`: 10k queries on a placed 100k list, for each fit), and the online
+//! (`gap_query/…`: 10k queries on a placed 100k list, and on the alias groups of a long
+//! pipeline, for each fit), and the online
 //! constructions (`online/…`: best fit, aligned and the repairing sweep over 100k buffers). Ratios are printed by
 //! `cargo run --release -p graphpool-planner --example figures`.
 
@@ -68,6 +69,7 @@ fn bench(c: &mut Criterion) {
     group.finish();
 
     let daemon = PlaceOptions { time_budget: Duration::from_millis(200), ..PlaceOptions::default() };
+    let long = Schedule::Interleaved { pp_size: 32, pp_rank: 22, num_microbatches: 2048, virtual_chunks: 4 };
     let schedules = [
         ("varied_1f1b_pp8_r0_m64", Schedule::OneFOneB { pp_size: 8, pp_rank: 0, num_microbatches: 64 }, 1),
         (
@@ -75,6 +77,8 @@ fn bench(c: &mut Criterion) {
             Schedule::Interleaved { pp_size: 8, pp_rank: 2, num_microbatches: 64, virtual_chunks: 3 },
             3,
         ),
+        // Hundreds of thousands of buffers in a few thousand alias groups.
+        ("varied_interleaved_pp32_v4_r22_m2048", long.clone(), 4),
     ];
     let mut group = c.benchmark_group("plan_schedule");
     group.sample_size(10).measurement_time(Duration::from_secs(5));
@@ -89,9 +93,12 @@ fn bench(c: &mut Criterion) {
         ("packed_100k", workload::packed(100_000, 1)),
         ("dense_100k", workload::random_dense(100_000, 1)),
     ];
+    // Alias groups of several intervals each (their queries read the items they meet).
+    let groups = SchedulePlanInput { schedule: long, layers: varied_layers(4, 4, 2048, 1, 2048, 1) };
+    let groups = ("alias_groups_pp32_m2048", schedule_buffers(&groups).expect("valid schedule").buffers);
     let mut group = c.benchmark_group("gap_query");
     group.sample_size(10).measurement_time(Duration::from_secs(5));
-    for (name, buffers) in &lists {
+    for (name, buffers) in lists.iter().chain([&groups]) {
         let mut queries = GapQueries::new(buffers).expect("valid");
         for (fit, lowest) in [("best_fit", false), ("lowest_offset", true)] {
             group.bench_function(format!("{name}_{fit}_10k"), |b| b.iter(|| queries.run(10_000, lowest, 7)));
