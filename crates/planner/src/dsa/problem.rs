@@ -350,7 +350,8 @@ impl Problem {
     /// index hands over every interval of every neighbour, once per bucket it shares with
     /// each of the item's intervals. Built where that scan costs more than the rows:
     /// alias groups, at most [`MEETING_ROWS_MAX_ITEMS`] of them, whose pairs of intervals
-    /// live together are [`MEETING_ROWS_GAIN`] times the words the rows take to build. The
+    /// live together are at least [`MEETING_ROWS_GAIN`] times the words the rows take to
+    /// build (the sweep's; making them symmetric costs a step per pair of items met). The
     /// longest pipeline of the schedule sweep (6.2k groups of 37.7k intervals, 63.5M pairs)
     /// gets them: its first greedy pass scanned 63.5M entries for 11.1M neighbours placed.
     pub(super) fn meeting_rows(&self) -> Option<&ConflictGraph> {
