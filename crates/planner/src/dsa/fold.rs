@@ -125,7 +125,7 @@ impl Problem {
         (self.ivp, self.ivs, self.hull) = (ivp, ivs, hull);
         self.ranks = kept.len() as u32 + 1;
         self.events = std::sync::OnceLock::new();
-        self.meeting = std::sync::OnceLock::new();
+        // (`meeting` holds: the pairs of items live together are the same.)
         true
     }
 }
@@ -266,8 +266,8 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
-        /// Folding keeps exactly the pairs of items live together, every item, and the
-        /// heaviest rank.
+        /// Folding keeps exactly the pairs of items live together (and so the rows of items
+        /// met), every item, and the heaviest rank.
         #[test]
         fn folding_keeps_who_is_live_together(
             raw in prop::collection::vec((0u64..30, 1u64..8, 1u64..50, prop::option::of(0u32..6)), 1..40)
@@ -278,6 +278,8 @@ mod tests {
             if let Some(f) = folded(&p) {
                 prop_assert!(f.ranks < p.ranks);
                 prop_assert_eq!(together(&f), together(&p));
+                // So the rows of items met, which a folded problem keeps, hold.
+                prop_assert_eq!(f.items().meeting_rows(u64::MAX), p.items().meeting_rows(u64::MAX));
                 prop_assert_eq!(f.live().into_iter().max(), p.live().into_iter().max());
                 prop_assert_eq!(f.peaks(), p.peak.clone());
                 for i in 0..f.len() {

@@ -1,6 +1,8 @@
 //! The problem in compressed form — items of one or more intervals over a compressed clock
 //! (alias groups are one item) — and its lower bounds: the live bound and the alias bound.
 
+use std::borrow::Cow;
+
 use super::*;
 
 /// Items (alias groups or lone buffers) over a compressed clock.
@@ -335,14 +337,20 @@ impl Problem {
 
     /// The conflict graph (items live at a common rank, [`crate::items::Items::meeting_rows`]);
     /// `None` above [`CLIQUE_MAX_ITEMS`] items or when the sweep would visit more than
-    /// [`ALIAS_BOUND_WORK`] pairs of intervals.
-    pub(super) fn conflict_graph(&self) -> Option<ConflictGraph> {
+    /// [`ALIAS_BOUND_WORK`] pairs of intervals. Where the problem has [`Problem::meeting_rows`]
+    /// (the same graph, kept for gap queries), those.
+    pub(super) fn conflict_graph(&self) -> Option<Cow<'_, ConflictGraph>> {
         let n = self.len();
         if n > CLIQUE_MAX_ITEMS {
             return None;
         }
+        if let Some(rows) = self.meeting_rows() {
+            // The sweep visits a pair per interval live at another's start, and one per start.
+            let visits = self.overlapping_pairs() + self.ivs.len() as u64;
+            return (visits <= ALIAS_BOUND_WORK).then_some(Cow::Borrowed(rows));
+        }
         let rows = self.items().meeting_rows(ALIAS_BOUND_WORK)?;
-        Some(ConflictGraph { n, words: n.div_ceil(64), rows })
+        Some(Cow::Owned(ConflictGraph { n, words: n.div_ceil(64), rows }))
     }
 
     /// The items each item meets (bitset rows), for gap queries of items with several
