@@ -302,13 +302,11 @@ pub(super) fn skeleton_beside_aligned(
 ) -> (Option<Skeleton>, Option<(Vec<u64>, u64)>) {
     let sk_opts = PlaceOptions { threads: opts.threads.saturating_sub(1).max(1), ..opts.clone() };
     std::thread::scope(|scope| {
-        let whole = spawn_beside(scope, || aligned_variant(p, 0, || Instant::now() > deadline));
+        let aligned = || aligned_variant(p, 0, || Instant::now() > deadline);
+        let whole = spawn_beside(scope, aligned);
         let sk = plan_skeleton(p, items, budget, &sk_opts, PlanFor::Fill, tail);
         // (Without a thread for it, the aligned construction runs after the skeleton's.)
-        let whole = match whole {
-            Some(h) => h.join().expect("the aligned construction panicked"),
-            None => aligned_variant(p, 0, || Instant::now() > deadline),
-        };
+        let whole = whole.map_or_else(aligned, |h| h.join().expect("the aligned construction panicked"));
         (sk, whole)
     })
 }
