@@ -89,36 +89,11 @@ pub(crate) fn fits_restarting(
     workers: usize,
 ) -> Outcome {
     let streams = Streams::new(workers.max(1));
-    if workers <= 1 {
-        streams.run(prep, capacity, until, 0);
-    } else {
-        std::thread::scope(|scope| {
-            let mut started = Vec::with_capacity(workers - 1);
-            let mut unstarted = Vec::new();
-            for w in 1..workers {
-                let spawned = std::thread::Builder::new()
-                    .name("graphpool-canonical".into())
-                    .stack_size(SEARCH_STACK_BYTES)
-                    .spawn_scoped(scope, {
-                        let streams = &streams;
-                        move || streams.run(prep, capacity, until, w)
-                    });
-                match spawned {
-                    Ok(worker) => started.push(worker),
-                    Err(_) => unstarted.push(w),
-                }
-            }
-            streams.run(prep, capacity, until, 0);
-            // A worker without a thread (resources exhausted) runs here after worker 0's
-            // stream, so that its restarts before the answer still run: the same answer, later.
-            for w in unstarted {
-                streams.run(prep, capacity, until, w);
-            }
-            for worker in started {
-                worker.join().expect("a canonical search worker panicked");
-            }
-        });
-    }
+    // A worker without a thread (resources exhausted) runs on this one once worker 0's stream
+    // is done, so that its restarts before the answer still run: the same answer, later.
+    let search_thread =
+        || std::thread::Builder::new().name("graphpool-canonical".into()).stack_size(SEARCH_STACK_BYTES);
+    crate::dsa::run_workers_with(workers, search_thread, |w| streams.run(prep, capacity, until, w));
     streams.outcome()
 }
 

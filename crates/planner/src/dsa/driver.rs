@@ -127,12 +127,22 @@ pub(super) fn greedy_pass_estimate(n: usize, pairs: u64) -> Duration {
 /// worker whose thread cannot be made (resources exhausted) runs on the calling thread
 /// after worker 0: the same answers, later.
 pub(crate) fn run_workers<T: Send>(workers: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    run_workers_with(workers, std::thread::Builder::new, f)
+}
+
+/// [`run_workers`] on threads made by `thread` (a name, a stack size).
+pub(crate) fn run_workers_with<T: Send>(
+    workers: usize,
+    thread: impl Fn() -> std::thread::Builder,
+    f: impl Fn(usize) -> T + Sync,
+) -> Vec<T> {
     if workers <= 1 {
         return vec![f(0)];
     }
     std::thread::scope(|scope| {
         let f = &f;
-        let handles: Vec<_> = (1..workers).map(|k| spawn_beside(scope, move || f(k)).ok_or(k)).collect();
+        let handles: Vec<_> =
+            (1..workers).map(|k| thread().spawn_scoped(scope, move || f(k)).map_err(|_| k)).collect();
         let mut out = vec![f(0)];
         out.extend(handles.into_iter().map(|h| match h {
             Ok(h) => h.join().expect("planner worker panicked"),

@@ -489,7 +489,7 @@ pub use coarsening_check::{CoarseningCheck, CoarseningCheckError, MergeCount, Or
 use decompose::*;
 pub use driver::place;
 use driver::*;
-pub(crate) use driver::{run_workers, workers_for};
+pub(crate) use driver::{run_workers, run_workers_with, workers_for};
 use exact::*;
 use greedy::*;
 use hashing::KeyHashing;
