@@ -73,6 +73,9 @@ impl Index {
                 bucket.sort_by_key(|en| en.off);
             }
         }
+        let Index { placed, off_of, by_off, .. } = &mut index;
+        by_off.extend((0..off_of.len()).filter(|&i| bit(placed, i)).map(|i| (off_of[i], i as u32)));
+        by_off.sort_unstable();
         index
     }
 
@@ -90,15 +93,18 @@ impl Index {
             let pos = bucket.partition_point(|x| x.off <= en.off);
             bucket.insert(pos, en);
         });
+        if !self.placed.is_empty() {
+            let at = self.by_off.partition_point(|&x| x < (off, item as u32));
+            self.by_off.insert(at, (off, item as u32));
+        }
     }
 
-    /// Hands `put` every bucket `item` at `off` belongs in, with its entry there.
+    /// Hands `put` every bucket `item` at `off` belongs in, with its entry there, and marks
+    /// it placed at `off` (without `by_off`, which the callers keep sorted their own way).
     fn add(&mut self, p: &Problem, item: usize, off: u64, mut put: impl FnMut(&mut Vec<Entry>, Entry)) {
         if !self.placed.is_empty() {
             self.placed[item / 64] |= 1 << (item % 64);
             self.off_of[item] = off;
-            let at = self.by_off.partition_point(|&x| x < (off, item as u32));
-            self.by_off.insert(at, (off, item as u32));
         }
         let top = off + p.size[item];
         for &(s, e) in p.ivs(item) {
@@ -608,7 +614,7 @@ mod find_tests {
         }
 
         /// An index built at once holds what one-by-one inserts in the same order give,
-        /// bucket for bucket.
+        /// bucket for bucket, and the same placed items in offset order.
         #[test]
         fn an_index_built_at_once_equals_one_built_by_inserts(
             raw in prop::collection::vec((0u64..200, 1u64..120, 1u64..64, prop::option::of(0u32..6), 0u64..5), 1..80),
@@ -632,6 +638,12 @@ mod find_tests {
                     .collect()
             };
             prop_assert_eq!(key(&at_once), key(&one_by_one));
+            // And the same placed items, offsets and offset order (where the rows of items met
+            // are kept).
+            prop_assert_eq!(
+                (&at_once.placed, &at_once.off_of, &at_once.by_off),
+                (&one_by_one.placed, &one_by_one.off_of, &one_by_one.by_off)
+            );
             for (a, c) in at_once.levels.iter().zip(&one_by_one.levels) {
                 prop_assert_eq!(a.entries, c.entries);
             }
