@@ -32,7 +32,8 @@
 //! random lists with half the buffers in alias groups whose members recur at a period
 //! (`workload::random_grouped`); `repeated` rows ten iterations of one random list, nothing
 //! live between them (`workload::repeated_iterations`); `pow2` rows lists of power-of-two
-//! sizes, about 260 buffers live at once (`workload::random_powers_of_two`).
+//! sizes, about 260 buffers live at once (`workload::random_powers_of_two`), `pow2-busy` rows
+//! the same with eight buffers starting a step (`workload::random_powers_of_two_busy`).
 //!
 //! Under the rows, a summary per workload over its seeds: median [min–max] of the ratios,
 //! how many meet README's target for that kind of list (1.001 for pipeline schedules, 1.10
@@ -148,6 +149,7 @@ fn main() {
     generated(&mut cases, "dense", &larger, &seeds, "", workload::random_dense);
     generated(&mut cases, "bimodal", &larger, &seeds, "", workload::random_bimodal);
     generated(&mut cases, "pow2", &larger, &seeds, "", workload::random_powers_of_two);
+    generated(&mut cases, "pow2-busy", &larger, &seeds, "", workload::random_powers_of_two_busy);
     generated(&mut cases, "longshort", &larger, &seeds, "", workload::random_long_short);
     generated(&mut cases, "training", &sizes, &seeds, "", workload::training_trace);
     generated(&mut cases, "grouped", &larger, &seeds, "", workload::random_grouped);

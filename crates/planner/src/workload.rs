@@ -74,6 +74,24 @@ pub fn random_powers_of_two(n: usize, seed: u64) -> Vec<Buffer> {
     uniform_starts(n, Rng::new(seed ^ 0x706f_7732), |rng| (rng.log_uniform(1, 2000), 1 << rng.range(10, 26)))
 }
 
+/// `n` random buffers of power-of-two sizes, busier at each step: starts uniform over
+/// `[0, n/8)` (eight arrivals a step on average), lifetimes uniform in `1..=63` steps (about
+/// 256 buffers live at a time), sizes `2^k` bytes with `k` uniform in `9..=30` (512 B..=1
+/// GiB). With 22 sizes and eight buffers starting a step, a third of the buffers end where
+/// one of their size starts by chance: coarsening finds hand-overs that carry no structure
+/// (docs/planner.md, "Hand-overs by chance").
+pub fn random_powers_of_two_busy(n: usize, seed: u64) -> Vec<Buffer> {
+    let mut rng = Rng::new(seed ^ 0x6275_7379_7032);
+    let steps = (n as u64 / 8).max(1);
+    (0..n)
+        .map(|_| {
+            let start = rng.below(steps);
+            let life = rng.range(1, 63);
+            Buffer { start, end: start + life, size: 1 << rng.range(9, 30), group: None }
+        })
+        .collect()
+}
+
 /// `n` random buffers of two populations, as in training, where weights and optimizer
 /// state live long beside short-lived activations: 2% large and long-lived (lifetimes
 /// uniform in `n/100..=n/5` steps, sizes uniform in 64..=256 MiB), the others small and

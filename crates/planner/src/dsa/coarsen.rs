@@ -17,10 +17,51 @@ pub(super) struct Coarse {
     pub(super) member: Vec<(u32, u64)>,
 }
 
-/// Whether [`coarsen_both`] can remove a tenth of the items in its first round (a cheap test:
-/// items sharing a lifetime with another, and items whose end meets the start of one of
-/// equal size).
-pub(super) fn coarsens(p: &Problem) -> bool {
+/// What the first round of [`coarsen_both`] would merge (a cheap test, [`merges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Merges {
+    /// Less than a tenth of the items: not worth coarsening.
+    Few,
+    /// A tenth of the items or more, but not a tenth beyond what chance makes: hand-overs
+    /// between items of equal size that the list's mix of starts and sizes explains
+    /// ([`chance_hand_overs`]). Such lists coarsen to three quarters of their items or so
+    /// (power-of-two sizes, eight items starting a step), an instance planned only after the
+    /// constructions, when there is time for it; coarsening them before (a quarter to a third
+    /// of a 10k list's default budget) left the constructions that time short for nothing
+    /// (docs/planner.md, "Hand-overs by chance").
+    ByChance,
+    /// A tenth of the items or more beyond chance: stacks and chains of a tiling's pieces,
+    /// of a training step's activations.
+    Structural,
+}
+
+/// What the first round of [`coarsen_both`] would merge: pairs of items sharing a lifetime,
+/// and items whose end meets the start of one of equal size, against a tenth of the items;
+/// hand-overs that chance makes are counted only to tell [`Merges::ByChance`] apart.
+pub(super) fn merges(p: &Problem) -> Merges {
+    let tenth = p.len() as f64 / 10.0;
+    let (stacked, chained) = merge_candidates(p);
+    let candidates = (stacked + chained) as f64;
+    if candidates < tenth {
+        Merges::Few
+    } else if candidates - chance_hand_overs(p) < tenth {
+        Merges::ByChance
+    } else {
+        Merges::Structural
+    }
+}
+
+/// The share of the items that the first round of coarsening leaves unmerged, estimated
+/// from [`merge_candidates`] (an estimate: ambiguous hand-overs do not merge, so coarse
+/// instances keep more).
+pub(super) fn unmerged_share(p: &Problem) -> f64 {
+    let (stacked, chained) = merge_candidates(p);
+    1.0 - ((stacked + chained) as f64 / p.len().max(1) as f64).min(1.0)
+}
+
+/// Pairs of items sharing their lifetime (a group of `k` counts `k − 1`), and items whose end
+/// meets the start of an item of equal size: what the first round of coarsening could merge.
+fn merge_candidates(p: &Problem) -> (usize, usize) {
     let n = p.len();
     let mut lives: Vec<u64> = p.ivs.iter().map(|&(s, e)| (s as u64) << 32 | e as u64).collect();
     lives.sort_unstable();
@@ -30,7 +71,28 @@ pub(super) fn coarsens(p: &Problem) -> bool {
     let mut heads: Vec<u64> = (0..n).map(|i| key(p.ivs[i].0, p.size[i])).collect();
     heads.sort_unstable();
     let chained = (0..n).filter(|&i| heads.binary_search(&key(p.ivs[i].1, p.size[i])).is_ok()).count();
-    (stacked + chained) * 10 >= n
+    (stacked, chained)
+}
+
+/// How many items would meet one of their size starting where they end if sizes were drawn
+/// independently of the steps: each with probability `1 − e^−λ`, `λ` = the items starting
+/// at its end × the share of the items that have its size.
+fn chance_hand_overs(p: &Problem) -> f64 {
+    let n = p.len();
+    let ranks = p.ivs.iter().map(|&(_, e)| e as usize + 1).max().unwrap_or(0);
+    let mut starts_at = vec![0u32; ranks];
+    for &(s, _) in &p.ivs {
+        starts_at[s as usize] += 1;
+    }
+    // (size, the step where it ends) by size: each run of one size is the items of that size.
+    let mut ends: Vec<(u64, u32)> = (0..n).map(|i| (p.size[i], p.ivs[i].1)).collect();
+    ends.sort_unstable();
+    ends.chunk_by(|a, b| a.0 == b.0)
+        .map(|run| {
+            let share = run.len() as f64 / n as f64;
+            run.iter().map(|&(_, e)| 1.0 - (-(starts_at[e as usize] as f64) * share).exp()).sum::<f64>()
+        })
+        .sum()
 }
 
 type KeyMap<V> = HashMap<(u32, u64), V, KeyHashing>;

@@ -363,7 +363,12 @@ pub(super) fn place_for(
     }
     // (The floor is still the best placement here, so a far floor is also one above the bound.)
     let floor_far = floor_high as f64 > lb as f64 * COARSEN_MIN_FLOOR;
-    let coarsenable = floor_far && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n && coarsens(&p);
+    let merges = if floor_far && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n {
+        merges(&p)
+    } else {
+        Merges::Few
+    };
+    let coarsenable = merges == Merges::Structural;
     let mut threads = threads;
     let twin = if coarsenable && !canonical && mirror == Mirror::Beside && mirrors_on(threads, n) {
         let half = threads / 2;
@@ -396,7 +401,7 @@ pub(super) fn place_for(
         greedy_pass,
         dense,
         canonical,
-        coarsenable,
+        merges,
     };
     let CoarseStage { later: coarse, refined, planned: coarse_placed, improvement_steps: coarse_steps } =
         planning.coarse_stage(lb, &mut best, &mut clock);
@@ -500,8 +505,11 @@ struct Planning<'a> {
     dense: bool,
     /// The complete canonical search runs on the list.
     canonical: bool,
-    /// The list is coarsened ([`coarsens`], with its floor far from the bound).
-    coarsenable: bool,
+    /// What coarsening would merge ([`Merges::Few`] where the floor is near the bound or the
+    /// list has alias groups): the list is coarsened before the constructions where its merges
+    /// are structural, after them where they are mostly chance (when there is time to plan
+    /// the coarse instance then), not at all where they are few.
+    merges: Merges,
 }
 
 /// What [`Planning::coarse_stage`] leaves for the stages after it.
@@ -540,7 +548,7 @@ impl Planning<'_> {
         let Planning { p, ref opts, deadline, improve_from, pairs, canonical, .. } = *self;
         let threads = opts.threads;
         let mut out = CoarseStage { later: None, refined: false, planned: false, improvement_steps: 0 };
-        if !self.coarsenable {
+        if self.merges != Merges::Structural {
             return out;
         }
         let now = Instant::now();
@@ -602,7 +610,7 @@ impl Planning<'_> {
     /// and so do dominant skeletons (below).
     fn skeleton_stage(&self, lb: u64, best: &mut Incumbent, clock: &mut StageClock) -> SkeletonStage {
         let Planning { p, ref opts, plan_for, began, budget, deadline, greedy_pass, dense, .. } = *self;
-        let (n, threads, coarsenable) = (p.len(), opts.threads, self.coarsenable);
+        let (n, threads, coarsenable) = (p.len(), opts.threads, self.merges == Merges::Structural);
         let fill_threads = threads.clamp(1, Strategy::PORTFOLIO.len()) as u32;
         let fits = |share: f64, fill: Duration| began.elapsed() + budget.mul_f64(share) + fill < budget;
         let mut skeleton = None;
@@ -687,6 +695,33 @@ impl Planning<'_> {
         SkeletonStage { skeleton, aligned_built, fill_pass }
     }
 
+    /// The coarse instance of a list whose merges are mostly chance ([`Merges::ByChance`]),
+    /// built after the constructions where the greedy passes that planning it needs fit (as
+    /// in [`Planning::searches`], over the items less those the first round could merge: an
+    /// estimate made before paying for the coarsening) and kept where it has at most 90% of
+    /// the items, as [`Planning::coarse_stage`] keeps one for later.
+    fn coarsen_late(
+        &self,
+        lb: u64,
+        built: &Portfolio,
+        best: &Incumbent,
+        clock: &mut StageClock,
+    ) -> Option<Coarse> {
+        let Planning { p, ref opts, deadline, merges, .. } = *self;
+        if merges != Merges::ByChance || best.high <= lb {
+            return None;
+        }
+        let now = Instant::now();
+        let share = deadline.saturating_duration_since(now).mul_f64(LATE_COARSE_SHARE);
+        let pass = built.greedy_estimate.max(built.sky_estimate).mul_f64(unmerged_share(p));
+        if pass * 4 > share {
+            return None;
+        }
+        let [coarser, _] = coarsen_both(p, opts.threads, now + share.mul_f64(COARSEN_SHARE));
+        clock.end("coarsen", None);
+        (coarser.buffers.len() * 10 <= p.len() * 9).then_some(coarser)
+    }
+
     /// The searches after the constructions: a coarse instance left for later, the canonical
     /// search, the contour search, the restarts, the exact search and the improvement stage,
     /// each where it applies (see the comments); `built` is what the portfolio did. Returns
@@ -706,15 +741,22 @@ impl Planning<'_> {
         let mut steps = 0;
         // Coarsening, late (a coarse instance more than half the size): when a few greedy
         // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
-        // the end when that is expected within its budget).
-        if let Some(c) = coarse {
-            let pass =
-                built.greedy_estimate.max(built.sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
-            let share = deadline.saturating_duration_since(Instant::now()).mul_f64(0.35);
-            if best.high > lb && pass * 4 <= share {
-                solve_coarse(&c, share, opts, best);
-                clock.end("coarse", Some(best.footprint()));
+        // the end when that is expected within its budget). A list whose merges are mostly
+        // chance is coarsened only now, where that is expected before coarsening it
+        // (`coarsen_late`), and its instance is then planned.
+        let coarse = match coarse {
+            Some(c) => {
+                let pass =
+                    built.greedy_estimate.max(built.sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
+                let share = deadline.saturating_duration_since(Instant::now()).mul_f64(LATE_COARSE_SHARE);
+                (best.high > lb && pass * 4 <= share).then_some(c)
             }
+            None => self.coarsen_late(lb, built, best, clock),
+        };
+        if let Some(c) = coarse {
+            let share = deadline.saturating_duration_since(Instant::now()).mul_f64(LATE_COARSE_SHARE);
+            solve_coarse(&c, share, opts, best);
+            clock.end("coarse", Some(best.footprint()));
         }
         // Complete canonical search (at most CANONICAL_MAX_ITEMS items): at the bound first —
         // tight instances, where the constructions stop a few percent short, it places there in
@@ -934,8 +976,8 @@ mod timing {
         ] {
             let p = Problem::build(&b).unwrap();
             let t = Instant::now();
-            let c = coarsens(&p);
-            println!("{name} coarsens {c} {:.1}ms", t.elapsed().as_secs_f64() * 1e3);
+            let m = merges(&p);
+            println!("{name} merges {m:?} {:.1}ms", t.elapsed().as_secs_f64() * 1e3);
             let lb = p.lower_bound();
             let d = decompose(&p, lb);
             for s in [Strategy::PORTFOLIO[0], Strategy::PORTFOLIO[1]] {
@@ -1165,6 +1207,47 @@ mod density_tests {
         }
     }
 
+    /// The cheap test tells the hand-overs of a tiling's pieces and of a training step's
+    /// activations from those that a list of a few sizes, many of them starting each step,
+    /// makes by chance; lists of many sizes have few of either.
+    #[test]
+    fn merges_tell_structure_from_chance() {
+        use crate::workload;
+        for seed in 1..=3 {
+            let kinds = [
+                (workload::packed(10_000, seed), Merges::Structural),
+                (workload::packed_skyline(10_000, seed), Merges::Structural),
+                (workload::training_trace(10_000, seed), Merges::Structural),
+                (workload::random_powers_of_two_busy(10_000, seed), Merges::ByChance),
+                (workload::random(10_000, seed), Merges::Few),
+                (workload::random_powers_of_two(10_000, seed), Merges::Few),
+            ];
+            for (k, (buffers, want)) in kinds.into_iter().enumerate() {
+                let p = Problem::build(&buffers).unwrap();
+                assert_eq!(merges(&p), want, "seed {seed}, list {k}");
+            }
+        }
+    }
+
+    /// A list whose merges are chance is not coarsened before the constructions: at the
+    /// default cap not at all (its coarse instance could not be planned in what is left),
+    /// with a budget that leaves time for planning it, after them.
+    #[test]
+    fn lists_whose_merges_are_chance_coarsen_after_the_constructions() {
+        let buffers = crate::workload::random_powers_of_two_busy(10_000, 1);
+        let names = |opts: &PlaceOptions| {
+            let placed = place(&buffers, opts).unwrap();
+            verify(&buffers, &placed.offsets).unwrap();
+            placed.stages.iter().map(|s| s.name.clone()).collect::<Vec<_>>()
+        };
+        let capped = names(&PlaceOptions::default());
+        assert!(!capped.iter().any(|s| s.starts_with("coarse")), "{capped:?}");
+        let long = names(&uncapped(Duration::from_secs(2)));
+        let at = |name: &str| long.iter().position(|s| s == name);
+        assert!(at("coarsen") > at("constructions") && at("constructions").is_some(), "{long:?}");
+        assert_eq!(at("coarse"), at("coarsen").map(|k| k + 1), "{long:?}");
+    }
+
     /// Eager training steps would coarsen (many buffers of one lifetime, and of one size
     /// handing over to each other), but their floor is close to the bound: they are planned
     /// on the list itself, below the floor.
@@ -1176,7 +1259,7 @@ mod density_tests {
             let p = Problem::build(&buffers).unwrap();
             let (_, floor) = online_best_fit(&p);
             let lb = p.lower_bound();
-            assert!(coarsens(&p), "seed {seed}: the trace would not coarsen");
+            assert_eq!(merges(&p), Merges::Structural, "seed {seed}: the trace would not coarsen");
             assert!(
                 floor > lb && floor as f64 <= lb as f64 * COARSEN_MIN_FLOOR,
                 "seed {seed}: floor {:.4} of the bound",

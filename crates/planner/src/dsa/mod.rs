@@ -45,7 +45,10 @@
 //! 5. **coarsening** (single-interval problems whose floor is more than
 //!    [`COARSEN_MIN_FLOOR`] × the bound): buffers with one lifetime stacked into one,
 //!    buffers handing over to one of equal size chained into one, and the coarse instance
-//!    planned by this same engine when that removes a tenth of the items (see `coarsen`: the
+//!    planned by this same engine when that removes a tenth of the items beyond the
+//!    hand-overs that chance makes (a list whose merges are mostly chance is coarsened
+//!    only after the constructions, where there is time to plan its instance; see
+//!    `coarsen::merges`; the
 //!    merges run in two orders, the second keeping apart blocks of one lifetime that their
 //!    steps balance one without the other, see `separation`; on two cores or more both
 //!    instances too large for the canonical search are planned side by side, the lower plan
@@ -178,6 +181,11 @@ pub const COARSEN_MIN_FLOOR: f64 = 1.08;
 /// Tilings of 100k pieces, 10 seeds, 1 s, with 30% / 45% / 60%: ≤ 1.10 on 4 / 3 / 3 (shape
 /// of `workload::packed`), 3 / 6 / 6 (cuts at any byte), 1 / 2 / 1 (one step per piece).
 pub const COARSEN_SHARE: f64 = 0.45;
+
+/// Share of the time left after the constructions that a coarse instance planned then (more
+/// than half the items, or a list whose merges are mostly chance, coarsened then) gets, when
+/// four greedy passes over it fit in it.
+pub const LATE_COARSE_SHARE: f64 = 0.35;
 
 /// Items up to which the mirror image of a list (see `place_for`) is planned beside it on any
 /// two cores or more; larger lists need [`MIRROR_LARGE_MIN_THREADS`]. Tilings of 10k pieces
