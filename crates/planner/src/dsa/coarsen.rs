@@ -18,7 +18,7 @@ pub(super) struct Coarse {
 }
 
 /// What the first round of [`coarsen_both`] would merge (a cheap test, [`merges`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Merges {
     /// Less than a tenth of the items: not worth coarsening.
     Few,
@@ -29,7 +29,11 @@ pub(super) enum Merges {
     /// constructions, when there is time for it; coarsening them before (a quarter to a third
     /// of a 10k list's default budget) left the constructions that time short for nothing
     /// (docs/planner.md, "Hand-overs by chance").
-    ByChance,
+    ByChance {
+        /// The share of the items the first round would leave unmerged: an estimate of the
+        /// coarse instance's size (ambiguous hand-overs do not merge, so it keeps more).
+        unmerged: f64,
+    },
     /// A tenth of the items or more beyond chance: stacks and chains of a tiling's pieces,
     /// of a training step's activations.
     Structural,
@@ -39,24 +43,16 @@ pub(super) enum Merges {
 /// and items whose end meets the start of one of equal size, against a tenth of the items;
 /// hand-overs that chance makes are counted only to tell [`Merges::ByChance`] apart.
 pub(super) fn merges(p: &Problem) -> Merges {
-    let tenth = p.len() as f64 / 10.0;
+    let n = p.len() as f64;
     let (stacked, chained) = merge_candidates(p);
     let candidates = (stacked + chained) as f64;
-    if candidates < tenth {
+    if candidates < n / 10.0 {
         Merges::Few
-    } else if candidates - chance_hand_overs(p) < tenth {
-        Merges::ByChance
+    } else if candidates - chance_hand_overs(p) < n / 10.0 {
+        Merges::ByChance { unmerged: 1.0 - (candidates / n).min(1.0) }
     } else {
         Merges::Structural
     }
-}
-
-/// The share of the items that the first round of coarsening leaves unmerged, estimated
-/// from [`merge_candidates`] (an estimate: ambiguous hand-overs do not merge, so coarse
-/// instances keep more).
-pub(super) fn unmerged_share(p: &Problem) -> f64 {
-    let (stacked, chained) = merge_candidates(p);
-    1.0 - ((stacked + chained) as f64 / p.len().max(1) as f64).min(1.0)
 }
 
 /// Pairs of items sharing their lifetime (a group of `k` counts `k − 1`), and items whose end
