@@ -34,6 +34,8 @@ if want rust; then
   RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
   step "cargo test (unit, property, integration)"
   cargo test --workspace --locked
+  step "load benchmark builds (bench/load: a workspace of its own, with its own lockfile)"
+  cargo clippy --locked --manifest-path bench/load/Cargo.toml --target-dir "$TARGET" -- -D warnings
 fi
 
 if want python; then

@@ -340,6 +340,22 @@ async fn drain(shared: &Shared, timeout: Duration) {
     shared.sessions.close_all();
 }
 
+/// Makes the allocator take blocks of 128 KiB or more from the OS and give them back when
+/// freed, for the daemon's whole life. Call it before any thread starts. glibc otherwise
+/// raises that threshold (up to 32 MiB) each time a large block is freed, after which a
+/// plan's large vectors come from the planner threads' arenas, whose free tops
+/// `malloc_trim` (in [`housekeeping`]) does not release: after `PlanCapture`s of 100k-buffer
+/// lists the daemon stayed 30 MiB above its idle RSS. With the threshold fixed it returns
+/// within 3 MiB, and two such plans at once peak at 128 MiB instead of 195–240 MiB; plans
+/// come out the same (`bench/load`, mode `plan-large`; README, "Measured figures").
+pub fn return_large_blocks_to_the_os() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; no memory is touched.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 /// Every few seconds: folds buffered histogram samples into buckets (they would otherwise
 /// accumulate without bound while nobody scrapes), and returns freed heap to the OS (glibc
 /// keeps per-thread arenas after a burst of requests, so RSS would stay at its peak).

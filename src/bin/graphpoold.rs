@@ -6,6 +6,7 @@ use clap::Parser;
 use graphpool::config::{Config, DaemonArgs, LogFormat};
 
 fn main() -> ExitCode {
+    graphpool::server::return_large_blocks_to_the_os();
     let args = DaemonArgs::parse();
     let config = match Config::load(&args) {
         Ok(c) => c,

@@ -10,6 +10,9 @@
 //! release; `mixed` = random allocate / release (fast path) / fetch-fd / PlanCapture (gRPC;
 //! skipped, and said so, where the daemon answers UNIMPLEMENTED). `rr-grpc` and `mixed-grpc`:
 //! the same with allocate and release as gRPC calls (what the Python client does; no fd).
+//! `plan-large`: PlanCapture of a list of [`LARGE_PLAN_BUFFERS`] buffers with a 1 s budget,
+//! back to back (the daemon's memory while it plans: the node's plans at once, each holding
+//! its list, its planner's structures and its answer).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -21,6 +24,9 @@ use graphpool::client::{Clients, FdConnection, connect};
 use graphpool_proto::v1 as pb;
 
 const MIB: u64 = 1 << 20;
+
+/// Buffers of each `plan-large` request: a large eager step or a long pipeline's stage.
+const LARGE_PLAN_BUFFERS: u32 = 100_000;
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -100,6 +106,15 @@ fn worker(args: &[String]) {
             if let Some(p) = period {
                 tokio::time::sleep_until(next.into()).await;
                 next += p;
+            }
+            if mode == "plan-large" {
+                let t = Instant::now();
+                let mut client = c.graphpool.clone().max_decoding_message_size(64 << 20);
+                match client.plan_capture(large_plan_request(sid, id)).await {
+                    Ok(_) => lat.entry("PlanCapture").or_default().push(us(t)),
+                    Err(e) => *errors.entry(format!("plan {:?}", e.code())).or_default() += 1,
+                }
+                continue;
             }
             let op = if mode == "rr" { 0 } else { rng.below(100) };
             match op {
@@ -231,6 +246,35 @@ fn plan_request(sid: u64) -> pb::PlanCaptureRequest {
         input: Some(pb::PlanInput {
             input: Some(pb::plan_input::Input::Buffers(pb::BufferList { buffers })),
             time_budget_ms: 2,
+        }),
+        ..Default::default()
+    }
+}
+
+/// A `plan-large` request: [`LARGE_PLAN_BUFFERS`] buffers drawn for client `id` (starts
+/// uniform over as many steps, lifetimes of 1–1000 steps, sizes of 4 KiB–16 MiB in powers of
+/// two and three quarters of them), every offset asked back, a 1 s budget.
+fn large_plan_request(sid: u64, id: u32) -> pb::PlanCaptureRequest {
+    let n = u64::from(LARGE_PLAN_BUFFERS);
+    let mut rng = Rng(u64::from(id) * 0x2545_f491 + 7);
+    let buffers = (0..n)
+        .map(|i| {
+            let start = rng.below(n);
+            let size = (4096u64 << rng.below(13)) / 4 * (3 + rng.below(2));
+            pb::BufferSpec {
+                name: format!("b{i}"),
+                start,
+                end: start + 1 + rng.below(1000),
+                size_bytes: size,
+                ..Default::default()
+            }
+        })
+        .collect();
+    pb::PlanCaptureRequest {
+        session_id: sid,
+        input: Some(pb::PlanInput {
+            input: Some(pb::plan_input::Input::Buffers(pb::BufferList { buffers })),
+            time_budget_ms: 1000,
         }),
         ..Default::default()
     }
@@ -461,7 +505,7 @@ fn driver(args: &[String]) {
         });
     let seconds: f64 = arg(args, "--seconds").map(|s| s.parse().unwrap()).unwrap_or(5.0);
     let runs = arg(args, "--runs").unwrap_or_else(|| {
-        "rr:1,rr:8,rr:64,rr:64@25,rr:64@50,mixed:64,mixed:64@25,rr-grpc:1,rr-grpc:64@25,mixed-grpc:64@25"
+        "rr:1,rr:8,rr:64,rr:64@25,rr:64@50,mixed:64,mixed:64@25,rr-grpc:1,rr-grpc:64@25,mixed-grpc:64@25,plan-large:4"
             .into()
     });
     let json_out = arg(args, "--json").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("load.json"));
