@@ -225,14 +225,26 @@ async fn release(
     }
 }
 
-fn plan_request(sid: u64) -> pb::PlanCaptureRequest {
-    let b = |name: &str, start, end, size| pb::BufferSpec {
-        name: name.into(),
-        start,
-        end,
-        size_bytes: size,
+/// A buffer of a `PlanCapture` list, live over `[start, end)`.
+fn buffer(name: String, start: u64, end: u64, size_bytes: u64) -> pb::BufferSpec {
+    pb::BufferSpec { name, start, end, size_bytes, ..Default::default() }
+}
+
+/// `PlanCapture` of `buffers` for session `sid` within `time_budget_ms`.
+fn plan_of(sid: u64, buffers: Vec<pb::BufferSpec>, time_budget_ms: u32) -> pb::PlanCaptureRequest {
+    pb::PlanCaptureRequest {
+        session_id: sid,
+        input: Some(pb::PlanInput {
+            input: Some(pb::plan_input::Input::Buffers(pb::BufferList { buffers })),
+            time_budget_ms,
+        }),
         ..Default::default()
-    };
+    }
+}
+
+/// The `mixed` modes' plan: six buffers, a 2 ms budget.
+fn plan_request(sid: u64) -> pb::PlanCaptureRequest {
+    let b = |name: &str, start, end, size| buffer(name.into(), start, end, size);
     let buffers = vec![
         b("x0", 0, 3, 4 * MIB),
         b("x1", 1, 4, 2 * MIB),
@@ -241,14 +253,7 @@ fn plan_request(sid: u64) -> pb::PlanCaptureRequest {
         b("x4", 5, 9, 2 * MIB),
         b("x5", 7, 10, 6 * MIB),
     ];
-    pb::PlanCaptureRequest {
-        session_id: sid,
-        input: Some(pb::PlanInput {
-            input: Some(pb::plan_input::Input::Buffers(pb::BufferList { buffers })),
-            time_budget_ms: 2,
-        }),
-        ..Default::default()
-    }
+    plan_of(sid, buffers, 2)
 }
 
 /// A `plan-large` request: [`LARGE_PLAN_BUFFERS`] buffers drawn for client `id` (starts
@@ -261,23 +266,10 @@ fn large_plan_request(sid: u64, id: u32) -> pb::PlanCaptureRequest {
         .map(|i| {
             let start = rng.below(n);
             let size = (4096u64 << rng.below(13)) / 4 * (3 + rng.below(2));
-            pb::BufferSpec {
-                name: format!("b{i}"),
-                start,
-                end: start + 1 + rng.below(1000),
-                size_bytes: size,
-                ..Default::default()
-            }
+            buffer(format!("b{i}"), start, start + 1 + rng.below(1000), size)
         })
         .collect();
-    pb::PlanCaptureRequest {
-        session_id: sid,
-        input: Some(pb::PlanInput {
-            input: Some(pb::plan_input::Input::Buffers(pb::BufferList { buffers })),
-            time_budget_ms: 1000,
-        }),
-        ..Default::default()
-    }
+    plan_of(sid, buffers, 1000)
 }
 
 // ---- driver ------------------------------------------------------------------------------
