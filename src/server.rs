@@ -344,7 +344,7 @@ async fn drain(shared: &Shared, timeout: Duration) {
 /// freed, for the daemon's whole life. Call it before any thread starts. glibc otherwise
 /// raises that threshold (up to 32 MiB) each time a large block is freed, after which a
 /// plan's large vectors come from the planner threads' arenas, whose free tops
-/// `malloc_trim` (in [`housekeeping`]) does not release: after `PlanCapture`s of 100k-buffer
+/// `malloc_trim` (in the housekeeping task) does not release: after `PlanCapture`s of 100k-buffer
 /// lists the daemon stayed 30 MiB above its idle RSS. With the threshold fixed it returns
 /// within 3 MiB, and two such plans at once peak at 128 MiB instead of 195–240 MiB; plans
 /// come out the same (`bench/load`, mode `plan-large`; README, "Measured figures").
