@@ -7,8 +7,9 @@ from other distributions, with its own random numbers, and writes them in the fo
 `graphpool plan --buffers` (CSV, header `buffer,start,end,size`, live over [start, end)), so
 that the planner can be checked on inputs it was not tuned on:
 
-* random families: sizes log-normal, Pareto, a few multiples of 1 MiB, 256-byte multiples;
-  lifetimes exponential, Pareto, powers of two; arrivals uniform or in bursts;
+* random families: sizes log-normal, Pareto, a few multiples of 1 MiB, 256-byte multiples,
+  powers of two; lifetimes exponential, Pareto, powers of two; arrivals uniform, in bursts or
+  eight a step;
 * guillotine tilings of a 4 GiB x (4 n steps) rectangle (cuts at 512-byte multiples), whose
   optimum footprint is the lower bound: mostly time cuts, mostly memory cuts, cuts near the
   middle of a piece, always the largest piece cut, and memory cut at eighths (sizes repeat).
@@ -84,6 +85,17 @@ def bursts(n: int, rng: random.Random) -> list[Buffer]:
     for _ in range(n):
         start = rng.randrange(max(1, n // 100)) * 100 + int(rng.expovariate(1 / 3))
         out.append((start, start + 1 + rng.randrange(300), rng.randrange(1, 4 * MIB)))
+    return out
+
+
+def busy_powers(n: int, rng: random.Random) -> list[Buffer]:
+    """Sizes of 2^k bytes (k 9-30), eight arrivals a step, lifetimes of 1-63 steps: a third
+    of the buffers end where one of their size starts, by chance."""
+    out = []
+    steps = max(1, n // 8)
+    for _ in range(n):
+        start = rng.randrange(steps)
+        out.append((start, start + rng.randint(1, 63), 1 << rng.randint(9, 30)))
     return out
 
 
@@ -224,6 +236,7 @@ FAMILIES: dict[str, Callable[[int, random.Random], list[Row]]] = {
     "layers": unplaced(layers),
     "bursts": unplaced(bursts),
     "aligned": unplaced(aligned),
+    "busy-pow2": unplaced(busy_powers),
     "tiling-time70": tiling(lambda n, rng: guillotine(n, rng, 0.7, False)),
     "tiling-memory70": tiling(lambda n, rng: guillotine(n, rng, 0.3, False)),
     "tiling-middle": tiling(lambda n, rng: guillotine(n, rng, 0.5, True)),
