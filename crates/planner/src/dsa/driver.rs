@@ -363,7 +363,14 @@ pub(super) fn place_for(
     }
     // (The floor is still the best placement here, so a far floor is also one above the bound.)
     let floor_far = floor_high as f64 > lb as f64 * COARSEN_MIN_FLOOR;
-    let merges = if floor_far && n > EXACT_MAX_ITEMS && opts.improve && p.ivs.len() == n {
+    // (Not past the deadline: no coarse instance could be planned then, and the test reads
+    // every item: 160 ms at a million.)
+    let merges = if floor_far
+        && n > EXACT_MAX_ITEMS
+        && opts.improve
+        && p.ivs.len() == n
+        && Instant::now() < deadline
+    {
         merges(&p)
     } else {
         Merges::Few
@@ -621,7 +628,7 @@ impl Planning<'_> {
             && opts.improve
             && p.ivs.len() == n
             && n >= LAYERED_MIN_ITEMS
-            && (dense || fits(SKELETON_BUDGET, fill_pass))
+            && ((dense && Instant::now() < deadline) || fits(SKELETON_BUDGET, fill_pass))
             && let Some((items, hot)) = choose_skeleton(p, dense, plan_for)
         {
             // A dominant skeleton (`DOMINANT_AREA`) is the footprint, and what is filled in
