@@ -702,11 +702,21 @@ impl Planning<'_> {
         SkeletonStage { skeleton, aligned_built, fill_pass }
     }
 
+    /// [`LATE_COARSE_SHARE`] of the time left, where four greedy passes over a coarse
+    /// instance of `items` (a share of the list's items) fit in it: when a coarse instance is
+    /// planned after the constructions (the nested portfolio runs its first job to the end
+    /// when that is expected within its budget).
+    fn late_coarse_time(&self, built: &Portfolio, items: f64) -> Option<Duration> {
+        let share = self.deadline.saturating_duration_since(Instant::now()).mul_f64(LATE_COARSE_SHARE);
+        let pass = built.greedy_estimate.max(built.sky_estimate).mul_f64(items);
+        (pass * 4 <= share).then_some(share)
+    }
+
     /// The coarse instance of a list whose merges are mostly chance ([`Merges::ByChance`]),
-    /// built after the constructions where the greedy passes that planning it needs fit (as
-    /// in [`Planning::searches`], over the items less those the first round could merge: an
-    /// estimate made before paying for the coarsening) and kept where it has at most 90% of
-    /// the items, as [`Planning::coarse_stage`] keeps one for later.
+    /// built after the constructions where [`Planning::late_coarse_time`] gives time for it,
+    /// over the items less those the first round could merge (an estimate made before paying
+    /// for the coarsening), and kept where it has at most 90% of the items, as
+    /// [`Planning::coarse_stage`] keeps one for later.
     fn coarsen_late(
         &self,
         lb: u64,
@@ -714,18 +724,13 @@ impl Planning<'_> {
         best: &Incumbent,
         clock: &mut StageClock,
     ) -> Option<Coarse> {
-        let Planning { p, ref opts, deadline, merges, .. } = *self;
-        let Merges::ByChance { unmerged } = merges else { return None };
+        let Merges::ByChance { unmerged } = self.merges else { return None };
         if best.high <= lb {
             return None;
         }
-        let now = Instant::now();
-        let share = deadline.saturating_duration_since(now).mul_f64(LATE_COARSE_SHARE);
-        let pass = built.greedy_estimate.max(built.sky_estimate).mul_f64(unmerged);
-        if pass * 4 > share {
-            return None;
-        }
-        let [coarser, _] = coarsen_both(p, opts.threads, now + share.mul_f64(COARSEN_SHARE));
+        let share = self.late_coarse_time(built, unmerged)?;
+        let (p, until) = (self.p, Instant::now() + share.mul_f64(COARSEN_SHARE));
+        let [coarser, _] = coarsen_both(p, self.opts.threads, until);
         clock.end("coarsen", None);
         (coarser.buffers.len() * 10 <= p.len() * 9).then_some(coarser)
     }
@@ -747,18 +752,13 @@ impl Planning<'_> {
         let Planning { p, ref opts, plan_for, deadline, improve_from, pairs, canonical, .. } = *self;
         let (n, threads) = (p.len(), opts.threads);
         let mut steps = 0;
-        // Coarsening, late (a coarse instance more than half the size): when a few greedy
-        // passes over it fit in 35% of what is left (the nested portfolio runs its first job to
-        // the end when that is expected within its budget). A list whose merges are mostly
-        // chance is coarsened only now, where that is expected before coarsening it
+        // Coarsening, late: a coarse instance more than half the size, when there is time for
+        // it (`late_coarse_time`); a list whose merges are mostly chance is coarsened only now
         // (`coarsen_late`), and its instance is then planned.
         let coarse = match coarse {
-            Some(c) => {
-                let pass =
-                    built.greedy_estimate.max(built.sky_estimate).mul_f64(c.buffers.len() as f64 / n as f64);
-                let share = deadline.saturating_duration_since(Instant::now()).mul_f64(LATE_COARSE_SHARE);
-                (best.high > lb && pass * 4 <= share).then_some(c)
-            }
+            Some(c) => (best.high > lb
+                && self.late_coarse_time(built, c.buffers.len() as f64 / n as f64).is_some())
+            .then_some(c),
             None => self.coarsen_late(lb, built, best, clock),
         };
         if let Some(c) = coarse {
