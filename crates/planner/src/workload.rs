@@ -81,15 +81,9 @@ pub fn random_powers_of_two(n: usize, seed: u64) -> Vec<Buffer> {
 /// one of their size starts by chance: coarsening finds hand-overs that carry no structure
 /// (docs/planner.md, "Hand-overs by chance").
 pub fn random_powers_of_two_busy(n: usize, seed: u64) -> Vec<Buffer> {
-    let mut rng = Rng::new(seed ^ 0x6275_7379_7032);
-    let steps = (n as u64 / 8).max(1);
-    (0..n)
-        .map(|_| {
-            let start = rng.below(steps);
-            let life = rng.range(1, 63);
-            Buffer { start, end: start + life, size: 1 << rng.range(9, 30), group: None }
-        })
-        .collect()
+    starts_over(n, (n as u64 / 8).max(1), Rng::new(seed ^ 0x6275_7379_7032), |rng| {
+        (rng.range(1, 63), 1 << rng.range(9, 30))
+    })
 }
 
 /// `n` random buffers of two populations, as in training, where weights and optimizer
@@ -231,10 +225,21 @@ pub fn training_trace(n: usize, seed: u64) -> Vec<Buffer> {
 
 /// `n` buffers starting uniformly over `[0, n)` (one arrival per clock step on average),
 /// each with the (lifetime, size) `draw` gives.
-fn uniform_starts(n: usize, mut rng: Rng, mut draw: impl FnMut(&mut Rng) -> (u64, u64)) -> Vec<Buffer> {
+fn uniform_starts(n: usize, rng: Rng, draw: impl FnMut(&mut Rng) -> (u64, u64)) -> Vec<Buffer> {
+    starts_over(n, n.max(1) as u64, rng, draw)
+}
+
+/// `n` buffers starting uniformly over `[0, steps)`, each with the (lifetime, size) `draw`
+/// gives.
+fn starts_over(
+    n: usize,
+    steps: u64,
+    mut rng: Rng,
+    mut draw: impl FnMut(&mut Rng) -> (u64, u64),
+) -> Vec<Buffer> {
     (0..n)
         .map(|_| {
-            let start = rng.below(n.max(1) as u64);
+            let start = rng.below(steps);
             let (life, size) = draw(&mut rng);
             Buffer { start, end: start + life, size, group: None }
         })
