@@ -100,6 +100,9 @@ fn worker(args: &[String]) {
         // Open loop when paced: operations start on a fixed schedule (staggered per client), so
         // latency is measured at a known offered load rather than at saturation.
         let period = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
+        // The answer to a `plan-large` request (every offset) is larger than a client takes by
+        // default.
+        let mut large_plans = c.graphpool.clone().max_decoding_message_size(64 << 20);
         let mut next =
             Instant::now() + period.map(|p| p.mul_f64(f64::from(id % 97) / 97.0)).unwrap_or_default();
         while Instant::now() < end {
@@ -108,9 +111,9 @@ fn worker(args: &[String]) {
                 next += p;
             }
             if mode == "plan-large" {
+                let req = large_plan_request(sid, id);
                 let t = Instant::now();
-                let mut client = c.graphpool.clone().max_decoding_message_size(64 << 20);
-                match client.plan_capture(large_plan_request(sid, id)).await {
+                match large_plans.plan_capture(req).await {
                     Ok(_) => lat.entry("PlanCapture").or_default().push(us(t)),
                     Err(e) => *errors.entry(format!("plan {:?}", e.code())).or_default() += 1,
                 }
