@@ -389,6 +389,17 @@ pub fn packed_recut(n: usize, seed: u64, runs_per_step: u32) -> Vec<Buffer> {
 /// [`packed_recut`] in an arena of `arena_units` × 512 bytes (at least 16 units): small
 /// arenas hold few sizes, which repeat and add up by chance at most steps.
 pub fn packed_recut_arena(n: usize, seed: u64, runs_per_step: u32, arena_units: u64) -> Vec<Buffer> {
+    packed_recut_arena_placed(n, seed, runs_per_step, arena_units).0
+}
+
+/// [`packed_recut_arena`] with each buffer's offset in the arena: a placement at the lower
+/// bound.
+pub fn packed_recut_arena_placed(
+    n: usize,
+    seed: u64,
+    runs_per_step: u32,
+    arena_units: u64,
+) -> (Vec<Buffer>, Vec<u64>) {
     let mut rng = Rng::new(seed ^ 0x7ec0_7000);
     let unit: u64 = 512;
     let height = arena_units.max(16);
@@ -414,7 +425,7 @@ pub fn packed_recut_arena(n: usize, seed: u64, runs_per_step: u32, arena_units: 
         live.push((o, z, 0));
         o += z;
     }
-    let mut out: Vec<Buffer> = Vec::with_capacity(n + 4);
+    let mut out: Vec<(Buffer, u64)> = Vec::with_capacity(n + 4);
     let mut t = 0;
     while out.len() + live.len() < n {
         t += 1;
@@ -436,8 +447,8 @@ pub fn packed_recut_arena(n: usize, seed: u64, runs_per_step: u32, arena_units: 
             next.extend_from_slice(&live[k..i]);
             let lo = live[i].0;
             let span: u64 = live[i..j].iter().map(|x| x.1).sum();
-            for &(_, z, s) in &live[i..j] {
-                out.push(Buffer { start: s, end: t, size: z * unit, group: None });
+            for &(o, z, s) in &live[i..j] {
+                out.push((Buffer { start: s, end: t, size: z * unit, group: None }, o * unit));
             }
             let mut o = lo;
             let pieces = rng.range(1, 4);
@@ -450,14 +461,14 @@ pub fn packed_recut_arena(n: usize, seed: u64, runs_per_step: u32, arena_units: 
         next.extend_from_slice(&live[k..]);
         live = next;
     }
-    for &(_, z, s) in &live {
-        out.push(Buffer { start: s, end: t + 1, size: z * unit, group: None });
+    for &(o, z, s) in &live {
+        out.push((Buffer { start: s, end: t + 1, size: z * unit, group: None }, o * unit));
     }
     for i in (1..out.len()).rev() {
         let j = rng.below(i as u64 + 1) as usize;
         out.swap(i, j);
     }
-    out
+    out.into_iter().unzip()
 }
 
 #[cfg(test)]

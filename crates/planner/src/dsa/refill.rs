@@ -202,7 +202,8 @@ fn back_step(
 }
 
 /// What the backward sweep decided: each step's split (an index into its splits), the order
-/// each run's starters were left in, and the tree after each step with a choice of splits.
+/// each run's starters were left in, and the tree after each step with a choice of splits or
+/// a split of several runs.
 struct Backwards {
     chosen: Vec<usize>,
     set_orders: Vec<Vec<Option<SetOrder>>>,
@@ -251,7 +252,8 @@ fn backwards(
     let mut k = steps.len();
     while k > 0 {
         let j = k - 1;
-        if choice(j) && next_option[j] == 0 {
+        // (The forward sweep reads the tree after every step of several runs, too.)
+        if (choice(j) || steps[j].iter().any(|runs| runs.len() > 1)) && next_option[j] == 0 {
             saved[j] = current.clone();
         }
         let mut advanced = false;
@@ -358,7 +360,7 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         whole_runs_only = choices > CHOICES_MAX && choices * CHOICES_MAX_SHARE > steps.len();
         steps.push(splits);
     }
-    let Backwards { chosen, set_orders, saved } = if whole_runs_only {
+    let back = if whole_runs_only {
         // Where most steps hold a choice, a search among them fails late. What is left is
         // cheap: every step one run (its whole split), one pass without choices. That is
         // right where one run of buffers ends per step and sizes repeat (an arena of 32 KiB
@@ -381,6 +383,14 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
         backwards(&steps, &end_step, n, coarsest_first, until)
             .or_else(|| backwards(&steps, &end_step, n, !coarsest_first, until))?
     };
+    forwards(p, &steps, &back, until)
+}
+
+/// The forward sweep: offsets from the backward sweep's decisions over `steps` (see
+/// [`refill`]); `None` where a run's enders do not tile one stretch, or at `until`.
+fn forwards(p: &Problem, steps: &[Vec<Vec<Run>>], back: &Backwards, until: Instant) -> Option<Vec<u64>> {
+    let Backwards { chosen, set_orders, saved } = back;
+    let n = p.len();
     // Forwards: each run's starters fill the stretch of memory its enders held, in the order
     // its reduction left them in where the step has one run, and in an order read from the
     // whole tree after the step where it has more (the runs' orders depend on one another
@@ -466,7 +476,7 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
 mod tests {
     use super::*;
     use crate::rng::Rng;
-    use crate::workload::{packed, packed_recut, packed_recut_arena};
+    use crate::workload::{packed, packed_recut, packed_recut_arena, packed_recut_arena_placed};
     use proptest::prelude::*;
 
     fn far() -> Instant {
@@ -538,6 +548,73 @@ mod tests {
     fn arenas_re_cut_at_four_places_per_step_are_placed_at_the_bound() {
         for seed in 1..=3 {
             assert!(placed_at_the_bound(&packed_recut(300, seed, 4)), "seed {seed}");
+        }
+    }
+
+    /// Each step of `p` split into its runs as a known placement (`off`, by item) has them:
+    /// the enders lying side by side, and the starters in their stretch.
+    fn runs_of_a_placement(p: &Problem, off: &[u64]) -> (Vec<Vec<Vec<Run>>>, Vec<u32>) {
+        let mut steps = Vec::new();
+        let mut end_step = vec![0u32; p.len()];
+        for (enders, starters) in enders_and_starters(p) {
+            if enders.is_empty() && starters.is_empty() {
+                continue;
+            }
+            enders.iter().for_each(|&i| end_step[i as usize] = steps.len() as u32);
+            if enders.is_empty() || starters.is_empty() {
+                steps.push(vec![vec![Run { enders, starters }]]);
+                continue;
+            }
+            let mut sorted = enders;
+            sorted.sort_unstable_by_key(|&i| off[i as usize]);
+            let mut runs: Vec<(u64, u64, Vec<u32>)> = Vec::new();
+            for i in sorted {
+                let (o, z) = (off[i as usize], p.size[i as usize]);
+                match runs.last_mut() {
+                    Some(run) if run.1 == o => {
+                        run.1 += z;
+                        run.2.push(i);
+                    }
+                    _ => runs.push((o, o + z, vec![i])),
+                }
+            }
+            let runs = runs
+                .into_iter()
+                .map(|(lo, hi, enders)| Run {
+                    enders,
+                    starters: starters
+                        .iter()
+                        .copied()
+                        .filter(|&i| (lo..hi).contains(&off[i as usize]))
+                        .collect(),
+                })
+                .collect();
+            steps.push(vec![runs]);
+        }
+        (steps, end_step)
+    }
+
+    /// Arenas re-cut at several places per step, which the sweep does not place from a few
+    /// thousand buffers, are placed at the bound by the same trees once each step's runs are
+    /// known (here read from the generator's placement): what the sweep lacks there is which
+    /// split of a step is right, not a way to place the list given the splits.
+    #[test]
+    fn with_each_steps_runs_known_the_trees_place_re_cut_arenas() {
+        for (runs, units) in [(2, 1 << 23), (4, 1 << 23), (2, 1024)] {
+            let (b, placed) = packed_recut_arena_placed(3_000, 1, runs, units);
+            let p = Problem::build(&b).unwrap();
+            let mut by_item = vec![0u64; p.len()];
+            for (i, &item) in p.item_of.iter().enumerate() {
+                by_item[item as usize] = placed[i];
+            }
+            let (steps, end_step) = runs_of_a_placement(&p, &by_item);
+            let back = backwards(&steps, &end_step, p.len(), true, far()).expect("the runs fit the trees");
+            assert_eq!(back.chosen.iter().filter(|&&k| k != 0).count(), 0);
+            let off = forwards(&p, &steps, &back, far()).expect("the runs place the list");
+            let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
+            crate::verify(&b, &offsets).expect("a valid placement");
+            let high = b.iter().zip(&offsets).map(|(x, o)| o + x.size).max().unwrap();
+            assert_eq!(high, p.live_bound, "{runs} runs per step in {units} units");
         }
     }
 
