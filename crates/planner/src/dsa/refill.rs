@@ -387,7 +387,7 @@ pub(super) fn refill(p: &Problem, until: Instant) -> Option<Vec<u64>> {
 }
 
 /// The forward sweep: offsets from the backward sweep's decisions over `steps` (see
-/// [`refill`]); `None` where a run's enders do not tile one stretch, or at `until`.
+/// [`refill()`]); `None` where a run's enders do not tile one stretch, or at `until`.
 fn forwards(p: &Problem, steps: &[Vec<Vec<Run>>], back: &Backwards, until: Instant) -> Option<Vec<u64>> {
     let Backwards { chosen, set_orders, saved } = back;
     let n = p.len();
