@@ -170,7 +170,8 @@ fn another_allocators_file_and_offsets_are_read_and_checked() {
 fn the_bench_lists_tilings_come_with_a_placement_at_the_bound() {
     let dir = tempfile::tempdir().unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/lists/lists.py");
-    let families = "tiling-time70,tiling-memory70,tiling-middle,tiling-largest,tiling-eighths,lognormal";
+    let families =
+        "tiling-time70,tiling-memory70,tiling-middle,tiling-largest,tiling-eighths,tiling-short,lognormal";
     let out = Command::new("python3")
         .arg(&script)
         .arg("--out")
@@ -180,7 +181,7 @@ fn the_bench_lists_tilings_come_with_a_placement_at_the_bound() {
         .expect("python3 runs bench/lists/lists.py");
     assert!(out.status.success(), "lists.py failed: {}", String::from_utf8_lossy(&out.stderr));
     let files: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect();
-    assert_eq!(files.len(), 12, "{files:?}");
+    assert_eq!(files.len(), 14, "{files:?}");
     for file in &files {
         let report = stdout(&plan(&["--buffers", file, "--json", "--time-budget-ms", "20"]));
         let json: serde_json::Value = serde_json::from_str(&report).unwrap();

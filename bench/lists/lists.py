@@ -12,7 +12,9 @@ that the planner can be checked on inputs it was not tuned on:
   eight a step;
 * guillotine tilings of a 4 GiB x (4 n steps) rectangle (cuts at 512-byte multiples), whose
   optimum footprint is the lower bound: mostly time cuts, mostly memory cuts, cuts near the
-  middle of a piece, always the largest piece cut, and memory cut at eighths (sizes repeat).
+  middle of a piece, always the largest piece cut, and memory cut at eighths (sizes repeat);
+  and over n / 100 steps instead (`tiling-short`: most pieces live one step, tens of them
+  start at every step).
 
     python3 bench/lists/lists.py --out DIR [--sizes 10000,100000] [--seeds 1-3]
                                  [--families lognormal,tiling-time70,...] [--offsets]
@@ -108,9 +110,12 @@ def aligned(n: int, rng: random.Random) -> list[Buffer]:
     return out
 
 
-def guillotine(n: int, rng: random.Random, time_share: float, middle: bool) -> list[Piece]:
+def guillotine(
+    n: int, rng: random.Random, time_share: float, middle: bool, horizon: int | None = None
+) -> list[Piece]:
     """A random piece is cut `n - 1` times: in time with probability `time_share`, else in
-    memory; at a uniform place, or near the middle (triangular) when `middle`."""
+    memory; at a uniform place, or near the middle (triangular) when `middle`; over
+    `horizon` steps (default 4 n)."""
 
     def in_time(s: int, e: int) -> int:
         return round(rng.triangular(s + 1, e - 1)) if middle else rng.randint(s + 1, e - 1)
@@ -122,7 +127,7 @@ def guillotine(n: int, rng: random.Random, time_share: float, middle: bool) -> l
         c = round(rng.triangular(1, units - 1)) if middle else rng.randint(1, units - 1)
         return c * TILING_UNIT
 
-    return cut_at_random(n, rng, time_share, in_time, in_memory)
+    return cut_at_random(n, rng, time_share, in_time, in_memory, horizon)
 
 
 def eighths(n: int, rng: random.Random) -> list[Piece]:
@@ -147,12 +152,13 @@ def cut_at_random(
     time_share: float,
     in_time: Callable[[int, int], int],
     in_memory: Callable[[int], int | None],
+    horizon: int | None = None,
 ) -> list[Piece]:
-    """The tiling of a 4 GiB x (4 n steps) rectangle cut `n - 1` times: a random piece, in
-    time with probability `time_share` (where it spans two steps or more) at the step
-    `in_time(start, end)` gives, else in memory at the byte `in_memory(size)` gives (none: not
-    cut)."""
-    pieces: list[Piece] = [(0, 4 * n, 0, TILING_HEIGHT)]
+    """The tiling of a 4 GiB x `horizon` steps (default 4 n) rectangle cut `n - 1` times: a
+    random piece, in time with probability `time_share` (where it spans two steps or more) at
+    the step `in_time(start, end)` gives, else in memory at the byte `in_memory(size)` gives
+    (none: not cut)."""
+    pieces: list[Piece] = [(0, horizon or 4 * n, 0, TILING_HEIGHT)]
     attempts = 0
     while len(pieces) < n and attempts < 64 * n:
         attempts += 1
@@ -242,6 +248,7 @@ FAMILIES: dict[str, Callable[[int, random.Random], list[Row]]] = {
     "tiling-middle": tiling(lambda n, rng: guillotine(n, rng, 0.5, True)),
     "tiling-largest": tiling(largest_first),
     "tiling-eighths": tiling(eighths),
+    "tiling-short": tiling(lambda n, rng: guillotine(n, rng, 0.5, False, max(16, n // 100))),
 }
 
 
