@@ -118,46 +118,7 @@ const TOP_LAST_BELOW_FLOOR: f64 = 0.01;
 /// (measured on the development machine: ~1 µs per item and ~22 ns per pair; a scheduling
 /// estimate, not a limit).
 pub(super) fn greedy_pass_estimate(n: usize, pairs: u64) -> Duration {
-    pass_estimate(n, pairs, 22)
-}
-
-/// [`greedy_pass_estimate`] for the first greedy order of the portfolio alone (breadth /
-/// best fit): ~11 ns per pair. Measured on four lists of 100k buffers with 50M–106M pairs
-/// (2-core VM): breadth / best fit 7–12 ns per pair, size / best fit 18–29 ns, the orders
-/// by start 5–7 ns.
-fn first_pass_estimate(n: usize, pairs: u64) -> Duration {
-    pass_estimate(n, pairs, 11)
-}
-
-/// ~1 µs per item and `ns_per_pair` per pair of items live together.
-fn pass_estimate(n: usize, pairs: u64, ns_per_pair: u64) -> Duration {
-    Duration::from_nanos((n as u64).saturating_mul(1_000).saturating_add(pairs.saturating_mul(ns_per_pair)))
-}
-
-/// Sizes a list holds at most to count as one of *few sizes* (see [`few_sizes`]).
-const FEW_SIZES: usize = 64;
-
-/// Whether `p`'s items come in at most [`FEW_SIZES`] sizes: where greedy passes find holes of
-/// a buffer's own size, and lead (lists of 26 power-of-two-like sizes, 100k buffers: breadth /
-/// best fit alone 1.014–1.050, where lists of uniform sizes get 1.09–1.17 from it and plan
-/// lower through the dense constructions).
-fn few_sizes(p: &Problem) -> bool {
-    // Sorted: a lookup is six comparisons, and runs of one size cost one.
-    let mut seen: Vec<u64> = Vec::with_capacity(FEW_SIZES);
-    let mut last = None;
-    for &size in &p.size {
-        if last == Some(size) {
-            continue;
-        }
-        last = Some(size);
-        if let Err(at) = seen.binary_search(&size) {
-            if seen.len() == FEW_SIZES {
-                return false;
-            }
-            seen.insert(at, size);
-        }
-    }
-    true
+    Duration::from_nanos((n as u64).saturating_mul(1_000).saturating_add(pairs.saturating_mul(22)))
 }
 
 /// Runs `f(k)` for `k` in `0..workers`: worker 0 on the calling thread, the others on
@@ -335,13 +296,8 @@ pub(super) fn place_for(
     // improvement stage's windows hold few items there and gain little). Lists whose pass
     // fits are planned as the others, whose first greedy pass is guaranteed to finish: with
     // the line at 70% of the budget, lists between the two planned up to 0.02 higher
-    // (docs/planner.md, "Lists of power-of-two sizes"). Where sizes are few, the line is the
-    // first pass's own cost (breadth order, about half the costliest orders'): there the
-    // greedy passes lead, and lists between the two lines planned lower as lists whose pass
-    // fits (docs/planner.md, "Lists of few sizes"); lists of many sizes between them planned
-    // higher so.
-    let greedy_pass =
-        if few_sizes(&p) { first_pass_estimate(n, pairs) } else { greedy_pass_estimate(n, pairs) };
+    // (docs/planner.md, "Lists of power-of-two sizes").
+    let greedy_pass = greedy_pass_estimate(n, pairs);
     let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > budget;
     let share = if dense { 0.7 } else { 0.4 };
     clock.end(if folded { "fold" } else { "prepare" }, None);
@@ -1516,25 +1472,6 @@ mod density_tests {
         let pass = greedy_pass_estimate(p.len(), p.overlapping_pairs());
         // The pass at 90% of what the stages get.
         let budget = pass.div_f64(0.9 * (1.0 - DEADLINE_RESERVE));
-        let opts = PlaceOptions { threads: 1, improve: false, ..uncapped(budget) };
-        let placed = place(&b, &opts).unwrap();
-        verify(&b, &placed.offsets).unwrap();
-        assert!(placed.strategies_run >= 1, "no greedy pass ran: {}", placed.strategy);
-    }
-
-    /// A list of few sizes is dense only where its first greedy pass (breadth order) does not
-    /// fit: with a budget between that pass's estimate and the costliest orders', the pass
-    /// runs (a dense list would lead with the aligned constructions and start no pass).
-    #[test]
-    fn lists_of_few_sizes_run_their_first_pass_where_it_fits() {
-        let b = crate::workload::random_powers_of_two(10_000, 1);
-        let p = Problem::build(&b).unwrap();
-        assert!(few_sizes(&p));
-        assert!(!few_sizes(&Problem::build(&crate::workload::random_uniform_sizes_busy(2_000, 1)).unwrap()));
-        let pairs = p.overlapping_pairs();
-        let (first, costliest) = (first_pass_estimate(p.len(), pairs), greedy_pass_estimate(p.len(), pairs));
-        // What the stages get: halfway between the two estimates.
-        let budget = ((first + costliest) / 2).div_f64(1.0 - DEADLINE_RESERVE);
         let opts = PlaceOptions { threads: 1, improve: false, ..uncapped(budget) };
         let placed = place(&b, &opts).unwrap();
         verify(&b, &placed.offsets).unwrap();
