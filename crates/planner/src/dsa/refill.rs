@@ -486,11 +486,16 @@ mod tests {
     fn placed_at_the_bound(buffers: &[Buffer]) -> bool {
         let p = Problem::build(buffers).unwrap();
         let Some(off) = refill(&p, far()) else { return false };
+        assert_at_the_bound(buffers, &p, &off, "a refill");
+        true
+    }
+
+    /// Asserts that `off` (by item of `p`) places `buffers` validly at the live bound.
+    fn assert_at_the_bound(buffers: &[Buffer], p: &Problem, off: &[u64], what: &str) {
         let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
         crate::verify(buffers, &offsets).expect("a valid placement");
         let high = buffers.iter().zip(&offsets).map(|(b, o)| o + b.size).max().unwrap();
-        assert_eq!(high, p.live_bound, "a refill is at the bound");
-        true
+        assert_eq!(high, p.live_bound, "{what} is at the bound");
     }
 
     #[test]
@@ -611,10 +616,7 @@ mod tests {
             let back = backwards(&steps, &end_step, p.len(), true, far()).expect("the runs fit the trees");
             assert_eq!(back.chosen.iter().filter(|&&k| k != 0).count(), 0);
             let off = forwards(&p, &steps, &back, far()).expect("the runs place the list");
-            let offsets: Vec<u64> = p.item_of.iter().map(|&i| off[i as usize]).collect();
-            crate::verify(&b, &offsets).expect("a valid placement");
-            let high = b.iter().zip(&offsets).map(|(x, o)| o + x.size).max().unwrap();
-            assert_eq!(high, p.live_bound, "{runs} runs per step in {units} units");
+            assert_at_the_bound(&b, &p, &off, &format!("{runs} runs per step in {units} units"));
         }
     }
 
