@@ -8,8 +8,9 @@ from other distributions, with its own random numbers, and writes them in the fo
 that the planner can be checked on inputs it was not tuned on:
 
 * random families: sizes log-normal, Pareto, a few multiples of 1 MiB, 256-byte multiples,
-  powers of two, powers of two and three quarters of them; lifetimes exponential, Pareto,
-  powers of two; arrivals uniform, in bursts or eight a step;
+  powers of two, powers of two and three quarters of them, log-uniform over twelve octaves;
+  lifetimes exponential, Pareto, powers of two, uniform; arrivals uniform, in bursts or
+  eight a step;
 * guillotine tilings of a 4 GiB x (4 n steps) rectangle (cuts at 512-byte multiples), whose
   optimum footprint is the lower bound: mostly time cuts, mostly memory cuts, cuts near the
   middle of a piece, always the largest piece cut, and memory cut at eighths (sizes repeat);
@@ -109,6 +110,16 @@ def quarters(n: int, rng: random.Random) -> list[Buffer]:
         start = rng.randrange(n)
         size = (4096 << rng.randrange(13)) // 4 * rng.choice((3, 4))
         out.append((start, start + rng.randint(1, 1000), size))
+    return out
+
+
+def log_busy(n: int, rng: random.Random) -> list[Buffer]:
+    """Log-uniform sizes of 4 KiB-16 MiB (any byte), lifetimes of 1-1000 steps (about 500
+    live), starts uniform."""
+    out = []
+    for _ in range(n):
+        start = rng.randrange(n)
+        out.append((start, start + rng.randint(1, 1000), int(4096 * 2 ** (12 * rng.random()))))
     return out
 
 
@@ -255,6 +266,7 @@ FAMILIES: dict[str, Callable[[int, random.Random], list[Row]]] = {
     "aligned": unplaced(aligned),
     "busy-pow2": unplaced(busy_powers),
     "pow2-quarters": unplaced(quarters),
+    "log-busy": unplaced(log_busy),
     "tiling-time70": tiling(lambda n, rng: guillotine(n, rng, 0.7, False)),
     "tiling-memory70": tiling(lambda n, rng: guillotine(n, rng, 0.3, False)),
     "tiling-middle": tiling(lambda n, rng: guillotine(n, rng, 0.5, True)),
