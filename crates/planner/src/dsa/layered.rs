@@ -7,8 +7,9 @@
 //! The skeleton is either the items live where the bytes live come within a tenth of the
 //! bound ([`hot_items`]: at those steps a plan must stack its items almost without a gap,
 //! and everywhere else the fill has room to spare), or the items that hold most of the area
-//! (bytes × lifetime: [`skeleton_items`]) — on dense lists, and where a few items hold
-//! nearly all of it and decide the footprint ([`choose_skeleton`]). A population of large
+//! (bytes × lifetime: [`skeleton_items`]) — on dense lists where those are fewer than the
+//! hot items or the hot items' sizes repeat, and where a few items hold nearly all of it and
+//! decide the footprint ([`choose_skeleton`]). A population of large
 //! items standing apart from the rest (a tenfold drop between consecutive areas) is kept
 //! whole in a skeleton by area ([`NATURAL_BREAK`]).
 //!
@@ -230,22 +231,42 @@ pub(super) fn hot_items(p: &Problem) -> Option<Vec<u32>> {
     Some(items)
 }
 
+/// Share of a skeleton's items whose size no other item of it has, at or above which its
+/// sizes are *distinct* (see [`choose_skeleton`]).
+pub(super) const DISTINCT_SIZES: f64 = 0.5;
+
+/// Whether at least [`DISTINCT_SIZES`] of `items` have a size no other of them has.
+fn sizes_distinct(p: &Problem, items: &[u32]) -> bool {
+    let mut sizes: Vec<u64> = items.iter().map(|&i| p.size[i as usize]).collect();
+    sizes.sort_unstable();
+    let alone = (0..sizes.len())
+        .filter(|&k| (k == 0 || sizes[k - 1] != sizes[k]) && sizes.get(k + 1) != Some(&sizes[k]))
+        .count();
+    alone as f64 >= DISTINCT_SIZES * items.len() as f64
+}
+
 /// The skeleton of the layered construction of `p` (one interval each; `dense`: the list's
 /// greedy pass is not expected to fit in the budget, see `place`), planned for `plan_for`: the
-/// items with the largest areas ([`skeleton_items`]) where they hold [`DOMINANT_AREA`] of it or
-/// the list is dense (the tiered fill sweeps most items in around them, and a hot skeleton
-/// there measured worse), or `p` is itself a skeleton planned for the fill around it (its hot
-/// steps are where the skeleton's bytes peak, not where the list's top is decided; measured on
-/// lists of power-of-two sizes, 100k, seeds 1–9: median 1.016 without a hot skeleton in the
-/// plan of their dense skeleton, 1.026 with, mean 1.021 both ways); else the [`hot_items`],
-/// else the items with the largest areas. The items, and whether they are the hot ones.
+/// items with the largest areas ([`skeleton_items`]) where they hold [`DOMINANT_AREA`] of it;
+/// on dense lists too, unless the hot items are fewer and of distinct sizes (where a few
+/// long-lived items hold the area, the tiered fill sweeps most items in around them and a hot
+/// skeleton measured worse; where sizes repeat, holes fit later items exactly and the
+/// skeleton by area's plan leads; elsewhere the smaller hot skeleton gets more search per
+/// item: docs/planner.md, "Log-uniform sizes over twelve octaves"); the items with the
+/// largest areas too where `p` is itself a skeleton planned for the fill around it (its hot
+/// steps are where the skeleton's bytes peak, not where the list's top is decided; measured
+/// on lists of power-of-two sizes, 100k, seeds 1–9: median 1.016 without a hot skeleton in
+/// the plan of their dense skeleton, 1.026 with, mean 1.021 both ways); else the
+/// [`hot_items`], else the items with the largest areas. The items, and whether they are
+/// the hot ones.
 pub(super) fn choose_skeleton(p: &Problem, dense: bool, plan_for: PlanFor) -> Option<(Vec<u32>, bool)> {
     let by_area = skeleton_items(p);
     let dominant = by_area.as_ref().is_some_and(|items| area_share(p, items) >= DOMINANT_AREA);
-    if !dense
-        && !dominant
+    if !dominant
         && plan_for == PlanFor::Footprint
         && let Some(hot) = hot_items(p)
+        && (!dense
+            || (by_area.as_ref().is_some_and(|by_area| hot.len() < by_area.len()) && sizes_distinct(p, &hot)))
     {
         return Some((hot, true));
     }
@@ -565,13 +586,31 @@ mod tests {
     }
 
     #[test]
-    fn the_skeleton_is_hot_unless_the_area_dominates_or_the_list_is_dense() {
-        let similar = Problem::build(&crate::workload::random_similar_sizes(20_000, 4)).unwrap();
+    fn the_skeleton_is_hot_unless_the_area_dominates_or_leads_a_dense_list() {
+        let similar_buffers = crate::workload::random_similar_sizes(20_000, 4);
+        let similar = Problem::build(&similar_buffers).unwrap();
         let footprint = PlanFor::Footprint;
-        assert_eq!(choose_skeleton(&similar, false, footprint), hot_items(&similar).map(|h| (h, true)));
+        let hot = hot_items(&similar).map(|h| (h, true));
+        assert_eq!(choose_skeleton(&similar, false, footprint), hot);
         assert!(hot_items(&similar) != skeleton_items(&similar));
         let by_area = skeleton_items(&similar).map(|a| (a, false));
-        assert_eq!(choose_skeleton(&similar, true, footprint), by_area);
+        // Dense: hot where the hot items are fewer and of distinct sizes.
+        let (hot_len, area_len) = (hot.as_ref().unwrap().0.len(), by_area.as_ref().unwrap().0.len());
+        assert!(hot_len < area_len, "{hot_len} hot, {area_len} by area");
+        assert!(sizes_distinct(&similar, &hot.as_ref().unwrap().0));
+        assert_eq!(choose_skeleton(&similar, true, footprint), hot);
+        // The same list with sizes rounded to 64 KiB (17 sizes): by area where dense.
+        let rounded: Vec<Buffer> =
+            similar_buffers.iter().map(|b| Buffer { size: b.size >> 16 << 16, ..*b }).collect();
+        let rounded = Problem::build(&rounded).unwrap();
+        assert!(!sizes_distinct(&rounded, &hot_items(&rounded).unwrap()));
+        assert_eq!(choose_skeleton(&rounded, true, footprint), skeleton_items(&rounded).map(|a| (a, false)));
+        assert_eq!(choose_skeleton(&rounded, false, footprint), hot_items(&rounded).map(|h| (h, true)));
+        // A few long-lived items hold the area: by area where dense.
+        let long = Problem::build(&crate::workload::random_long_short(20_000, 1)).unwrap();
+        let by_area_long = skeleton_items(&long).expect("a skeleton");
+        assert!(hot_items(&long).is_none_or(|h| h.len() >= by_area_long.len()));
+        assert_eq!(choose_skeleton(&long, true, footprint), Some((by_area_long, false)));
         assert_eq!(choose_skeleton(&similar, false, PlanFor::Fill), by_area, "a skeleton's own plan");
         assert_eq!(choose_skeleton(&similar, false, PlanFor::HotFill), by_area, "a hot skeleton's own plan");
         // Two populations: the large long-lived buffers hold 99% of the area.
@@ -584,6 +623,26 @@ mod tests {
             .map(|i| Buffer { start: i * 7 % 1000, end: i * 7 % 1000 + 10, size: 4096, group: None })
             .collect();
         assert_eq!(choose_skeleton(&Problem::build(&even).unwrap(), false, footprint), None);
+    }
+
+    #[test]
+    fn sizes_are_distinct_where_half_the_items_have_a_size_of_their_own() {
+        let list = |sizes: &[u64]| -> Problem {
+            let b: Vec<Buffer> =
+                sizes.iter().map(|&size| Buffer { start: 0, end: 1, size, group: None }).collect();
+            Problem::build(&b).unwrap()
+        };
+        let all = |p: &Problem| (0..p.len() as u32).collect::<Vec<_>>();
+        // Two of four alone (5 and 9; 7 twice): distinct.
+        let p = list(&[7, 5, 7, 9]);
+        assert!(sizes_distinct(&p, &all(&p)));
+        // One of four alone: not.
+        let p = list(&[7, 7, 5, 7]);
+        assert!(!sizes_distinct(&p, &all(&p)));
+        let p = list(&[3, 3, 3, 3, 1, 1]);
+        assert!(!sizes_distinct(&p, &all(&p)));
+        let p = list(&[1, 2, 3]);
+        assert!(sizes_distinct(&p, &all(&p)));
     }
 
     #[test]
