@@ -118,7 +118,75 @@ const TOP_LAST_BELOW_FLOOR: f64 = 0.01;
 /// (measured on the development machine: ~1 µs per item and ~22 ns per pair; a scheduling
 /// estimate, not a limit).
 pub(super) fn greedy_pass_estimate(n: usize, pairs: u64) -> Duration {
-    Duration::from_nanos((n as u64).saturating_mul(1_000).saturating_add(pairs.saturating_mul(22)))
+    pass_estimate(n, pairs, 22)
+}
+
+/// [`greedy_pass_estimate`] for the first greedy order of the portfolio alone (breadth /
+/// best fit): ~11 ns per pair. Measured on four lists of 100k buffers with 50M–106M pairs
+/// (2-core VM): breadth / best fit 7–12 ns per pair, size / best fit 18–29 ns, the orders
+/// by start 5–7 ns.
+fn first_pass_estimate(n: usize, pairs: u64) -> Duration {
+    pass_estimate(n, pairs, 11)
+}
+
+/// ~1 µs per item and `ns_per_pair` per pair of items live together.
+fn pass_estimate(n: usize, pairs: u64, ns_per_pair: u64) -> Duration {
+    Duration::from_nanos((n as u64).saturating_mul(1_000).saturating_add(pairs.saturating_mul(ns_per_pair)))
+}
+
+/// Share of the budget that the first greedy pass of a list of few sizes spread wide may be
+/// expected to take for the list not to count as dense: the rest is for the skeleton and
+/// the fill around it, which as a dense list's tiered fill fit in less.
+const FIRST_PASS_LINE: f64 = 0.7;
+
+/// Sizes a list holds at most to count as one of *few sizes spread wide* (see
+/// [`few_sizes_spread_wide`]).
+const FEW_SIZES: usize = 64;
+/// Octaves between the quartiles of the items' sizes (log2) from which few sizes are
+/// *spread wide*: lists of 16 sizes evenly spaced over 64 KiB–1 MiB have 1.4, geometric
+/// ones (powers of two, or of 1.5, over twelve octaves) 6 or more.
+const WIDE_SPREAD_OCTAVES: f64 = 3.0;
+
+/// Whether `p`'s items come in at most [`FEW_SIZES`] sizes whose quartiles (by items) lie
+/// at least [`WIDE_SPREAD_OCTAVES`] apart: lists where a greedy pass finds holes of an
+/// item's own size, and small items for the rest, and leads (lists of 21–40 sizes spread
+/// geometrically over twelve octaves, 100k buffers: breadth / best fit alone 1.014–1.050,
+/// where lists of uniform sizes get 1.09–1.17 from it and plan lower through the dense
+/// constructions; docs/planner.md, "Few sizes spread wide").
+fn few_sizes_spread_wide(p: &Problem) -> bool {
+    // (size, items) by size; sorted, so a lookup is six comparisons, and runs of one size
+    // cost one.
+    let mut counts: Vec<(u64, u64)> = Vec::with_capacity(FEW_SIZES);
+    let mut last = None;
+    for &size in &p.size {
+        let at = match last {
+            Some((s, at)) if s == size => at,
+            _ => match counts.binary_search_by_key(&size, |&(s, _)| s) {
+                Ok(at) => at,
+                Err(_) if counts.len() == FEW_SIZES => return false,
+                Err(at) => {
+                    counts.insert(at, (size, 0));
+                    at
+                }
+            },
+        };
+        counts[at].1 += 1;
+        last = Some((size, at));
+    }
+    let n = p.size.len() as u64;
+    let quantile = |q: u64| {
+        let mut seen = 0;
+        counts.iter().find(|&&(_, c)| {
+            seen += c;
+            seen * 4 > q * n
+        })
+    };
+    match (quantile(1), quantile(3)) {
+        (Some(&(low, _)), Some(&(high, _))) if low > 0 => {
+            (high as f64 / low as f64).log2() >= WIDE_SPREAD_OCTAVES
+        }
+        _ => false,
+    }
 }
 
 /// Runs `f(k)` for `k` in `0..workers`: worker 0 on the calling thread, the others on
@@ -296,9 +364,17 @@ pub(super) fn place_for(
     // improvement stage's windows hold few items there and gain little). Lists whose pass
     // fits are planned as the others, whose first greedy pass is guaranteed to finish: with
     // the line at 70% of the budget, lists between the two planned up to 0.02 higher
-    // (docs/planner.md, "Lists of power-of-two sizes").
-    let greedy_pass = greedy_pass_estimate(n, pairs);
-    let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > budget;
+    // (docs/planner.md, "Lists of power-of-two sizes"). Where sizes are few and spread over
+    // many octaves, the line is the first pass's own cost (breadth order, about half the
+    // costliest orders') at `FIRST_PASS_LINE` of the budget: there the greedy passes lead,
+    // and lists between the two lines planned lower as lists whose pass fits (with the line
+    // at the whole budget, lists of 10k at 85 ms planned higher: the fill around the
+    // skeleton no longer fit); few sizes spread narrowly planned higher so (docs/planner.md,
+    // "Few sizes spread wide").
+    let wide = few_sizes_spread_wide(&p);
+    let greedy_pass = if wide { first_pass_estimate(n, pairs) } else { greedy_pass_estimate(n, pairs) };
+    let line = if wide { budget.mul_f64(FIRST_PASS_LINE) } else { budget };
+    let dense = p.ivs.len() == n && n > EXACT_MAX_ITEMS && greedy_pass > line;
     let share = if dense { 0.7 } else { 0.4 };
     clock.end(if folded { "fold" } else { "prepare" }, None);
     let (floor_off, floor_high) = online_best_fit(&p);
@@ -1472,6 +1548,54 @@ mod density_tests {
         let pass = greedy_pass_estimate(p.len(), p.overlapping_pairs());
         // The pass at 90% of what the stages get.
         let budget = pass.div_f64(0.9 * (1.0 - DEADLINE_RESERVE));
+        let opts = PlaceOptions { threads: 1, improve: false, ..uncapped(budget) };
+        let placed = place(&b, &opts).unwrap();
+        verify(&b, &placed.offsets).unwrap();
+        assert!(placed.strategies_run >= 1, "no greedy pass ran: {}", placed.strategy);
+    }
+
+    /// Few sizes are spread wide where the quartiles of the items' sizes lie three octaves
+    /// apart or more; many sizes never are.
+    #[test]
+    fn few_sizes_are_spread_wide_where_their_quartiles_lie_octaves_apart() {
+        let list = |sizes: &[u64]| -> Problem {
+            let b: Vec<Buffer> =
+                sizes.iter().map(|&size| Buffer { start: 0, end: 1, size, group: None }).collect();
+            Problem::build(&b).unwrap()
+        };
+        assert!(few_sizes_spread_wide(&list(&[1, 1, 1, 1, 16, 16, 16, 16])));
+        assert!(few_sizes_spread_wide(&list(&[16, 1, 8, 1, 16, 1, 16, 1])));
+        assert!(!few_sizes_spread_wide(&list(&[1, 1, 1, 1, 4, 4, 4, 4])));
+        // A few outliers do not move the quartiles.
+        assert!(!few_sizes_spread_wide(&list(&[1, 1, 1, 1, 1, 1, 1, 1, 1024])));
+        // Power-of-two sizes over 16 octaves: wide; 16 sizes evenly over 64 KiB–1 MiB: not;
+        // uniform sizes of any byte: more than 64.
+        let pow2 = crate::workload::random_powers_of_two(10_000, 1);
+        assert!(few_sizes_spread_wide(&Problem::build(&pow2).unwrap()));
+        let even: Vec<Buffer> = pow2
+            .iter()
+            .enumerate()
+            .map(|(k, b)| Buffer { size: ((k % 16) as u64 + 1) << 16, ..*b })
+            .collect();
+        assert!(!few_sizes_spread_wide(&Problem::build(&even).unwrap()));
+        let many = crate::workload::random_uniform_sizes_busy(2_000, 1);
+        assert!(!few_sizes_spread_wide(&Problem::build(&many).unwrap()));
+    }
+
+    /// A list of few sizes spread wide is dense only where its first greedy pass (breadth
+    /// order) does not fit in `FIRST_PASS_LINE` of the budget: with a budget where it does,
+    /// and the costliest orders' pass does not, the pass runs (a dense list would lead with
+    /// the aligned constructions and start no pass).
+    #[test]
+    fn lists_of_few_sizes_spread_wide_run_their_first_pass_where_it_fits() {
+        let b = crate::workload::random_powers_of_two(10_000, 1);
+        let p = Problem::build(&b).unwrap();
+        assert!(few_sizes_spread_wide(&p));
+        let pairs = p.overlapping_pairs();
+        let (first, costliest) = (first_pass_estimate(p.len(), pairs), greedy_pass_estimate(p.len(), pairs));
+        // What the stages get: the first pass at 90% of the line.
+        let budget = first.div_f64(0.9 * FIRST_PASS_LINE).div_f64(1.0 - DEADLINE_RESERVE);
+        assert!(costliest > budget);
         let opts = PlaceOptions { threads: 1, improve: false, ..uncapped(budget) };
         let placed = place(&b, &opts).unwrap();
         verify(&b, &placed.offsets).unwrap();
