@@ -149,10 +149,11 @@ const WIDE_SPREAD_OCTAVES: f64 = 3.0;
 
 /// Whether `p`'s items come in at most [`FEW_SIZES`] sizes whose quartiles (by items) lie
 /// at least [`WIDE_SPREAD_OCTAVES`] apart: lists where a greedy pass finds holes of an
-/// item's own size, and small items for the rest, and leads (lists of 21–40 sizes spread
-/// geometrically over twelve octaves, 100k buffers: breadth / best fit alone 1.014–1.050,
-/// where lists of uniform sizes get 1.09–1.17 from it and plan lower through the dense
-/// constructions; docs/planner.md, "Few sizes spread wide").
+/// item's own size, and small items for the rest, and leads (26 power-of-two-like sizes
+/// over twelve octaves, 100k buffers: breadth / best fit alone 1.014–1.050, where lists of
+/// uniform sizes get 1.09–1.17 from it and plan lower through the dense constructions;
+/// lists of 21 and 40 sizes spread geometrically planned lower with this line too:
+/// docs/planner.md, "Few sizes spread wide").
 fn few_sizes_spread_wide(p: &Problem) -> bool {
     // (size, items) by size; sorted, so a lookup is six comparisons, and runs of one size
     // cost one.
@@ -1558,16 +1559,12 @@ mod density_tests {
     /// apart or more; many sizes never are.
     #[test]
     fn few_sizes_are_spread_wide_where_their_quartiles_lie_octaves_apart() {
-        let list = |sizes: &[u64]| -> Problem {
-            let b: Vec<Buffer> =
-                sizes.iter().map(|&size| Buffer { start: 0, end: 1, size, group: None }).collect();
-            Problem::build(&b).unwrap()
-        };
-        assert!(few_sizes_spread_wide(&list(&[1, 1, 1, 1, 16, 16, 16, 16])));
-        assert!(few_sizes_spread_wide(&list(&[16, 1, 8, 1, 16, 1, 16, 1])));
-        assert!(!few_sizes_spread_wide(&list(&[1, 1, 1, 1, 4, 4, 4, 4])));
+        let wide = |sizes: &[u64]| few_sizes_spread_wide(&Problem::of_sizes(sizes));
+        assert!(wide(&[1, 1, 1, 1, 16, 16, 16, 16]));
+        assert!(wide(&[16, 1, 8, 1, 16, 1, 16, 1]));
+        assert!(!wide(&[1, 1, 1, 1, 4, 4, 4, 4]));
         // A few outliers do not move the quartiles.
-        assert!(!few_sizes_spread_wide(&list(&[1, 1, 1, 1, 1, 1, 1, 1, 1024])));
+        assert!(!wide(&[1, 1, 1, 1, 1, 1, 1, 1, 1024]));
         // Power-of-two sizes over 16 octaves: wide; 16 sizes evenly over 64 KiB–1 MiB: not;
         // uniform sizes of any byte: more than 64.
         let pow2 = crate::workload::random_powers_of_two(10_000, 1);

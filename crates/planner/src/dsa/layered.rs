@@ -627,22 +627,16 @@ mod tests {
 
     #[test]
     fn sizes_are_distinct_where_half_the_items_have_a_size_of_their_own() {
-        let list = |sizes: &[u64]| -> Problem {
-            let b: Vec<Buffer> =
-                sizes.iter().map(|&size| Buffer { start: 0, end: 1, size, group: None }).collect();
-            Problem::build(&b).unwrap()
+        let distinct = |sizes: &[u64]| {
+            let p = Problem::of_sizes(sizes);
+            sizes_distinct(&p, &(0..p.len() as u32).collect::<Vec<_>>())
         };
-        let all = |p: &Problem| (0..p.len() as u32).collect::<Vec<_>>();
         // Two of four alone (5 and 9; 7 twice): distinct.
-        let p = list(&[7, 5, 7, 9]);
-        assert!(sizes_distinct(&p, &all(&p)));
+        assert!(distinct(&[7, 5, 7, 9]));
         // One of four alone: not.
-        let p = list(&[7, 7, 5, 7]);
-        assert!(!sizes_distinct(&p, &all(&p)));
-        let p = list(&[3, 3, 3, 3, 1, 1]);
-        assert!(!sizes_distinct(&p, &all(&p)));
-        let p = list(&[1, 2, 3]);
-        assert!(sizes_distinct(&p, &all(&p)));
+        assert!(!distinct(&[7, 7, 5, 7]));
+        assert!(!distinct(&[3, 3, 3, 3, 1, 1]));
+        assert!(distinct(&[1, 2, 3]));
     }
 
     #[test]

@@ -77,6 +77,15 @@ pub(super) fn number_items(buffers: &[Buffer]) -> Result<(Vec<u32>, u32, bool), 
 }
 
 impl Problem {
+    /// One buffer of each of `sizes`, all live at step 0 (tests of rules that read the
+    /// sizes alone).
+    #[cfg(test)]
+    pub(super) fn of_sizes(sizes: &[u64]) -> Problem {
+        let buffers: Vec<Buffer> =
+            sizes.iter().map(|&size| Buffer { start: 0, end: 1, size, group: None }).collect();
+        Problem::build(&buffers).unwrap()
+    }
+
     pub(super) fn build(buffers: &[Buffer]) -> Result<Problem, PlaceError> {
         let (item_of, items, grouped) = number_items(buffers)?;
         // (item, start, end, size) of every live buffer.
