@@ -155,24 +155,14 @@ const WIDE_SPREAD_OCTAVES: f64 = 3.0;
 /// lists of 21 and 40 sizes spread geometrically planned lower with this line too:
 /// docs/planner.md, "Few sizes spread wide").
 fn few_sizes_spread_wide(p: &Problem) -> bool {
-    // (size, items) by size; sorted, so a lookup is six comparisons, and runs of one size
-    // cost one.
+    // (size, items) by size: a lookup is six comparisons.
     let mut counts: Vec<(u64, u64)> = Vec::with_capacity(FEW_SIZES);
-    let mut last = None;
     for &size in &p.size {
-        let at = match last {
-            Some((s, at)) if s == size => at,
-            _ => match counts.binary_search_by_key(&size, |&(s, _)| s) {
-                Ok(at) => at,
-                Err(_) if counts.len() == FEW_SIZES => return false,
-                Err(at) => {
-                    counts.insert(at, (size, 0));
-                    at
-                }
-            },
-        };
-        counts[at].1 += 1;
-        last = Some((size, at));
+        match counts.binary_search_by_key(&size, |&(s, _)| s) {
+            Ok(at) => counts[at].1 += 1,
+            Err(_) if counts.len() == FEW_SIZES => return false,
+            Err(at) => counts.insert(at, (size, 1)),
+        }
     }
     let n = p.size.len() as u64;
     let quantile = |q: u64| {

@@ -239,26 +239,26 @@ pub(super) const DISTINCT_SIZES: f64 = 0.5;
 fn sizes_distinct(p: &Problem, items: &[u32]) -> bool {
     let mut sizes: Vec<u64> = items.iter().map(|&i| p.size[i as usize]).collect();
     sizes.sort_unstable();
-    let alone = (0..sizes.len())
-        .filter(|&k| (k == 0 || sizes[k - 1] != sizes[k]) && sizes.get(k + 1) != Some(&sizes[k]))
-        .count();
+    let alone = sizes.chunk_by(|a, b| a == b).filter(|run| run.len() == 1).count();
     alone as f64 >= DISTINCT_SIZES * items.len() as f64
 }
 
 /// The skeleton of the layered construction of `p` (one interval each; `dense`: the list's
-/// greedy pass is not expected to fit in the budget, see `place`), planned for `plan_for`: the
-/// items with the largest areas ([`skeleton_items`]) where they hold [`DOMINANT_AREA`] of it;
-/// on dense lists too, unless the hot items are fewer and of distinct sizes (where a few
-/// long-lived items hold the area, the tiered fill sweeps most items in around them and a hot
-/// skeleton measured worse; where sizes repeat, holes fit later items exactly and the
-/// skeleton by area's plan leads; elsewhere the smaller hot skeleton gets more search per
-/// item: docs/planner.md, "Log-uniform sizes over twelve octaves"); the items with the
-/// largest areas too where `p` is itself a skeleton planned for the fill around it (its hot
-/// steps are where the skeleton's bytes peak, not where the list's top is decided; measured
-/// on lists of power-of-two sizes, 100k, seeds 1–9: median 1.016 without a hot skeleton in
-/// the plan of their dense skeleton, 1.026 with, mean 1.021 both ways); else the
-/// [`hot_items`], else the items with the largest areas. The items, and whether they are
-/// the hot ones.
+/// greedy pass is not expected to fit in the budget, see `place`), planned for `plan_for`,
+/// and whether it is the hot items. The [`hot_items`], unless
+/// - the items with the largest areas ([`skeleton_items`]) hold [`DOMINANT_AREA`] of it;
+/// - the list is dense and the hot items are no fewer than those (or there are none), or of
+///   repeating sizes ([`sizes_distinct`]): where a few long-lived items hold the area, the
+///   tiered fill sweeps most items in around them and a hot skeleton measured worse; where
+///   sizes repeat, holes fit later items exactly and the skeleton by area's plan leads;
+///   elsewhere the smaller hot skeleton gets more search per item (docs/planner.md,
+///   "Log-uniform sizes over twelve octaves");
+/// - `p` is itself a skeleton planned for the fill around it: its hot steps are where the
+///   skeleton's bytes peak, not where the list's top is decided (lists of power-of-two
+///   sizes, 100k, seeds 1–9: median 1.016 without a hot skeleton in the plan of their dense
+///   skeleton, 1.026 with, mean 1.021 both ways);
+///
+/// then, or where no item is hot, the items with the largest areas.
 pub(super) fn choose_skeleton(p: &Problem, dense: bool, plan_for: PlanFor) -> Option<(Vec<u32>, bool)> {
     let by_area = skeleton_items(p);
     let dominant = by_area.as_ref().is_some_and(|items| area_share(p, items) >= DOMINANT_AREA);
