@@ -3,14 +3,15 @@
 //! `plan_schedule` (what PlanCapture runs) on schedules with varied layers at the daemon's
 //! default budget, and the gap queries every construction and improvement step is made of
 //! (`gap_query/…`: 10k queries on a placed 100k list, and on the alias groups of a long
-//! pipeline, for each fit), and the online
-//! constructions (`online/…`: best fit, aligned and the repairing sweep over 100k buffers). Ratios are printed by
-//! `cargo run --release -p graphpool-planner --example figures`.
+//! pipeline, for each fit), the online constructions (`online/…`: best fit, aligned and the
+//! repairing sweep over 100k buffers), and the improvement stage (`improvement/…`: a fixed
+//! number of its steps on a 100k list). Ratios are printed by `cargo run --release -p
+//! graphpool-planner --example figures`.
 
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use graphpool_planner::dsa::{GapQueries, OnlineConstructions};
+use graphpool_planner::dsa::{GapQueries, ImprovementSteps, OnlineConstructions};
 use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers};
 use graphpool_planner::{Buffer, PlaceOptions, Schedule, SchedulePlanInput, place, plan_schedule, workload};
 
@@ -118,6 +119,17 @@ fn bench(c: &mut Criterion) {
         group.bench_function(format!("{name}_best_fit"), |b| b.iter(|| online.best_fit()));
         group.bench_function(format!("{name}_aligned"), |b| b.iter(|| online.aligned()));
         group.bench_function(format!("{name}_repairing"), |b| b.iter(|| online.repairing(floor)));
+    }
+    group.finish();
+
+    // The improvement stage: 1000 of its steps from the online best fit's placement (the
+    // top moves down nearly every step there, as it does late in a plan); 100 on the dense
+    // list, whose steps take milliseconds.
+    let mut group = c.benchmark_group("improvement");
+    group.sample_size(10).measurement_time(Duration::from_secs(5));
+    for ((name, buffers), count) in lists.iter().zip([1000, 1000, 100]) {
+        let steps = ImprovementSteps::new(buffers).expect("valid");
+        group.bench_function(format!("{name}_{count}_steps"), |b| b.iter(|| steps.run(count, 7)));
     }
     group.finish();
 }

@@ -501,6 +501,7 @@ pub(crate) use driver::{run_workers, run_workers_with, workers_for};
 use exact::*;
 use greedy::*;
 use hashing::KeyHashing;
+pub use improve::ImprovementSteps;
 use improve::*;
 pub use index::GapQueries;
 use index::*;
