@@ -18,11 +18,12 @@
 //! layers differ (`pipeline::varied_layers`, 4 layers per chunk, seeded), planned with the
 //! daemon's default budget of 200 ms. Rows `packed-h1`, `packed-b1` and `packed-area` are
 //! tilings of other shapes than `packed` (`workload::Tiling`: one step per piece, cuts at
-//! any byte, the largest of three pieces cut), `skyline` rows tilings filled bottom-up
-//! (`workload::packed_skyline`), `recut1`, `recut2` and `recut4` rows arenas whose memory
-//! is re-cut as the clock runs, one, two or four runs of buffers per step
-//! (`workload::packed_recut`), `arena32k` and `arena512k` rows the same in arenas of 32 KiB
-//! (one run per step) and 512 KiB (two) (`workload::packed_recut_arena`).
+//! any byte, the largest of three pieces cut), `packed-short` tilings over n / 100 steps
+//! (`Tiling::steps`), `skyline` rows tilings filled bottom-up (`workload::packed_skyline`),
+//! `recut1`, `recut2` and `recut4` rows arenas whose memory is re-cut as the clock runs,
+//! one, two or four runs of buffers per step (`workload::packed_recut`), `arena32k` and
+//! `arena512k` rows the same in arenas of 32 KiB (one run per step) and 512 KiB (two)
+//! (`workload::packed_recut_arena`).
 //! `training` rows are eager training steps of one pipeline
 //! rank as an allocator sees them (`workload::training_trace`); `longshort` rows a few
 //! long-lived buffers among many short-lived ones of the same sizes
@@ -169,6 +170,11 @@ fn main() {
         let tiling = move |n, seed| workload::packed_tiling(n, seed, &shape);
         generated(&mut cases, name, &sizes, &seeds, " budget=1s", tiling);
     }
+    // Tilings over n / 100 steps: most pieces live one step, a hundred start at every step.
+    generated(&mut cases, "packed-short", &sizes, &seeds, " budget=1s", |n, seed| {
+        let steps = Some(n as u64 / 100);
+        workload::packed_tiling(n, seed, &workload::Tiling { steps, ..Default::default() })
+    });
     generated(&mut cases, "skyline", &sizes, &seeds, " budget=1s", workload::packed_skyline);
     // Arenas re-cut as the clock runs: one run of buffers ends and is re-cut per step, two or
     // four.

@@ -261,12 +261,16 @@ pub struct Tiling {
     /// the granularity) instead of anywhere: sizes repeat, as power-of-two tensors do, and
     /// many pieces of one size meet at one step.
     pub halves: bool,
+    /// Clock steps of the rectangle instead of `horizon_per_piece` per piece (at least 16):
+    /// a few steps for many pieces leave most of them living one step, tens starting at
+    /// every step.
+    pub steps: Option<u64>,
 }
 
 impl Default for Tiling {
     /// The shape of [`packed`]: 4 steps per piece, 512-byte cuts, uniform draws.
     fn default() -> Self {
-        Tiling { horizon_per_piece: 4, granularity: 512, cut_largest_of: 1, halves: false }
+        Tiling { horizon_per_piece: 4, granularity: 512, cut_largest_of: 1, halves: false, steps: None }
     }
 }
 
@@ -278,8 +282,8 @@ pub fn packed(n: usize, seed: u64) -> Vec<Buffer> {
     packed_tiling(n, seed, &Tiling::default())
 }
 
-/// `n` buffers that tile a `n × horizon_per_piece` × 4 GiB rectangle exactly, cut as
-/// `shape` says (see [`packed`]).
+/// `n` buffers that tile a `n × horizon_per_piece` (or `steps`) × 4 GiB rectangle exactly,
+/// cut as `shape` says (see [`packed`]).
 pub fn packed_tiling(n: usize, seed: u64, shape: &Tiling) -> Vec<Buffer> {
     packed_tiling_placed(n, seed, shape).0
 }
@@ -288,7 +292,7 @@ pub fn packed_tiling(n: usize, seed: u64, shape: &Tiling) -> Vec<Buffer> {
 /// bound.
 pub fn packed_tiling_placed(n: usize, seed: u64, shape: &Tiling) -> (Vec<Buffer>, Vec<u64>) {
     let mut rng = Rng::new(seed);
-    let horizon: u64 = (n as u64 * shape.horizon_per_piece).max(16);
+    let horizon: u64 = shape.steps.unwrap_or(n as u64 * shape.horizon_per_piece).max(16);
     let height: u64 = 1 << 32;
     let unit = shape.granularity.max(1);
     let area = |x: (u64, u64, u64, u64)| (x.1 - x.0) as u128 * x.3 as u128;
@@ -490,13 +494,14 @@ mod tests {
             Tiling { granularity: 1, ..Tiling::default() },
             Tiling { cut_largest_of: 3, ..Tiling::default() },
             Tiling { halves: true, ..Tiling::default() },
+            Tiling { steps: Some(20), ..Tiling::default() },
         ];
         for shape in shapes {
             for seed in 1..=3 {
                 let b = packed_tiling(700, seed, &shape);
                 assert_eq!(b.len(), 700, "{shape:?}");
                 let horizon = b.iter().map(|x| x.end).max().unwrap();
-                assert_eq!(horizon, 700 * shape.horizon_per_piece, "{shape:?}");
+                assert_eq!(horizon, shape.steps.unwrap_or(700 * shape.horizon_per_piece), "{shape:?}");
                 assert_eq!(
                     area_and_bound(&b),
                     (horizon as u128 * (1 << 32), 1 << 32),

@@ -37,7 +37,15 @@ pub(super) enum Merges {
     /// A tenth of the items or more beyond chance: stacks and chains of a tiling's pieces,
     /// of a training step's activations.
     Structural,
+    /// As [`Merges::Structural`], on a clock so crowded ([`CROWDED_RANK`] items per rank or
+    /// more) that most of what would stack is items of one rank, whose stacks are mostly
+    /// wrong: not coarsened (docs/planner.md, "Tilings over few steps").
+    Crowded,
 }
+
+/// Items per rank of the compressed clock from which a list whose merges are structural is
+/// not coarsened ([`Merges::Crowded`]).
+pub(super) const CROWDED_RANK: f64 = 32.0;
 
 /// What the first round of [`coarsen_both`] would merge: pairs of items sharing a lifetime,
 /// and items whose end meets the start of one of equal size, against a tenth of the items;
@@ -50,6 +58,8 @@ pub(super) fn merges(p: &Problem) -> Merges {
         Merges::Few
     } else if candidates - chance_hand_overs(p) < n / 10.0 {
         Merges::ByChance { unmerged: 1.0 - (candidates / n).min(1.0) }
+    } else if n >= p.ranks as f64 * CROWDED_RANK {
+        Merges::Crowded
     } else {
         Merges::Structural
     }

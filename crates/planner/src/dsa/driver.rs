@@ -1284,13 +1284,16 @@ mod density_tests {
 
     /// The cheap test tells the hand-overs of a tiling's pieces and of a training step's
     /// activations from those that a list of a few sizes, many of them starting each step,
-    /// makes by chance; lists of many sizes have few of either.
+    /// makes by chance; lists of many sizes have few of either; a tiling over a hundred steps
+    /// is too crowded to coarsen.
     #[test]
     fn merges_tell_structure_from_chance() {
         use crate::workload;
+        let short = workload::Tiling { steps: Some(100), ..workload::Tiling::default() };
         for seed in 1..=3 {
             let kinds = [
                 (workload::packed(10_000, seed), Merges::Structural),
+                (workload::packed_tiling(10_000, seed, &short), Merges::Crowded),
                 (workload::packed_skyline(10_000, seed), Merges::Structural),
                 (workload::training_trace(10_000, seed), Merges::Structural),
                 (workload::random_powers_of_two_busy(10_000, seed), Merges::ByChance { unmerged: 0.0 }),
@@ -1312,6 +1315,20 @@ mod density_tests {
                 }
             }
         }
+    }
+
+    /// A tiling of many pieces over a few steps plans without a coarse instance, lower than
+    /// through one (docs/planner.md, "Tilings over few steps": 10k pieces over 100 steps,
+    /// 1.05–1.10 through it at the default budget against 1.02–1.08).
+    #[test]
+    fn tilings_over_few_steps_are_not_coarsened() {
+        let shape = crate::workload::Tiling { steps: Some(40), ..crate::workload::Tiling::default() };
+        let buffers = crate::workload::packed_tiling(4000, 1, &shape);
+        let placed = place(&buffers, &PlaceOptions::default()).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        // (A skeleton planned by itself may still coarsen: it is not crowded.)
+        assert!(!placed.stages.iter().any(|s| s.name.starts_with("coarse")), "{:?}", placed.stages);
+        assert!(!placed.strategy.starts_with("coarse("), "{}", placed.strategy);
     }
 
     /// A list whose merges are chance is not coarsened before the constructions: at the
