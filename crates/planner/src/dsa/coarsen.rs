@@ -39,7 +39,7 @@ pub(super) enum Merges {
     Structural,
     /// As [`Merges::Structural`], on a clock so crowded ([`CROWDED_RANK`] items per rank or
     /// more) that most of what would stack is items of one rank, whose stacks are mostly
-    /// wrong: not coarsened (docs/planner.md, "Tilings over few steps").
+    /// wrong: not coarsened (docs/planner.md, "Crowded clocks").
     Crowded,
 }
 

@@ -1318,8 +1318,8 @@ mod density_tests {
     }
 
     /// A tiling of many pieces over a few steps plans without a coarse instance, lower than
-    /// through one (docs/planner.md, "Tilings over few steps": 10k pieces over 100 steps,
-    /// 1.05–1.10 through it at the default budget against 1.02–1.08).
+    /// through one (docs/planner.md, "Crowded clocks": 10k pieces over 100 steps at the
+    /// default budget, 1.10–1.17 through it against 1.02–1.08).
     #[test]
     fn tilings_over_few_steps_are_not_coarsened() {
         let shape = crate::workload::Tiling { steps: Some(40), ..crate::workload::Tiling::default() };

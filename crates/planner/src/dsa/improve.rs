@@ -781,7 +781,7 @@ mod move_tests {
         })
     }
 
-    /// Small random lists for the property tests.
+    /// The tree of tops answers as a scan of every item does, through random updates.
     #[test]
     fn the_tree_of_tops_finds_the_highest_and_every_item_reaching_it() {
         let mut rng = Rng::new(5);
@@ -803,6 +803,7 @@ mod move_tests {
         }
     }
 
+    /// Small random lists for the property tests.
     fn small_lists() -> impl proptest::strategy::Strategy<Value = Vec<Buffer>> {
         prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60).prop_map(|raw| {
             raw.into_iter()
