@@ -10,7 +10,7 @@ that the planner can be checked on inputs it was not tuned on:
 * random families: sizes log-normal, Pareto, a few multiples of 1 MiB, 256-byte multiples,
   powers of two, powers of two and three quarters of them, log-uniform over twelve octaves;
   lifetimes exponential, Pareto, powers of two, uniform; arrivals uniform, in bursts or
-  eight a step;
+  eight a step, or over n / 100 steps (`few-steps`: a coarse clock);
 * guillotine tilings of a 4 GiB x (4 n steps) rectangle (cuts at 512-byte multiples), whose
   optimum footprint is the lower bound: mostly time cuts, mostly memory cuts, cuts near the
   middle of a piece, always the largest piece cut, and memory cut at eighths (sizes repeat);
@@ -120,6 +120,19 @@ def log_busy(n: int, rng: random.Random) -> list[Buffer]:
     for _ in range(n):
         start = rng.randrange(n)
         out.append((start, start + rng.randint(1, 1000), int(4096 * 2 ** (12 * rng.random()))))
+    return out
+
+
+def few_steps(n: int, rng: random.Random) -> list[Buffer]:
+    """Log-uniform sizes of 4 KiB-16 MiB, lifetimes log-uniform over 1-32 steps, starts
+    uniform over n / 100 steps (at least 16): a trace whose clock is coarse (a step per layer
+    or per kernel launch), about a hundred buffers starting at every step."""
+    steps = max(16, n // 100)
+    out = []
+    for _ in range(n):
+        start = rng.randrange(steps)
+        life = int(2 ** (5 * rng.random()))
+        out.append((start, start + life, int(4096 * 2 ** (12 * rng.random()))))
     return out
 
 
@@ -267,6 +280,7 @@ FAMILIES: dict[str, Callable[[int, random.Random], list[Row]]] = {
     "busy-pow2": unplaced(busy_powers),
     "pow2-quarters": unplaced(quarters),
     "log-busy": unplaced(log_busy),
+    "few-steps": unplaced(few_steps),
     "tiling-time70": tiling(lambda n, rng: guillotine(n, rng, 0.7, False)),
     "tiling-memory70": tiling(lambda n, rng: guillotine(n, rng, 0.3, False)),
     "tiling-middle": tiling(lambda n, rng: guillotine(n, rng, 0.5, True)),

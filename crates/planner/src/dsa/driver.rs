@@ -1285,15 +1285,27 @@ mod density_tests {
     /// The cheap test tells the hand-overs of a tiling's pieces and of a training step's
     /// activations from those that a list of a few sizes, many of them starting each step,
     /// makes by chance; lists of many sizes have few of either; a tiling over a hundred steps
-    /// is too crowded to coarsen.
+    /// is too crowded to coarsen, and so is a random list over as few (whose buffers share
+    /// lifetimes by chance, so that it would stack).
     #[test]
     fn merges_tell_structure_from_chance() {
         use crate::workload;
         let short = workload::Tiling { steps: Some(100), ..workload::Tiling::default() };
+        let few_steps = |seed: u64| {
+            let mut rng = crate::rng::Rng::new(seed);
+            (0..10_000)
+                .map(|_| {
+                    let start = rng.below(100);
+                    let end = start + rng.log_uniform(1, 32);
+                    Buffer { start, end, size: rng.log_uniform(1 << 12, 1 << 24), group: None }
+                })
+                .collect::<Vec<_>>()
+        };
         for seed in 1..=3 {
             let kinds = [
                 (workload::packed(10_000, seed), Merges::Structural),
                 (workload::packed_tiling(10_000, seed, &short), Merges::Crowded),
+                (few_steps(seed), Merges::Crowded),
                 (workload::packed_skyline(10_000, seed), Merges::Structural),
                 (workload::training_trace(10_000, seed), Merges::Structural),
                 (workload::random_powers_of_two_busy(10_000, seed), Merges::ByChance { unmerged: 0.0 }),
