@@ -24,7 +24,8 @@ pub(super) enum Merges {
     Few,
     /// A tenth of the items or more, but not a tenth beyond what chance makes: hand-overs
     /// between items of equal size that the list's mix of starts and sizes explains
-    /// ([`chance_hand_overs`]). Such lists coarsen to three quarters of their items or so
+    /// ([`chance_hand_overs`]), and stacks of items that its mix of starts and lifetimes
+    /// explains ([`chance_stacks`]). Such lists coarsen to three quarters of their items or so
     /// (power-of-two sizes, eight items starting a step), an instance planned only after the
     /// constructions, when there is time for it; coarsening them before (a quarter to a third
     /// of a 10k list's default budget) left the constructions that time short for nothing
@@ -47,21 +48,36 @@ pub(super) enum Merges {
 /// not coarsened ([`Merges::Crowded`]).
 pub(super) const CROWDED_RANK: f64 = 32.0;
 
+/// Items per rank from which stacks by chance ([`chance_stacks`]) are weighed: below it the
+/// test keeps to hand-overs, as tilings (2–5 items per rank) need no more.
+pub(super) const CHANCE_STACKS_RANK: f64 = 8.0;
+
 /// What the first round of [`coarsen_both`] would merge: pairs of items sharing a lifetime,
 /// and items whose end meets the start of one of equal size, against a tenth of the items;
-/// hand-overs that chance makes are counted only to tell [`Merges::ByChance`] apart.
+/// hand-overs and stacks that chance makes are counted only to tell [`Merges::ByChance`]
+/// apart.
 pub(super) fn merges(p: &Problem) -> Merges {
     let n = p.len() as f64;
     let (stacked, chained) = merge_candidates(p);
     let candidates = (stacked + chained) as f64;
     if candidates < n / 10.0 {
         Merges::Few
-    } else if candidates - chance_hand_overs(p) < n / 10.0 {
-        Merges::ByChance { unmerged: 1.0 - (candidates / n).min(1.0) }
-    } else if n >= p.ranks as f64 * CROWDED_RANK {
-        Merges::Crowded
     } else {
-        Merges::Structural
+        let beyond_chance = candidates - chance_hand_overs(p);
+        let by_chance = Merges::ByChance { unmerged: 1.0 - (candidates / n).min(1.0) };
+        if beyond_chance < n / 10.0 {
+            by_chance
+        } else if n >= p.ranks as f64 * CROWDED_RANK {
+            Merges::Crowded
+        } else if n >= p.ranks as f64 * CHANCE_STACKS_RANK && beyond_chance - chance_stacks(p) < n / 10.0 {
+            // Stacks by chance: many items start at a rank and share lifetimes as often as
+            // chance has them do (random lists over few steps; docs/planner.md, "Crowded
+            // clocks"). After the crowded test: tilings over few steps stack little beyond
+            // chance too, and plan best without a coarse instance at all.
+            by_chance
+        } else {
+            Merges::Structural
+        }
     }
 }
 
@@ -97,6 +113,34 @@ fn chance_hand_overs(p: &Problem) -> f64 {
         .map(|run| {
             let share = run.len() as f64 / n as f64;
             run.iter().map(|&(_, e)| 1.0 - (-(starts_at[e as usize] as f64) * share).exp()).sum::<f64>()
+        })
+        .sum()
+}
+
+/// How many items would stack (share a lifetime with one starting at their rank, counted as
+/// [`merge_candidates`] counts: a group of `k` counts `k − 1`) if lifetimes were drawn
+/// independently of the ranks: a rank where `k` items start holds `Σ_L (k p_L − 1 + (1 −
+/// p_L)^k)` of them, `p_L` the share of the items whose lifetime is `L` ranks.
+fn chance_stacks(p: &Problem) -> f64 {
+    let n = p.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let mut lifetimes: Vec<u32> = p.ivs.iter().map(|&(s, e)| e - s).collect();
+    lifetimes.sort_unstable();
+    let shares: Vec<f64> = lifetimes.chunk_by(|a, b| a == b).map(|run| run.len() as f64 / n as f64).collect();
+    let mut starts: Vec<u32> = p.ivs.iter().map(|&(s, _)| s).collect();
+    starts.sort_unstable();
+    // Ranks by how many items start there: (k, ranks).
+    let mut per_rank: Vec<usize> = starts.chunk_by(|a, b| a == b).map(<[u32]>::len).collect();
+    per_rank.sort_unstable();
+    per_rank
+        .chunk_by(|a, b| a == b)
+        .filter(|run| run[0] > 1)
+        .map(|run| {
+            let k = run[0] as f64;
+            let at_one: f64 = shares.iter().map(|&q| k * q - 1.0 + (1.0 - q).powf(k)).sum();
+            run.len() as f64 * at_one
         })
         .sum()
 }

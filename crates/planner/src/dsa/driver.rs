@@ -1285,17 +1285,18 @@ mod density_tests {
     /// The cheap test tells the hand-overs of a tiling's pieces and of a training step's
     /// activations from those that a list of a few sizes, many of them starting each step,
     /// makes by chance; lists of many sizes have few of either; a tiling over a hundred steps
-    /// is too crowded to coarsen, and so is a random list over as few (whose buffers share
-    /// lifetimes by chance, so that it would stack).
+    /// is too crowded to coarsen, and so is a random list over as few; over a few hundred,
+    /// such a list's buffers share lifetimes by chance, as often as the model of chance
+    /// stacks says.
     #[test]
     fn merges_tell_structure_from_chance() {
         use crate::workload;
         let short = workload::Tiling { steps: Some(100), ..workload::Tiling::default() };
-        let few_steps = |seed: u64| {
+        let few_steps = |seed: u64, steps: u64| {
             let mut rng = crate::rng::Rng::new(seed);
             (0..10_000)
                 .map(|_| {
-                    let start = rng.below(100);
+                    let start = rng.below(steps);
                     let end = start + rng.log_uniform(1, 32);
                     Buffer { start, end, size: rng.log_uniform(1 << 12, 1 << 24), group: None }
                 })
@@ -1305,7 +1306,8 @@ mod density_tests {
             let kinds = [
                 (workload::packed(10_000, seed), Merges::Structural),
                 (workload::packed_tiling(10_000, seed, &short), Merges::Crowded),
-                (few_steps(seed), Merges::Crowded),
+                (few_steps(seed, 100), Merges::Crowded),
+                (few_steps(seed, 330), Merges::ByChance { unmerged: 0.0 }),
                 (workload::packed_skyline(10_000, seed), Merges::Structural),
                 (workload::training_trace(10_000, seed), Merges::Structural),
                 (workload::random_powers_of_two_busy(10_000, seed), Merges::ByChance { unmerged: 0.0 }),
@@ -1320,7 +1322,9 @@ mod density_tests {
                     std::mem::discriminant(&want),
                     "seed {seed}, list {k}: {got:?}"
                 );
-                if let Merges::ByChance { unmerged } = got {
+                if let Merges::ByChance { unmerged } = got
+                    && k == 6
+                {
                     // A third of the items end where one of their size starts (and a few
                     // share a lifetime).
                     assert!((0.55..0.75).contains(&unmerged), "seed {seed}: {unmerged}");
