@@ -885,6 +885,23 @@ mod coarse_tests {
         }
     }
 
+    /// Stacks by chance: where every item lives one rank, all but one of each rank's starters
+    /// stack; where the `k` items starting at a rank each have a lifetime of their own, as
+    /// many stack as `k` draws among `k` lifetimes repeat one (`k (1 − 1/k)^k`).
+    #[test]
+    fn chance_stacks_follow_the_lifetimes_shares() {
+        let buffer = |start: u64, end: u64| Buffer { start, end, size: 512, group: None };
+        // Three steps where four buffers of one step start: 3 × 3 stack.
+        let alike: Vec<Buffer> = (0..12).map(|i| buffer(i / 4, i / 4 + 1)).collect();
+        let p = Problem::build(&alike).unwrap();
+        assert!((chance_stacks(&p) - 9.0).abs() < 1e-9, "{}", chance_stacks(&p));
+        // Twenty buffers starting together, ending at twenty ranks.
+        let apart: Vec<Buffer> = (1..=20).map(|e| buffer(0, e)).collect();
+        let p = Problem::build(&apart).unwrap();
+        let want = 20.0 * 0.95f64.powi(20);
+        assert!((chance_stacks(&p) - want).abs() < 1e-9, "{} against {want}", chance_stacks(&p));
+    }
+
     /// A plan that reaches the lower bound before the deadline does not depend on the
     /// clock: the same input and seed give the same offsets.
     #[test]
