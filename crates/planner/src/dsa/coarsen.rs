@@ -63,13 +63,16 @@ pub(super) fn merges(p: &Problem) -> Merges {
     if candidates < n / 10.0 {
         Merges::Few
     } else {
-        let beyond_chance = candidates - chance_hand_overs(p);
+        let starts_at = starts_per_rank(p);
+        let beyond_chance = candidates - chance_hand_overs(p, &starts_at);
         let by_chance = Merges::ByChance { unmerged: 1.0 - (candidates / n).min(1.0) };
         if beyond_chance < n / 10.0 {
             by_chance
         } else if n >= p.ranks as f64 * CROWDED_RANK {
             Merges::Crowded
-        } else if n >= p.ranks as f64 * CHANCE_STACKS_RANK && beyond_chance - chance_stacks(p) < n / 10.0 {
+        } else if n >= p.ranks as f64 * CHANCE_STACKS_RANK
+            && beyond_chance - chance_stacks(p, &starts_at) < n / 10.0
+        {
             // Stacks by chance: many items start at a rank and share lifetimes as often as
             // chance has them do (random lists over few steps; docs/planner.md, "Crowded
             // clocks"). After the crowded test: tilings over few steps stack little beyond
@@ -96,16 +99,20 @@ fn merge_candidates(p: &Problem) -> (usize, usize) {
     (stacked, chained)
 }
 
-/// How many items would meet one of their size starting where they end if sizes were drawn
-/// independently of the steps: each with probability `1 − e^−λ`, `λ` = the items starting
-/// at its end × the share of the items that have its size.
-fn chance_hand_overs(p: &Problem) -> f64 {
-    let n = p.len();
-    let ranks = p.ivs.iter().map(|&(_, e)| e as usize + 1).max().unwrap_or(0);
-    let mut starts_at = vec![0u32; ranks];
+/// How many items start at each rank of `p`'s clock.
+fn starts_per_rank(p: &Problem) -> Vec<u32> {
+    let mut starts_at = vec![0u32; p.ranks as usize + 1];
     for &(s, _) in &p.ivs {
         starts_at[s as usize] += 1;
     }
+    starts_at
+}
+
+/// How many items would meet one of their size starting where they end if sizes were drawn
+/// independently of the steps: each with probability `1 − e^−λ`, `λ` = the items starting
+/// at its end ([`starts_per_rank`]) × the share of the items that have its size.
+fn chance_hand_overs(p: &Problem, starts_at: &[u32]) -> f64 {
+    let n = p.len();
     // (size, the step where it ends) by size: each run of one size is the items of that size.
     let mut ends: Vec<(u64, u32)> = (0..n).map(|i| (p.size[i], p.ivs[i].1)).collect();
     ends.sort_unstable();
@@ -119,28 +126,30 @@ fn chance_hand_overs(p: &Problem) -> f64 {
 
 /// How many items would stack (share a lifetime with one starting at their rank, counted as
 /// [`merge_candidates`] counts: a group of `k` counts `k − 1`) if lifetimes were drawn
-/// independently of the ranks: a rank where `k` items start holds `Σ_L (k p_L − 1 + (1 −
-/// p_L)^k)` of them, `p_L` the share of the items whose lifetime is `L` ranks.
-fn chance_stacks(p: &Problem) -> f64 {
-    let n = p.len();
-    if n == 0 {
-        return 0.0;
+/// independently of the ranks: a rank where `k` items start ([`starts_per_rank`]) holds
+/// `Σ_L (k p_L − 1 + (1 − p_L)^k)` of them, `p_L` the share of the items whose lifetime is
+/// `L` ranks.
+fn chance_stacks(p: &Problem, starts_at: &[u32]) -> f64 {
+    let n = p.len() as f64;
+    let mut lifetimes = vec![0u32; p.ranks as usize + 1];
+    for &(s, e) in &p.ivs {
+        lifetimes[(e - s) as usize] += 1;
     }
-    let mut lifetimes: Vec<u32> = p.ivs.iter().map(|&(s, e)| e - s).collect();
-    lifetimes.sort_unstable();
-    let shares: Vec<f64> = lifetimes.chunk_by(|a, b| a == b).map(|run| run.len() as f64 / n as f64).collect();
-    let mut starts: Vec<u32> = p.ivs.iter().map(|&(s, _)| s).collect();
-    starts.sort_unstable();
-    // Ranks by how many items start there: (k, ranks).
-    let mut per_rank: Vec<usize> = starts.chunk_by(|a, b| a == b).map(<[u32]>::len).collect();
-    per_rank.sort_unstable();
-    per_rank
-        .chunk_by(|a, b| a == b)
-        .filter(|run| run[0] > 1)
-        .map(|run| {
-            let k = run[0] as f64;
-            let at_one: f64 = shares.iter().map(|&q| k * q - 1.0 + (1.0 - q).powf(k)).sum();
-            run.len() as f64 * at_one
+    let shares: Vec<f64> = lifetimes.iter().filter(|&&c| c > 0).map(|&c| c as f64 / n).collect();
+    // How many ranks see `k` items start, by `k`.
+    let most = starts_at.iter().copied().max().unwrap_or(0) as usize;
+    let mut ranks_with = vec![0u32; most + 1];
+    for &k in starts_at {
+        ranks_with[k as usize] += 1;
+    }
+    ranks_with
+        .iter()
+        .enumerate()
+        .skip(2)
+        .filter(|&(_, &ranks)| ranks > 0)
+        .map(|(k, &ranks)| {
+            let k = k as f64;
+            ranks as f64 * shares.iter().map(|&q| k * q - 1.0 + (1.0 - q).powf(k)).sum::<f64>()
         })
         .sum()
 }
@@ -894,12 +903,14 @@ mod coarse_tests {
         // Three steps where four buffers of one step start: 3 × 3 stack.
         let alike: Vec<Buffer> = (0..12).map(|i| buffer(i / 4, i / 4 + 1)).collect();
         let p = Problem::build(&alike).unwrap();
-        assert!((chance_stacks(&p) - 9.0).abs() < 1e-9, "{}", chance_stacks(&p));
+        let got = chance_stacks(&p, &starts_per_rank(&p));
+        assert!((got - 9.0).abs() < 1e-9, "{got}");
         // Twenty buffers starting together, ending at twenty ranks.
         let apart: Vec<Buffer> = (1..=20).map(|e| buffer(0, e)).collect();
         let p = Problem::build(&apart).unwrap();
         let want = 20.0 * 0.95f64.powi(20);
-        assert!((chance_stacks(&p) - want).abs() < 1e-9, "{} against {want}", chance_stacks(&p));
+        let got = chance_stacks(&p, &starts_per_rank(&p));
+        assert!((got - want).abs() < 1e-9, "{got} against {want}");
     }
 
     /// A plan that reaches the lower bound before the deadline does not depend on the
