@@ -407,6 +407,15 @@ impl Tops {
         self.tree[1]
     }
 
+    /// Item `i` moved to `top`: set, and added to `crit` (the items at the top) where it
+    /// reaches `high`.
+    fn moved(&mut self, i: usize, top: u64, high: u64, crit: &mut Vec<u32>) {
+        self.set(i, top);
+        if top == high {
+            crit.push(i as u32);
+        }
+    }
+
     /// Replaces `out` with the items whose top is `high` (the highest), in item order.
     fn reaching(&self, high: u64, out: &mut Vec<u32>) {
         out.clear();
@@ -485,10 +494,7 @@ pub(super) fn improve(
         if single && rng.below(100) < EJECT_PERCENT {
             if let Some(kept) = eject(p, &mut index, off, c, deadline, &mut rng, &mut scratch, &mut ej) {
                 for &i in kept {
-                    tops.set(i as usize, off[i as usize] + p.size[i as usize]);
-                    if tops.get(i as usize) == high {
-                        crit.push(i);
-                    }
+                    tops.moved(i as usize, off[i as usize] + p.size[i as usize], high, &mut crit);
                 }
             }
             continue;
@@ -498,10 +504,7 @@ pub(super) fn improve(
                 repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp)
             {
                 for &i in kept {
-                    tops.set(i as usize, off[i as usize] + p.size[i as usize]);
-                    if tops.get(i as usize) == high {
-                        crit.push(i);
-                    }
+                    tops.moved(i as usize, off[i as usize] + p.size[i as usize], high, &mut crit);
                 }
             }
             continue;
@@ -590,10 +593,7 @@ pub(super) fn improve(
             for &i in &window {
                 let i = i as usize;
                 off[i] = new_off[i];
-                tops.set(i, off[i] + p.size[i]);
-                if tops.get(i) == high {
-                    crit.push(i as u32);
-                }
+                tops.moved(i, off[i] + p.size[i], high, &mut crit);
             }
         } else {
             for &i in &window[..placed] {
