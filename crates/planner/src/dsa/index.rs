@@ -183,18 +183,31 @@ impl Index {
                 runs.push(run as u32);
             }
         };
-        let mut state = (out, runs, 0usize);
-        self.scan(
-            s,
-            e,
-            &mut state,
-            |(out, runs, run)| {
-                close(out, runs, *run);
-                *run = out.len();
-            },
-            |(out, _, _), en| out.push((en.off, en.top)),
-        );
-        let (out, runs, run) = state;
+        let mut run = 0;
+        for level in &self.levels {
+            if level.entries == 0 {
+                continue;
+            }
+            let b0 = s >> level.shift;
+            let b1 = (e - 1) >> level.shift;
+            for b in b0..=b1 {
+                close(out, runs, run);
+                run = out.len();
+                // Every entry written, the next write over it unless it is kept: no branch
+                // per entry (which one is kept is data, and mispredicted ones took a third of
+                // the query).
+                let bucket = &level.buckets[b as usize];
+                out.resize(run + bucket.len(), (0, 0));
+                let dst = &mut out[run..];
+                let mut kept = 0;
+                for en in bucket {
+                    dst[kept] = (en.off, en.top);
+                    let keep = en.s < e && en.e > s && (en.s >> level.shift).max(b0) == b;
+                    kept += usize::from(keep);
+                }
+                out.truncate(run + kept);
+            }
+        }
         close(out, runs, run);
     }
 
