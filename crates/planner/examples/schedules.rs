@@ -9,8 +9,9 @@
 //! 4 or 8 microbatches; 1–8 layers per chunk from `pipeline::varied_layers` with sequence
 //! 1024–8192, micro-batch 1–4 and hidden 1024–8192. Each is planned by `plan_schedule` with
 //! `BUDGET_MS` (default 200, the daemon's default) and verified; plans that take over 1.25 ×
-//! the budget are listed too. `CASES` may be a range `FROM-TO`; a third argument sets the
-//! planner's threads (default 0: every core).
+//! the budget are listed too; with `SCHEDULES_DUMP=DIR`, each case above 1.001 is written
+//! there as `case-K.json`, a description `graphpool plan --schedule` reads. `CASES` may be a
+//! range `FROM-TO`; a third argument sets the planner's threads (default 0: every core).
 //!
 //! `… --example schedules -- large [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs the same sweep
 //! over long pipelines and many microbatches: pipeline size 8, 16 or 32; for 1F1B 512, 1024
@@ -21,6 +22,14 @@
 //! (`uneven_layers`): saved bytes of 1–200 MiB at 512 B granularity, workspaces of 0–64 MiB,
 //! and a hidden state whose shape changes at a quarter of the layers (the output of one layer
 //! then does not chain into the next). `large` and `uneven` combine.
+//!
+//! `… --example schedules -- inputs [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs the first
+//! sweep's schedules over layers with several static inputs and outputs (`inputs_layers`):
+//! one to three inputs (a state kept for the backward most of the time, a second tensor kept
+//! half of the time, an index tensor never), one or two outputs, each of its own shape and
+//! element type (bf16, f16, f32, f8e4m3, i64), so that a layer's output chains into the next
+//! layer's input only where their bytes happen to match; saved bytes and workspaces of none,
+//! whole MiB or any byte count.
 //!
 //! `… --example schedules -- explicit [CASES | FROM-TO] [BUDGET_MS]` plans random explicit step orders
 //! instead (TransformerEngine's `_order` form): 1–4 chunks, 1–64 microbatches, forwards
@@ -136,10 +145,21 @@ fn explicit(cases: std::ops::RangeInclusive<u64>, budget_ms: u64) {
     );
 }
 
+/// The layers a case of the sweep draws (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layers {
+    /// `pipeline::varied_layers`: transformer layers of one hidden state.
+    Varied,
+    /// `uneven_layers`: byte counts that look measured.
+    Uneven,
+    /// `inputs_layers`: several inputs and outputs of their own shapes.
+    Inputs,
+}
+
 /// Case `case` of the sweep (see the module documentation): the schedule, layers per chunk
 /// and the input. `large` draws the pipelines and microbatch counts of the `large` sweep,
-/// `uneven` the layers of the `uneven` one.
-fn draw(case: u64, large: bool, uneven: bool) -> (Schedule, u32, SchedulePlanInput) {
+/// `kind` the layers.
+fn draw(case: u64, large: bool, kind: Layers) -> (Schedule, u32, SchedulePlanInput) {
     let mut rng = Rng::new(case);
     let pp = pick(&mut rng, if large { &[8, 16, 32] } else { &[1, 2, 4, 8, 16] }) as u32;
     let (schedule, chunks) = if rng.below(2) == 0 {
@@ -161,10 +181,10 @@ fn draw(case: u64, large: bool, uneven: bool) -> (Schedule, u32, SchedulePlanInp
     let seq = pick(&mut rng, &[1024, 2048, 4096, 8192]);
     let batch = pick(&mut rng, &[1, 2, 4]);
     let hidden = pick(&mut rng, &[1024, 2048, 4096, 5120, 8192]);
-    let layers_of = if uneven {
-        uneven_layers(chunks, layers, case)
-    } else {
-        varied_layers(chunks, layers, seq, batch, hidden, case)
+    let layers_of = match kind {
+        Layers::Uneven => uneven_layers(chunks, layers, case),
+        Layers::Inputs => inputs_layers(chunks, layers, case),
+        Layers::Varied => varied_layers(chunks, layers, seq, batch, hidden, case),
     };
     let input = SchedulePlanInput { schedule: schedule.clone(), layers: layers_of };
     (schedule, layers, input)
@@ -207,6 +227,62 @@ fn uneven_layers(chunks: u32, layers: u32, seed: u64) -> Vec<LayerSpec> {
     out
 }
 
+/// `layers` layers per chunk with several inputs and outputs (see the module documentation).
+fn inputs_layers(chunks: u32, layers: u32, seed: u64) -> Vec<LayerSpec> {
+    let mut rng = Rng::new(seed ^ 0x696e_7075_7473);
+    let tensor = |rng: &mut Rng, name: &str, kept: bool| {
+        let seq = pick(rng, &[512, 1024, 2048, 4096, 8192]);
+        let batch = pick(rng, &[1, 2, 4]);
+        let hidden = pick(rng, &[1024, 2048, 4096, 5120, 8192]);
+        let shape = match rng.below(3) {
+            0 => vec![seq, batch, hidden],
+            1 => vec![batch, seq, hidden],
+            _ => vec![seq * batch, hidden],
+        };
+        let dtype = ["bf16", "bf16", "f16", "f32", "f8e4m3"][rng.below(5) as usize];
+        TensorSpec { name: name.to_string(), shape, dtype: dtype.to_string(), kept_for_backward: kept }
+    };
+    let bytes = |rng: &mut Rng, mib: u64| match rng.below(3) {
+        0 => 0,
+        1 => rng.range(1, mib) << 20,
+        _ => rng.range(1, mib << 20),
+    };
+    let mut out = Vec::new();
+    for chunk in 0..chunks {
+        for layer in 0..layers {
+            let kept = rng.below(5) != 0;
+            let mut inputs = vec![tensor(&mut rng, "hidden", kept)];
+            if rng.below(10) < 3 {
+                let kept = rng.below(2) == 0;
+                inputs.push(tensor(&mut rng, "mask", kept));
+            }
+            if rng.below(5) == 0 {
+                let shape = vec![pick(&mut rng, &[1, 2, 4]), pick(&mut rng, &[1024, 4096])];
+                inputs.push(TensorSpec {
+                    name: "ids".into(),
+                    shape,
+                    dtype: "i64".into(),
+                    kept_for_backward: false,
+                });
+            }
+            let mut outputs = vec![tensor(&mut rng, "hidden", false)];
+            if rng.below(4) == 0 {
+                outputs.push(tensor(&mut rng, "aux", false));
+            }
+            out.push(LayerSpec {
+                chunk,
+                layer,
+                inputs,
+                outputs,
+                saved_bytes: bytes(&mut rng, 400),
+                forward_workspace_bytes: bytes(&mut rng, 128),
+                backward_workspace_bytes: bytes(&mut rng, 256),
+            });
+        }
+    }
+    out
+}
+
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("explicit") {
         let usage = "usage: schedules explicit [CASES | FROM-TO] [BUDGET_MS]";
@@ -226,10 +302,18 @@ fn main() {
         return;
     }
     // `large`: the same sweep over long pipelines and many microbatches; `uneven`: over
-    // layers whose byte counts look measured.
+    // layers whose byte counts look measured; `inputs`: over layers of several inputs and
+    // outputs.
     let large = std::env::args().any(|a| a == "large");
-    let uneven = std::env::args().any(|a| a == "uneven");
-    let args: Vec<String> = std::env::args().filter(|a| a != "large" && a != "uneven").collect();
+    let kind = if std::env::args().any(|a| a == "inputs") {
+        Layers::Inputs
+    } else if std::env::args().any(|a| a == "uneven") {
+        Layers::Uneven
+    } else {
+        Layers::Varied
+    };
+    let args: Vec<String> =
+        std::env::args().filter(|a| a != "large" && a != "uneven" && a != "inputs").collect();
     let arg = |k: usize, default: u64| -> u64 {
         args.get(k)
             .cloned()
@@ -249,10 +333,15 @@ fn main() {
     let threads = arg(3, 0) as usize;
     let opts =
         PlaceOptions { time_budget: Duration::from_millis(budget_ms), threads, ..PlaceOptions::default() };
+    // Cases above 1.001 written as `graphpool plan --schedule` descriptions, where asked.
+    let dump = std::env::var_os("SCHEDULES_DUMP").map(std::path::PathBuf::from);
+    if let Some(dir) = &dump {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    }
     let began = Instant::now();
     let (mut above, mut worst, mut slowest) = (0, 1.0f64, (Duration::ZERO, 0));
     for case in first..=cases {
-        let (schedule, layers, input) = draw(case, large, uneven);
+        let (schedule, layers, input) = draw(case, large, kind);
         let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
         slowest = slowest.max((plan.elapsed, case));
@@ -268,6 +357,11 @@ fn main() {
         if plan.ratio() > 1.001 {
             above += 1;
             println!("case {case}: {schedule:?}, {layers} layers, {}", outcome(&plan));
+            if let Some(dir) = &dump {
+                let path = dir.join(format!("case-{case}.json"));
+                let text = serde_json::to_string(&input).expect("a schedule serializes");
+                std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+            }
         }
     }
     println!(
