@@ -149,9 +149,11 @@ pub(super) fn repack<'a>(
 
 /// Candidate offsets an ejection move weighs (see [`eject`]).
 pub(super) const EJECT_CANDIDATES: usize = 16;
-/// Share of the improvement steps on items with one interval that are ejection moves, in
-/// percent: one costs tens of microseconds, a window re-placement up to a millisecond, so
-/// at this share the windows still take most of the time.
+/// Share of the improvement steps that are ejection moves, in percent: one costs tens of
+/// microseconds, a window re-placement up to a millisecond, so at this share the windows
+/// still take most of the time. Lists with alias groups too (schedules whose layers have
+/// several inputs: misses above 1.001 summed 0.260 → 0.236 over the same 300 schedules;
+/// lists half in alias groups, 10k, six seeds: mean 1.1918 → 1.1833).
 pub(super) const EJECT_PERCENT: u64 = 95;
 /// Items of an ejection move that may go down in turn when they would reach above the top
 /// (see [`eject`]).
@@ -167,6 +169,8 @@ pub(super) struct Eject {
     out: Vec<u32>,
     /// The items the move has taken out.
     taken: Marks,
+    /// The neighbours already met (items of several intervals).
+    seen: Marks,
 }
 
 /// Moves the elements of `v` for which `pred` holds to its front; returns how many.
@@ -193,19 +197,28 @@ fn eject_target(
     rng: &mut Rng,
     ej: &mut Eject,
 ) -> Option<u64> {
-    let (s, e) = p.hull[i];
     let size = p.size[i];
     if limit == 0 {
         return None;
     }
     // Candidates come from the items below `limit`; the way at one may reach up to
-    // `limit - 1 + size`. Those below `limit` first.
+    // `limit - 1 + size`. Those below `limit` first. Where items have several intervals
+    // (alias groups), each neighbour counts once, however many of its intervals it meets.
     ej.near.clear();
-    index.for_each(s, e, |en| {
-        if en.item as usize != i && en.off < limit - 1 + size {
-            ej.near.push((en.off, en.top, en.item));
-        }
-    });
+    let several = p.ivs.len() > p.len();
+    if several {
+        ej.seen.clear(p.len());
+    }
+    for &(s, e) in p.ivs(i) {
+        index.for_each(s, e, |en| {
+            if en.item as usize != i
+                && en.off < limit - 1 + size
+                && (!several || ej.seen.mark(en.item as usize))
+            {
+                ej.near.push((en.off, en.top, en.item));
+            }
+        });
+    }
     let below = partition_front(&mut ej.near, |&(o, _, _)| o < limit);
     if below == 0 {
         return None;
@@ -238,15 +251,14 @@ fn eject_target(
     Some(y)
 }
 
-/// An ejection move (improvement stage, items with one interval): the item `c` at the top
-/// goes down to an offset where an item live with it below starts or ends — of
-/// [`EJECT_CANDIDATES`] drawn, the one with the least area in its way — the items in its way
-/// there are taken out and re-placed one by one by a greedy fit, largest or longest-lived
-/// first (sometimes with noise); one that would reach above the items' top before the move
-/// may in turn go down by the same rule, taking out the items in its way (at most
-/// [`EJECT_CHAIN`] times a move). Kept when the items moved reach no higher (then no more of
-/// them to the top) than before, as the window moves are. Returns the items that moved when
-/// kept.
+/// An ejection move (improvement stage): the item `c` at the top goes down to an offset
+/// where an item live with it below starts or ends — of [`EJECT_CANDIDATES`] drawn, the one
+/// with the least area in its way — the items in its way there are taken out and re-placed
+/// one by one by a greedy fit, largest or longest-lived first (sometimes with noise); one
+/// that would reach above the items' top before the move may in turn go down by the same
+/// rule, taking out the items in its way (at most [`EJECT_CHAIN`] times a move). Kept when
+/// the items moved reach no higher (then no more of them to the top) than before, as the
+/// window moves are. Returns the items that moved when kept.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn eject<'a>(
     p: &Problem,
@@ -491,7 +503,7 @@ pub(super) fn improve(
             break;
         }
         stats.steps += 1;
-        if single && rng.below(100) < EJECT_PERCENT {
+        if rng.below(100) < EJECT_PERCENT {
             if let Some(kept) = eject(p, &mut index, off, c, deadline, &mut rng, &mut scratch, &mut ej) {
                 for &i in kept {
                     tops.moved(i as usize, off[i as usize] + p.size[i as usize], high, &mut crit);
@@ -717,7 +729,7 @@ mod move_tests {
         mut make: impl FnMut(&Problem, &mut Index, &mut [u64], u64, usize, &mut Rng) -> Option<Vec<u32>>,
     ) -> usize {
         let p = Problem::build(b).unwrap();
-        if p.len() == 0 || p.ivs.len() != p.len() {
+        if p.len() == 0 {
             return 0;
         }
         let (mut off, mut high) = online_best_fit(&p);
@@ -760,10 +772,13 @@ mod move_tests {
         kept
     }
 
-    /// Skyline re-packs of a window's top ([`repack`]).
+    /// Skyline re-packs of a window's top ([`repack`]; items of one interval).
     fn repacks(b: &[Buffer], moves: usize, seed: u64) -> usize {
         let mut rp = Repack::default();
         let deadline = Instant::now() + Duration::from_secs(60);
+        if b.iter().any(|x| x.group.is_some()) {
+            return 0;
+        }
         drive(b, moves, seed, |p, index, off, high, c, rng| {
             let span = p.mean_span() as u64;
             repack(p, index, off, high, c, span, deadline, rng, &mut rp).map(<[u32]>::to_vec)
@@ -803,6 +818,25 @@ mod move_tests {
         }
     }
 
+    /// Ejection moves on lists with alias groups (items of several intervals, each meeting
+    /// some neighbours in several of them): a pipeline schedule's buffers, and lists half in
+    /// groups.
+    #[test]
+    fn ejections_keep_placements_with_alias_groups_valid() {
+        let schedule =
+            crate::Schedule::Interleaved { pp_size: 4, pp_rank: 1, num_microbatches: 8, virtual_chunks: 2 };
+        let input = crate::SchedulePlanInput {
+            schedule,
+            layers: crate::pipeline::varied_layers(2, 2, 2048, 1, 2048, 3),
+        };
+        let pipeline = crate::pipeline::schedule_buffers(&input).expect("valid schedule").buffers;
+        let mut ejected = ejections(&pipeline, 200, 1);
+        for seed in 1..=3 {
+            ejected += ejections(&crate::workload::random_grouped(2000, seed), 200, seed);
+        }
+        assert!(ejected > 0, "no ejection was kept: the test checks nothing");
+    }
+
     /// Small random lists for the property tests.
     fn small_lists() -> impl proptest::strategy::Strategy<Value = Vec<Buffer>> {
         prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60).prop_map(|raw| {
@@ -835,6 +869,19 @@ mod move_tests {
 
         #[test]
         fn ejections_keep_small_placements_valid(b in small_lists(), seed in 0u64..1000) {
+            ejections(&b, 40, seed);
+        }
+
+        #[test]
+        fn ejections_keep_small_grouped_placements_valid(
+            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9, 0u32..12), 1..60),
+            seed in 0u64..1000,
+        ) {
+            // Groups 0..4 shared, the others a buffer alone.
+            let b: Vec<Buffer> = raw
+                .into_iter()
+                .map(|(start, life, size, g)| Buffer { start, end: start + life, size, group: (g < 4).then_some(g) })
+                .collect();
             ejections(&b, 40, seed);
         }
     }
