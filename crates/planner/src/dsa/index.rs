@@ -36,26 +36,6 @@ pub(super) struct Level {
     pub(super) buckets: Vec<Vec<Entry>>,
 }
 
-/// One bucket a query visits (see [`Index::visits`]).
-struct Visit<'a> {
-    /// The level's bucket width, as a shift of the clock rank.
-    shift: u32,
-    /// The first bucket of the level the query visits.
-    first: u32,
-    /// This bucket.
-    b: u32,
-    entries: &'a [Entry],
-}
-
-impl Visit<'_> {
-    /// Whether `en` is live in `[s, e)` and this is the first bucket of the query that holds
-    /// it (an entry spanning two buckets is met once).
-    #[inline(always)]
-    fn holds(&self, en: &Entry, s: u32, e: u32) -> bool {
-        en.s < e && en.e > s && (en.s >> self.shift).max(self.first) == self.b
-    }
-}
-
 /// Bucket width of the finest level: 2^BASE_SHIFT ranks; each level is 4 times wider.
 pub(super) const BASE_SHIFT: u32 = 5;
 
@@ -176,28 +156,21 @@ impl Index {
         mut bucket: impl FnMut(&mut S),
         mut entry: impl FnMut(&mut S, &Entry),
     ) {
-        for visit in self.visits(s, e) {
-            bucket(state);
-            for en in visit.entries {
-                if visit.holds(en, s, e) {
-                    entry(state, en);
+        for level in &self.levels {
+            if level.entries == 0 {
+                continue;
+            }
+            let b0 = s >> level.shift;
+            let b1 = (e - 1) >> level.shift;
+            for b in b0..=b1 {
+                bucket(state);
+                for en in &level.buckets[b as usize] {
+                    if en.s < e && en.e > s && (en.s >> level.shift).max(b0) == b {
+                        entry(state, en);
+                    }
                 }
             }
         }
-    }
-
-    /// The buckets a query over `[s, e)` visits, level by level, each in clock order.
-    #[inline(always)]
-    fn visits(&self, s: u32, e: u32) -> impl Iterator<Item = Visit<'_>> {
-        self.levels.iter().filter(|level| level.entries > 0).flat_map(move |level| {
-            let first = s >> level.shift;
-            (first..=(e - 1) >> level.shift).map(move |b| Visit {
-                shift: level.shift,
-                first,
-                b,
-                entries: &level.buckets[b as usize],
-            })
-        })
     }
 
     /// Appends `(offset, top)` of every placed interval overlapping `[s, e)` to `out`, one
@@ -210,22 +183,18 @@ impl Index {
                 runs.push(run as u32);
             }
         };
-        let mut run = 0;
-        for visit in self.visits(s, e) {
-            close(out, runs, run);
-            run = out.len();
-            // Every entry written, the next write over it unless it is kept: no branch per
-            // entry (which one is kept is data, and mispredicted ones took a third of the
-            // query).
-            out.resize(run + visit.entries.len(), (0, 0));
-            let dst = &mut out[run..];
-            let mut kept = 0;
-            for en in visit.entries {
-                dst[kept] = (en.off, en.top);
-                kept += usize::from(visit.holds(en, s, e));
-            }
-            out.truncate(run + kept);
-        }
+        let mut state = (out, runs, 0usize);
+        self.scan(
+            s,
+            e,
+            &mut state,
+            |(out, runs, run)| {
+                close(out, runs, *run);
+                *run = out.len();
+            },
+            |(out, _, _), en| out.push((en.off, en.top)),
+        );
+        let (out, runs, run) = state;
         close(out, runs, run);
     }
 
