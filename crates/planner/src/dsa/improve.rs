@@ -202,23 +202,15 @@ fn eject_target(
         return None;
     }
     // Candidates come from the items below `limit`; the way at one may reach up to
-    // `limit - 1 + size`. Those below `limit` first. Where items have several intervals
-    // (alias groups), each neighbour counts once, however many of its intervals it meets.
+    // `limit - 1 + size`. Those below `limit` first. Each neighbour once, however many of
+    // an alias group's intervals it meets.
     ej.near.clear();
-    let several = p.ivs.len() > p.len();
-    if several {
-        ej.seen.clear(p.len());
-    }
-    for &(s, e) in p.ivs(i) {
-        index.for_each(s, e, |en| {
-            if en.item as usize != i
-                && en.off < limit - 1 + size
-                && (!several || ej.seen.mark(en.item as usize))
-            {
-                ej.near.push((en.off, en.top, en.item));
-            }
-        });
-    }
+    let Eject { near, seen, .. } = ej;
+    index.for_each_neighbour(p, i, seen, |en| {
+        if en.item as usize != i && en.off < limit - 1 + size {
+            near.push((en.off, en.top, en.item));
+        }
+    });
     let below = partition_front(&mut ej.near, |&(o, _, _)| o < limit);
     if below == 0 {
         return None;

@@ -145,6 +145,29 @@ impl Index {
         self.scan(s, e, &mut f, |_| {}, |f, en| f(en));
     }
 
+    /// Calls `f` once for every placed item live with `item` in any of its intervals (an
+    /// entry of each; `item` itself too where it is placed). Where items have several
+    /// intervals, a neighbour meets `item` in several of them: `seen` keeps it to once.
+    pub(super) fn for_each_neighbour(
+        &self,
+        p: &Problem,
+        item: usize,
+        seen: &mut Marks,
+        mut f: impl FnMut(&Entry),
+    ) {
+        let several = p.ivs.len() > p.len();
+        if several {
+            seen.clear(p.len());
+        }
+        for &(s, e) in p.ivs(item) {
+            self.for_each(s, e, |en| {
+                if !several || seen.mark(en.item as usize) {
+                    f(en);
+                }
+            });
+        }
+    }
+
     /// [`Index::for_each`] with a `state` that `entry` gets with each interval and `bucket`
     /// before each bucket visited.
     #[inline(always)]
@@ -252,21 +275,16 @@ impl Index {
             pairs.sort_unstable_by_key(|x| x.0);
             return gaps.over_sorted(pairs);
         }
-        scratch.seen.clear(p.len());
         let mut sorted = true;
         let FindScratch { pairs, seen, .. } = scratch;
-        for &(s, e) in ivs {
-            self.for_each(s, e, |en| {
-                if seen.mark(en.item as usize) {
-                    if let Some(last) = pairs.last()
-                        && last.0 > en.off
-                    {
-                        sorted = false;
-                    }
-                    pairs.push((en.off, en.top));
-                }
-            });
-        }
+        self.for_each_neighbour(p, item, seen, |en| {
+            if let Some(last) = pairs.last()
+                && last.0 > en.off
+            {
+                sorted = false;
+            }
+            pairs.push((en.off, en.top));
+        });
         if !sorted {
             pairs.sort_unstable_by_key(|x| x.0);
         }
