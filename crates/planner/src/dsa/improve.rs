@@ -10,6 +10,10 @@ use crate::until::Until;
 pub(super) struct ImproveStats {
     pub(super) steps: u64,
     pub(super) improved: bool,
+    /// Kicks made (see [`KICK_AFTER`]).
+    pub(super) kicks: u64,
+    /// The lowest top the chain reached: that of the placement it leaves.
+    pub(super) high: u64,
 }
 
 /// Scratch space of [`repack`].
@@ -155,6 +159,16 @@ pub(super) const EJECT_CANDIDATES: usize = 16;
 /// several inputs: excess over the bound summed over the misses of 300 schedules 0.31 →
 /// 0.25; lists half in alias groups, 10k, six seeds: mean 1.1918 → 1.1833).
 pub(super) const EJECT_PERCENT: u64 = 95;
+/// Steps without a lower top (highest byte, then how many items reach it) after which the
+/// improvement stage *kicks* a list with alias groups: one window re-placement is kept
+/// however high it ends, and the chain climbs down again from there; the lowest placement
+/// seen is the result. Chains on schedules whose groups span the clock settle in a local
+/// optimum that sideways moves do not leave (docs/planner.md, "Layers of several inputs
+/// and outputs").
+pub(super) const KICK_AFTER: u64 = 100;
+/// Most items of a list that is kicked: on lists of 100k buffers half in alias groups the
+/// chains make a few thousand steps in all, and kicks there cost more than they found.
+pub(super) const KICK_MAX_ITEMS: usize = 4096;
 /// Items of an ejection move that may go down in turn when they would reach above the top
 /// (see [`eject`]).
 pub(super) const EJECT_CHAIN: u32 = 3;
@@ -478,7 +492,33 @@ pub(super) fn improve(
     let single = p.ivs.len() == n;
     let mut rp = Repack::default();
     let mut ej = Eject::default();
+    // Kicks (see `KICK_AFTER`): the lowest placement seen is kept from the first kick on
+    // (until then every step keeps or lowers the placement).
+    let kicks = !single && n <= KICK_MAX_ITEMS;
+    let mut best = Reach { high, count: crit.len() as u32 };
+    let mut best_off: Option<Vec<u64>> = None;
+    let mut since_best = 0u64;
+    let mut reaching: Vec<u32> = Vec::new();
     while high > lb && stats.steps < max_steps && !until.passed() {
+        let kick = kicks && {
+            since_best += 1;
+            let top = tops.high();
+            tops.reaching(top, &mut reaching);
+            let now = Reach { high: top, count: reaching.len() as u32 };
+            if now < best {
+                best = now;
+                since_best = 0;
+                if let Some(b) = &mut best_off {
+                    b.copy_from_slice(off);
+                }
+            }
+            since_best > KICK_AFTER
+        };
+        if kick {
+            since_best = 0;
+            stats.kicks += 1;
+            best_off.get_or_insert_with(|| off.to_vec());
+        }
         // A buffer at the top.
         let c = loop {
             if crit.is_empty() {
@@ -495,7 +535,7 @@ pub(super) fn improve(
             break;
         }
         stats.steps += 1;
-        if rng.below(100) < EJECT_PERCENT {
+        if !kick && rng.below(100) < EJECT_PERCENT {
             if let Some(kept) = eject(p, &mut index, off, c, deadline, &mut rng, &mut scratch, &mut ej) {
                 for &i in kept {
                     tops.moved(i as usize, off[i as usize] + p.size[i as usize], high, &mut crit);
@@ -503,7 +543,7 @@ pub(super) fn improve(
             }
             continue;
         }
-        if single && rng.below(4) == 0 {
+        if !kick && single && rng.below(4) == 0 {
             if let Some(kept) =
                 repack(p, &mut index, off, high, c, span.min(reach / 8), deadline, &mut rng, &mut rp)
             {
@@ -588,16 +628,20 @@ pub(super) fn improve(
             index.insert(p, i, o);
             placed += 1;
             after.add(o + p.size[i]);
-            if after > before || (placed % 64 == 0 && until.passed()) {
+            if (after > before && !kick) || (placed % 64 == 0 && until.passed()) {
                 after.high = u64::MAX;
                 break;
             }
         }
-        if after <= before {
+        if after <= before || (kick && after.high != u64::MAX) {
             for &i in &window {
                 let i = i as usize;
                 off[i] = new_off[i];
                 tops.moved(i, off[i] + p.size[i], high, &mut crit);
+            }
+            if kick {
+                high = tops.high();
+                tops.reaching(high, &mut crit);
             }
         } else {
             for &i in &window[..placed] {
@@ -609,7 +653,14 @@ pub(super) fn improve(
             }
         }
     }
-    let final_high = tops.high();
+    let mut final_high = tops.high();
+    if let Some(b) = best_off
+        && best.high < final_high
+    {
+        off.copy_from_slice(&b);
+        final_high = best.high;
+    }
+    stats.high = final_high;
     stats.improved = final_high < start_high;
     if final_high <= lb {
         until.raise();
@@ -829,6 +880,51 @@ mod move_tests {
         assert!(ejected > 0, "no ejection was kept: the test checks nothing");
     }
 
+    /// Runs the improvement stage for `steps` steps on `b` from its online best fit, and
+    /// checks the result: valid, the lowest placement the chain reached (whatever the kicks
+    /// did after it) and so no higher than the start.
+    /// Returns the kicks made.
+    fn improved_with_kicks(b: &[Buffer], steps: u64, seed: u64) -> u64 {
+        let p = Problem::build(b).unwrap();
+        if p.len() == 0 {
+            return 0;
+        }
+        let (mut off, high) = online_best_fit(&p);
+        let far = Instant::now() + Duration::from_secs(60);
+        let stats =
+            improve(&p, &mut off, p.lower_bound(), p.overlapping_pairs(), Until::at(far), seed, steps);
+        let offsets: Vec<u64> =
+            p.item_of.iter().map(|&i| if i == u32::MAX { 0 } else { off[i as usize] }).collect();
+        verify(b, &offsets).unwrap();
+        let top = (0..p.len()).map(|i| off[i] + p.size[i]).max().unwrap_or(0);
+        assert_eq!(top, stats.high, "the placement left is not the lowest the chain reached");
+        assert!(top <= high, "the stage ended above its start: {top} > {high}");
+        stats.kicks
+    }
+
+    /// Kicks on lists with alias groups end at the lowest placement seen: pipeline
+    /// schedules and small lists half in groups.
+    #[test]
+    fn kicked_chains_end_valid_and_no_higher_than_they_started() {
+        let mut kicks = 0;
+        for (seed, rank) in [(1, 0), (2, 1), (3, 3)] {
+            let schedule = crate::Schedule::Interleaved {
+                pp_size: 4,
+                pp_rank: rank,
+                num_microbatches: 8,
+                virtual_chunks: 2,
+            };
+            let input = crate::SchedulePlanInput {
+                schedule,
+                layers: crate::pipeline::varied_layers(2, 3, 2048, 1, 2048, seed),
+            };
+            let pipeline = crate::pipeline::schedule_buffers(&input).expect("valid schedule").buffers;
+            kicks += improved_with_kicks(&pipeline, 3000, seed);
+            kicks += improved_with_kicks(&crate::workload::random_grouped(600, seed), 3000, seed);
+        }
+        assert!(kicks > 0, "no chain was kicked: the test checks nothing");
+    }
+
     /// Small random lists for the property tests.
     fn small_lists() -> impl proptest::strategy::Strategy<Value = Vec<Buffer>> {
         prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60).prop_map(|raw| {
@@ -875,6 +971,18 @@ mod move_tests {
                 .map(|(start, life, size, g)| Buffer { start, end: start + life, size, group: (g < 4).then_some(g) })
                 .collect();
             ejections(&b, 40, seed);
+        }
+
+        #[test]
+        fn kicked_chains_keep_small_grouped_placements_valid(
+            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9, 0u32..12), 1..60),
+            seed in 0u64..1000,
+        ) {
+            let b: Vec<Buffer> = raw
+                .into_iter()
+                .map(|(start, life, size, g)| Buffer { start, end: start + life, size, group: (g < 4).then_some(g) })
+                .collect();
+            improved_with_kicks(&b, 600, seed);
         }
     }
 }

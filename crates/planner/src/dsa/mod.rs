@@ -77,11 +77,13 @@
 //!    buffer that defines the footprint (a random stretch of its lifetime when that is long)
 //!    are taken out with that buffer and re-placed with perturbed orders; a window is kept
 //!    when its highest byte (then the number of items reaching it) does not rise (hill
-//!    climbing with sideways moves), and a re-placement stops as soon as it is worse; on
-//!    single-interval problems most steps are cheaper *ejection moves* (the buffer at the
-//!    top moved down, the buffers in its way re-placed — or moved down in turn, a short
-//!    chain — kept under the same test); the chains (and a canonical search beside them)
-//!    stop as soon as one of them settles the answer;
+//!    climbing with sideways moves), and a re-placement stops as soon as it is worse; most
+//!    steps are cheaper *ejection moves* (the buffer at the top moved down, the buffers in
+//!    its way re-placed — or moved down in turn, a short chain — kept under the same test);
+//!    a chain on a small list with alias groups that stops coming down is *kicked* (one
+//!    window kept however high it ends; the lowest placement reached is its result); the
+//!    chains (and a canonical search beside them) stop as soon as one of them settles the
+//!    answer;
 //! 7. an **exact** branch-and-bound search over canonical placements when there are at most
 //!    [`EXACT_MAX_ITEMS`] items.
 //!
