@@ -102,24 +102,39 @@ def test_a_long_plan_outlives_the_client_timeout(daemon: object, job_id: str) ->
     def tensor(name: str, shape: list[int], dtype: str, kept: bool = False) -> Any:
         return plan_pb2.TensorSpec(name=name, shape=shape, dtype=dtype, kept_for_backward=kept)
 
-    # Six layers, attention with 32 MiB workspaces (4 hidden states saved) alternating with
-    # MLP (8 saved), 2 MiB hidden states, four slots: the plan stays 0.5% above its bound
-    # through the budget (a release build on 2 cores needs ~6 s of search to reach it).
-    hidden = [1024, 1, 1024]
-    hidden_bytes = 2 * MiB
+    # A 1F1B stage whose layers take several inputs of their own shapes, and whose 64 MiB
+    # activation of the first layer must lie beside the bytes its slot has freed: the plan
+    # stays 2% above its bound however long the search runs (10 s of a release build on 2
+    # cores), so the search takes the whole budget.
     layers = [
         plan_pb2.LayerSpec(
             chunk=0,
-            layer=layer,
-            inputs=[tensor("hidden", hidden, "bf16", True)],
-            outputs=[tensor("hidden", hidden, "bf16")],
-            saved_bytes=(4 if layer % 2 == 0 else 8) * hidden_bytes,
-            forward_workspace_bytes=32 * MiB if layer % 2 == 0 else 0,
-            backward_workspace_bytes=32 * MiB if layer % 2 == 0 else 0,
-        )
-        for layer in range(6)
+            layer=0,
+            inputs=[tensor("hidden", [64, 2048], "f16", True), tensor("mask", [64, 4, 5120], "f16")],
+            outputs=[tensor("hidden", [4096, 8192], "bf16")],
+            saved_bytes=44302336,
+            forward_workspace_bytes=3801088,
+            backward_workspace_bytes=7481160,
+        ),
+        plan_pb2.LayerSpec(
+            chunk=0,
+            layer=1,
+            inputs=[tensor("hidden", [512, 4, 8192], "bf16", True), tensor("mask", [4, 512, 2048], "f32")],
+            outputs=[tensor("hidden", [4, 128, 1024], "bf16")],
+            forward_workspace_bytes=12002381,
+            backward_workspace_bytes=17811861,
+        ),
+        plan_pb2.LayerSpec(
+            chunk=0,
+            layer=2,
+            inputs=[tensor("hidden", [128, 4, 2048], "f8e4m3", True)],
+            outputs=[tensor("hidden", [128, 8192], "f8e4m3")],
+            saved_bytes=23986176,
+            forward_workspace_bytes=8912896,
+            backward_workspace_bytes=14548992,
+        ),
     ]
-    schedule = Schedule.one_f_one_b(pp_size=4, pp_rank=0, num_microbatches=16)
+    schedule = Schedule.one_f_one_b(pp_size=16, pp_rank=12, num_microbatches=8)
     plan_input = plan_pb2.PlanInput(
         schedule=plan_pb2.SchedulePlanInput(schedule=schedule.to_proto(), layers=layers), time_budget_ms=1500
     )
