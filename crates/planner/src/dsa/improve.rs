@@ -882,8 +882,7 @@ mod move_tests {
 
     /// Runs the improvement stage for `steps` steps on `b` from its online best fit, and
     /// checks the result: valid, the lowest placement the chain reached (whatever the kicks
-    /// did after it) and so no higher than the start.
-    /// Returns the kicks made.
+    /// did after it) and so no higher than the start. Returns the kicks made.
     fn improved_with_kicks(b: &[Buffer], steps: u64, seed: u64) -> u64 {
         let p = Problem::build(b).unwrap();
         if p.len() == 0 {
@@ -925,6 +924,21 @@ mod move_tests {
         assert!(kicks > 0, "no chain was kicked: the test checks nothing");
     }
 
+    /// Small random lists with alias groups for the property tests: groups 0..4 shared, the
+    /// other buffers alone.
+    fn small_grouped_lists() -> impl proptest::strategy::Strategy<Value = Vec<Buffer>> {
+        prop::collection::vec((0u64..40, 1u64..12, 1u64..9, 0u32..12), 1..60).prop_map(|raw| {
+            raw.into_iter()
+                .map(|(start, life, size, g)| Buffer {
+                    start,
+                    end: start + life,
+                    size,
+                    group: (g < 4).then_some(g),
+                })
+                .collect()
+        })
+    }
+
     /// Small random lists for the property tests.
     fn small_lists() -> impl proptest::strategy::Strategy<Value = Vec<Buffer>> {
         prop::collection::vec((0u64..40, 1u64..12, 1u64..9), 1..60).prop_map(|raw| {
@@ -961,27 +975,12 @@ mod move_tests {
         }
 
         #[test]
-        fn ejections_keep_small_grouped_placements_valid(
-            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9, 0u32..12), 1..60),
-            seed in 0u64..1000,
-        ) {
-            // Groups 0..4 shared, the others a buffer alone.
-            let b: Vec<Buffer> = raw
-                .into_iter()
-                .map(|(start, life, size, g)| Buffer { start, end: start + life, size, group: (g < 4).then_some(g) })
-                .collect();
+        fn ejections_keep_small_grouped_placements_valid(b in small_grouped_lists(), seed in 0u64..1000) {
             ejections(&b, 40, seed);
         }
 
         #[test]
-        fn kicked_chains_keep_small_grouped_placements_valid(
-            raw in prop::collection::vec((0u64..40, 1u64..12, 1u64..9, 0u32..12), 1..60),
-            seed in 0u64..1000,
-        ) {
-            let b: Vec<Buffer> = raw
-                .into_iter()
-                .map(|(start, life, size, g)| Buffer { start, end: start + life, size, group: (g < 4).then_some(g) })
-                .collect();
+        fn kicked_chains_keep_small_grouped_placements_valid(b in small_grouped_lists(), seed in 0u64..1000) {
             improved_with_kicks(&b, 600, seed);
         }
     }
