@@ -5,8 +5,8 @@
 //! (`gap_query/…`: 10k queries on a placed 100k list, and on the alias groups of a long
 //! pipeline, for each fit), the online constructions (`online/…`: best fit, aligned and the
 //! repairing sweep over 100k buffers), and the improvement stage (`improvement/…`: a fixed
-//! number of its steps on a 100k list). Ratios are printed by `cargo run --release -p
-//! graphpool-planner --example figures`.
+//! number of its steps on a 100k list, and on a pipeline stage's alias groups). Ratios are
+//! printed by `cargo run --release -p graphpool-planner --example figures`.
 
 use std::time::Duration;
 
@@ -125,9 +125,17 @@ fn bench(c: &mut Criterion) {
     // The improvement stage: 1000 of its steps from the online best fit's placement (the
     // top moves down nearly every step there, as it does late in a plan); 100 on the dense
     // list, whose steps take milliseconds.
+    // And 1000 on a pipeline stage whose layers differ (alias groups, a few hundred items:
+    // its chains are kicked when they stall).
+    let stage = SchedulePlanInput {
+        schedule: Schedule::Interleaved { pp_size: 8, pp_rank: 2, num_microbatches: 64, virtual_chunks: 3 },
+        layers: varied_layers(3, 4, 2048, 1, 2048, 1),
+    };
+    let stage =
+        ("varied_interleaved_pp8_v3_r2_m64", schedule_buffers(&stage).expect("valid schedule").buffers);
     let mut group = c.benchmark_group("improvement");
     group.sample_size(10).measurement_time(Duration::from_secs(5));
-    for ((name, buffers), count) in lists.iter().zip([1000, 1000, 100]) {
+    for ((name, buffers), count) in lists.iter().chain([&stage]).zip([1000, 1000, 100, 1000]) {
         let steps = ImprovementSteps::new(buffers).expect("valid");
         group.bench_function(format!("{name}_{count}_steps"), |b| b.iter(|| steps.run(count, 7)));
     }
