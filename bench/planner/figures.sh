@@ -6,7 +6,8 @@
 #                  workload (median [min-max], count within the target, slowest plan)
 #   schedules.txt  random pipeline schedules planned as PlanCapture plans them (200 ms): the
 #                  sweeps of varied, measured-looking and long pipelines, explicit step
-#                  orders and 1F1B with workspaces, each ending with its count above 1.001
+#                  orders, 1F1B with workspaces and layers of several inputs and outputs,
+#                  each ending with its count above 1.001
 #   lists.txt      bench/lists/lists.py's families (drawn outside the planner) at 10k and 100k,
 #                  planned by `graphpool plan --buffers` in 1 s
 #   recorded.txt   bench/lists/recorded/'s eager training steps (recorded from PyTorch), at the
@@ -65,7 +66,7 @@ fi
 if has schedules; then
   echo "== pipeline schedules, 200 ms each -> $OUT/schedules.txt"
   : > "$OUT/schedules.txt"
-  IFS=, read -r -a sweeps <<< "${SCHEDULES:-1000 200,explicit 1000 200,workspaces 200,uneven 1-3000 200,large 1-100 200,uneven large 1-40 200}"
+  IFS=, read -r -a sweeps <<< "${SCHEDULES:-1000 200,explicit 1000 200,workspaces 200,uneven 1-3000 200,large 1-100 200,uneven large 1-40 200,inputs 300 200}"
   for args in "${sweeps[@]}"; do
     # shellcheck disable=SC2086 # the arguments are words
     sweep=$("$SCHEDULES_BIN" $args)
