@@ -374,6 +374,60 @@ impl Reach {
     }
 }
 
+/// The kicks of one chain (see [`KICK_AFTER`]): the lowest top (highest byte, then items
+/// reaching it) seen, and from the first kick on the placement that reached it (until then
+/// every step keeps or lowers the placement, so the chain's own is that one).
+struct Kicks {
+    best: Reach,
+    best_off: Option<Vec<u64>>,
+    since_best: u64,
+    reaching: Vec<u32>,
+    made: u64,
+}
+
+impl Kicks {
+    fn new(tops: &Tops) -> Kicks {
+        let mut reaching = Vec::new();
+        tops.reaching(tops.high(), &mut reaching);
+        let best = Reach { high: tops.high(), count: reaching.len() as u32 };
+        Kicks { best, best_off: None, since_best: 0, reaching, made: 0 }
+    }
+
+    /// Before each step, with the chain's placement `off` and its tops: whether the step is
+    /// a kick ([`KICK_AFTER`] steps without a lower top).
+    fn due(&mut self, tops: &Tops, off: &[u64]) -> bool {
+        self.since_best += 1;
+        tops.reaching(tops.high(), &mut self.reaching);
+        let now = Reach { high: tops.high(), count: self.reaching.len() as u32 };
+        if now < self.best {
+            self.best = now;
+            self.since_best = 0;
+            if let Some(b) = &mut self.best_off {
+                b.copy_from_slice(off);
+            }
+        }
+        if self.since_best <= KICK_AFTER {
+            return false;
+        }
+        self.since_best = 0;
+        self.made += 1;
+        self.best_off.get_or_insert_with(|| off.to_vec());
+        true
+    }
+
+    /// The chain is done at `high`: leaves in `off` the lowest placement it reached, and
+    /// returns its top.
+    fn finish(self, off: &mut [u64], high: u64) -> u64 {
+        match self.best_off {
+            Some(b) if self.best.high < high => {
+                off.copy_from_slice(&b);
+                self.best.high
+            }
+            _ => high,
+        }
+    }
+}
+
 /// Items a window of the improvement stage holds at most, about (see `improve`).
 pub(super) const WINDOW_ITEMS: u64 = 4096;
 /// Placed items one window re-placement may visit, about (see `improve`).
@@ -492,33 +546,9 @@ pub(super) fn improve(
     let single = p.ivs.len() == n;
     let mut rp = Repack::default();
     let mut ej = Eject::default();
-    // Kicks (see `KICK_AFTER`): the lowest placement seen is kept from the first kick on
-    // (until then every step keeps or lowers the placement).
-    let kicks = !single && n <= KICK_MAX_ITEMS;
-    let mut best = Reach { high, count: crit.len() as u32 };
-    let mut best_off: Option<Vec<u64>> = None;
-    let mut since_best = 0u64;
-    let mut reaching: Vec<u32> = Vec::new();
+    let mut kicks = (!single && n <= KICK_MAX_ITEMS).then(|| Kicks::new(&tops));
     while high > lb && stats.steps < max_steps && !until.passed() {
-        let kick = kicks && {
-            since_best += 1;
-            let top = tops.high();
-            tops.reaching(top, &mut reaching);
-            let now = Reach { high: top, count: reaching.len() as u32 };
-            if now < best {
-                best = now;
-                since_best = 0;
-                if let Some(b) = &mut best_off {
-                    b.copy_from_slice(off);
-                }
-            }
-            since_best > KICK_AFTER
-        };
-        if kick {
-            since_best = 0;
-            stats.kicks += 1;
-            best_off.get_or_insert_with(|| off.to_vec());
-        }
+        let kick = kicks.as_mut().is_some_and(|k| k.due(&tops, off));
         // A buffer at the top.
         let c = loop {
             if crit.is_empty() {
@@ -653,13 +683,13 @@ pub(super) fn improve(
             }
         }
     }
-    let mut final_high = tops.high();
-    if let Some(b) = best_off
-        && best.high < final_high
-    {
-        off.copy_from_slice(&b);
-        final_high = best.high;
-    }
+    let final_high = match kicks {
+        Some(k) => {
+            stats.kicks = k.made;
+            k.finish(off, tops.high())
+        }
+        None => tops.high(),
+    };
     stats.high = final_high;
     stats.improved = final_high < start_high;
     if final_high <= lb {
