@@ -5,15 +5,20 @@
 //! (`gap_query/…`: 10k queries on a placed 100k list, and on the alias groups of a long
 //! pipeline, for each fit), the online constructions (`online/…`: best fit, aligned and the
 //! repairing sweep over 100k buffers), and the improvement stage (`improvement/…`: a fixed
-//! number of its steps on a 100k list, and on a pipeline stage's alias groups). Ratios are
-//! printed by `cargo run --release -p graphpool-planner --example figures`.
+//! number of its steps on a 100k list, and on a pipeline stage's alias groups), and the lower
+//! bound of alias groups (`lower_bound/…`). Ratios are printed by `cargo run --release -p
+//! graphpool-planner --example figures`.
 
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use graphpool_planner::dsa::{GapQueries, ImprovementSteps, OnlineConstructions};
-use graphpool_planner::pipeline::{schedule_buffers, transformer_layers, varied_layers};
-use graphpool_planner::{Buffer, PlaceOptions, Schedule, SchedulePlanInput, place, plan_schedule, workload};
+use graphpool_planner::pipeline::{
+    random_explicit_case, schedule_buffers, transformer_layers, varied_layers,
+};
+use graphpool_planner::{
+    Buffer, PlaceOptions, Schedule, SchedulePlanInput, lower_bound, place, plan_schedule, workload,
+};
 
 fn pipeline(schedule: Schedule, chunks: u32) -> Vec<Buffer> {
     let input = SchedulePlanInput { schedule, layers: transformer_layers(chunks, 9, 4096, 1, 1024) };
@@ -138,6 +143,19 @@ fn bench(c: &mut Criterion) {
     for ((name, buffers), count) in lists.iter().chain([&stage]).zip([1000, 1000, 100, 1000]) {
         let steps = ImprovementSteps::new(buffers).expect("valid");
         group.bench_function(format!("{name}_{count}_steps"), |b| b.iter(|| steps.run(count, 7)));
+    }
+    group.finish();
+
+    // The lower bound every plan starts with (live bytes, the alias groups' heaviest clique
+    // and the contiguity bound): the stage above's alias groups, an explicit order's 1917
+    // groups (the conflict graph at its busiest among the sweeps) and the long pipeline's,
+    // too many meetings for the conflict graph (the greedy clique alone).
+    let explicit =
+        ("explicit_case_172", schedule_buffers(&random_explicit_case(172).input).expect("valid").buffers);
+    let mut group = c.benchmark_group("lower_bound");
+    group.sample_size(10).measurement_time(Duration::from_secs(5));
+    for (name, buffers) in [&stage, &explicit, &groups] {
+        group.bench_function(*name, |b| b.iter(|| lower_bound(buffers).expect("valid")));
     }
     group.finish();
 }
