@@ -615,9 +615,7 @@ impl ConflictGraph {
         }
         best
     }
-}
 
-impl ConflictGraph {
     /// The weight of the heaviest clique above `floor` (weights `w`), by branch and bound;
     /// `floor` where none is heavier or the search stops first. Vertices are numbered by
     /// weight, heaviest first; at every node the candidates (in conflict with every member)
@@ -627,7 +625,8 @@ impl ConflictGraph {
     /// bounds every clique that candidate and the ones coloured before it complete, and the
     /// candidates are tried last coloured first until that bound is no longer above the best
     /// found. Stops after `budget` units of work (a unit per 64-item word of a bitset
-    /// combined); deterministic, so the bound does not depend on the machine's speed.
+    /// combined and per conflict renumbered, [`CLIQUE_STEP_WORK`] per item coloured or
+    /// branched on); deterministic, so the bound does not depend on the machine's speed.
     pub(super) fn heaviest_clique(&self, w: &[u64], floor: u64, budget: u64) -> u64 {
         let (n, words) = (self.n, self.words);
         if n == 0 {
