@@ -324,11 +324,12 @@ impl Problem {
     /// the group's offset `o`). With `w_X` ≤ the size of every member of `X`, the ranges
     /// `[o_X, o_X + w_X)` of a clique (items pairwise in conflict) are then pairwise
     /// disjoint and all lie in `[0, footprint)`, so `Σ w_X ≤ footprint` for every valid
-    /// placement. Any clique gives a valid bound: this one is the heavier of a greedy clique
+    /// placement. Any clique gives a valid bound: this one is the heaviest of a greedy clique
     /// (stopped after [`ALIAS_BOUND_WORK`] steps of its conflict tests) and, up to
-    /// [`CLIQUE_MAX_ITEMS`] items, a search on the conflict graph
-    /// ([`ConflictGraph::heavy_clique`]); both deterministic, so the bound does not depend on
-    /// the machine's speed.
+    /// [`CLIQUE_MAX_ITEMS`] items, the attempts on the conflict graph
+    /// ([`ConflictGraph::heavy_clique`]) and a branch and bound above them and the live bound
+    /// ([`ConflictGraph::heaviest_clique`]); all deterministic, so the bound does not depend
+    /// on the machine's speed.
     ///
     /// Without multi-interval items a clique of intervals has a common point (Helly), so
     /// this is never above the live bound and is skipped.
