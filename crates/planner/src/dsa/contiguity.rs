@@ -37,26 +37,7 @@ impl Problem {
         if n < 4 || r < 3 || self.ivs.len() == n {
             return 0;
         }
-        // Bytes live at every rank and a fingerprint of the items live there.
-        let mut load = vec![0i128; r + 1];
-        let mut print = vec![0u64; r + 1];
-        for i in 0..n {
-            // A mixed hash (a linear one makes sets with equal sums of indices collide).
-            let mut h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            h ^= h >> 31;
-            for &(s, e) in self.ivs(i) {
-                load[s as usize] += self.size[i] as i128;
-                load[e as usize] -= self.size[i] as i128;
-                print[s as usize] = print[s as usize].wrapping_add(h);
-                print[e as usize] = print[e as usize].wrapping_sub(h);
-            }
-        }
-        for t in 1..=r {
-            load[t] += load[t - 1];
-            print[t] = print[t].wrapping_add(print[t - 1]);
-        }
+        let (load, print) = self.loads_and_prints();
         let peak = load[..r].iter().copied().max().unwrap_or(0);
         // The ranks within a few percent of the peak, one per distinct set of live items
         // (any set of ranks gives a valid bound; those near the peak the strongest).
@@ -95,6 +76,32 @@ impl Problem {
             last = ticks;
         }
         best.max(self.run_then_beside(&patterns, best, &mut pruning))
+    }
+
+    /// Bytes live at every rank and a fingerprint of the set of items live there (`ranks + 1`
+    /// entries each; the last is past the clock).
+    pub(super) fn loads_and_prints(&self) -> (Vec<i128>, Vec<u64>) {
+        let r = self.ranks as usize;
+        let mut load = vec![0i128; r + 1];
+        let mut print = vec![0u64; r + 1];
+        for i in 0..self.len() {
+            // A mixed hash (a linear one makes sets with equal sums of indices collide).
+            let mut h = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            h ^= h >> 31;
+            for &(s, e) in self.ivs(i) {
+                load[s as usize] += self.size[i] as i128;
+                load[e as usize] -= self.size[i] as i128;
+                print[s as usize] = print[s as usize].wrapping_add(h);
+                print[e as usize] = print[e as usize].wrapping_sub(h);
+            }
+        }
+        for t in 1..=r {
+            load[t] += load[t - 1];
+            print[t] = print[t].wrapping_add(print[t - 1]);
+        }
+        (load, print)
     }
 
     /// The bound of one set of ranks that forces a run of R and of another that then needs
@@ -186,7 +193,7 @@ impl Problem {
 
     /// The items live at some rank of `ticks` (ascending, at most 64), each with the ranks
     /// where it is live, as bits.
-    fn live_masks(&self, ticks: &[u32]) -> Vec<(usize, u64)> {
+    pub(super) fn live_masks(&self, ticks: &[u32]) -> Vec<(usize, u64)> {
         (0..self.len())
             .map(|i| {
                 let mut live = 0u64;

@@ -332,7 +332,7 @@ pub(super) fn place_for(
     let deadline = began + budget;
     let settle =
         settling(opts, p.ivs.len()).map(|(within, at)| (within, began + at.mul_f64(1.0 - DEADLINE_RESERVE)));
-    let mut lb = p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound());
+    let mut lb = p.bound();
     // Alias groups replayed period after period: every stage plans the folded clock, whose
     // placements are the same (`fold.rs`); the bounds above are of the whole clock. The
     // stage `fold` then holds what preparation is left.

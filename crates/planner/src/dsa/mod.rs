@@ -476,6 +476,7 @@ mod contiguity;
 mod decompose;
 mod driver;
 mod exact;
+mod few_ranks;
 mod fold;
 mod greedy;
 mod hashing;
@@ -518,11 +519,11 @@ use skyline::*;
 pub use verify::{VerifyError, verify};
 
 /// No placement of `buffers` fits in fewer bytes: the largest of [`live_bound`], the alias
-/// bound (a clique of pairwise conflicting alias groups) and the contiguity bound (groups
-/// replayed across ticks keep one offset); see [`Placement::lower_bound`].
+/// bound (a clique of pairwise conflicting alias groups), the contiguity bound (groups
+/// replayed across ticks keep one offset) and the bound of a few ranks (the items live at
+/// the ranks with the most bytes, placed exactly); see [`Placement::lower_bound`].
 pub fn lower_bound(buffers: &[Buffer]) -> Result<u64, PlaceError> {
-    let p = Problem::build(buffers)?;
-    Ok(p.lower_bound().max(p.alias_bound()).max(p.contiguity_bound()))
+    Ok(Problem::build(buffers)?.bound())
 }
 
 /// Most bytes live at any time, every buffer at its own size (members of one alias group

@@ -292,6 +292,13 @@ impl Problem {
         self.live_bound
     }
 
+    /// Every lower bound of the problem, the highest: the live bound, the alias bound, the
+    /// contiguity bound, and the bound of a few ranks above them.
+    pub(super) fn bound(&self) -> u64 {
+        let bound = self.lower_bound().max(self.alias_bound()).max(self.contiguity_bound());
+        self.few_ranks_bound(bound)
+    }
+
     /// Whether items `a` and `b` are live at a common rank.
     pub(super) fn conflict(&self, a: usize, b: usize) -> bool {
         self.conflict_steps(a, b).0
