@@ -28,8 +28,8 @@ impl Problem {
     /// lesser of the two sets' ([`Problem::run_then_beside`]). Where a single shared item
     /// is missing at each of k ranks, the argument in [`Problem::pattern_bound`] gives
     /// `Σ shared + min(W, the ⌈k/2⌉ smallest shortfalls)`. Returns the best such bound, or
-    /// 0.
-    pub(super) fn contiguity_bound(&self) -> u64 {
+    /// 0. `profile`: [`Problem::rank_profile`].
+    pub(super) fn contiguity_bound(&self, profile: &RankProfile) -> u64 {
         let n = self.len();
         let r = self.ranks as usize;
         // Items of one interval can only miss the first or the last rank of F, so every
@@ -37,7 +37,7 @@ impl Problem {
         if n < 4 || r < 3 || self.ivs.len() == n {
             return 0;
         }
-        let (load, print) = self.loads_and_prints();
+        let RankProfile { load, print } = profile;
         let peak = load[..r].iter().copied().max().unwrap_or(0);
         // The ranks within a few percent of the peak, one per distinct set of live items
         // (any set of ranks gives a valid bound; those near the peak the strongest).
@@ -78,9 +78,8 @@ impl Problem {
         best.max(self.run_then_beside(&patterns, best, &mut pruning))
     }
 
-    /// Bytes live at every rank and a fingerprint of the set of items live there (`ranks + 1`
-    /// entries each; the last is past the clock).
-    pub(super) fn loads_and_prints(&self) -> (Vec<i128>, Vec<u64>) {
+    /// Bytes live at every rank and a fingerprint of the set of items live there.
+    pub(super) fn rank_profile(&self) -> RankProfile {
         let r = self.ranks as usize;
         let mut load = vec![0i128; r + 1];
         let mut print = vec![0u64; r + 1];
@@ -101,7 +100,7 @@ impl Problem {
             load[t] += load[t - 1];
             print[t] = print[t].wrapping_add(print[t - 1]);
         }
-        (load, print)
+        RankProfile { load, print }
     }
 
     /// The bound of one set of ranks that forces a run of R and of another that then needs
@@ -437,6 +436,13 @@ fn includes(outer: &[usize], inner: &[usize]) -> bool {
 
 /// A budget of work steps for a bound's searches, so that the bound does not depend on the
 /// machine's speed.
+/// What [`Problem::rank_profile`] gives: at every rank (`ranks + 1` entries, the last past
+/// the clock), the bytes live and a fingerprint of the set of items live there.
+pub(super) struct RankProfile {
+    pub(super) load: Vec<i128>,
+    pub(super) print: Vec<u64>,
+}
+
 pub(super) struct Work {
     spent: u64,
     limit: u64,
@@ -517,12 +523,12 @@ mod tests {
         let buffers = workspace_mix(4, 0, 8, 2, 1 << 20);
         let p = Problem::build(&buffers).unwrap();
         assert_eq!(p.lower_bound(), 81 << 20);
-        assert_eq!(p.contiguity_bound(), 89 << 20);
+        assert_eq!(p.contiguity_bound(&p.rank_profile()), 89 << 20);
         let placed = placed_within(&buffers, 1);
         assert_eq!((placed.lower_bound, placed.footprint), (89 << 20, 89 << 20));
         // One microbatch per slot: no slot is replayed, nothing to prove beyond the live bound.
         let p = Problem::build(&workspace_mix(4, 0, 4, 2, 1 << 20)).unwrap();
-        assert!(p.contiguity_bound() <= p.lower_bound());
+        assert!(p.contiguity_bound(&p.rank_profile()) <= p.lower_bound());
     }
 
     /// The same layers with 2 MiB hidden states. At the backward workspaces' ticks each
@@ -537,7 +543,7 @@ mod tests {
         let buffers = workspace_mix(4, 0, 8, 2, 2 << 20);
         let p = Problem::build(&buffers).unwrap();
         assert_eq!(p.lower_bound(), 130 << 20);
-        assert_eq!(p.contiguity_bound(), 144 << 20);
+        assert_eq!(p.contiguity_bound(&p.rank_profile()), 144 << 20);
         // The canonical search places it at the bound (~10 ms in release builds).
         let placed = placed_within(&buffers, 5);
         assert_eq!((placed.lower_bound, placed.footprint), (144 << 20, 144 << 20));
@@ -556,7 +562,7 @@ mod tests {
         for (rank, m, bound) in [(0, 16, 258u64 << 20), (3, 8, 174 << 20)] {
             let buffers = workspace_mix(8, rank, m, 2, 2 << 20);
             let p = Problem::build(&buffers).unwrap();
-            assert_eq!(p.contiguity_bound(), bound, "pp 8, rank {rank}, M {m}");
+            assert_eq!(p.contiguity_bound(&p.rank_profile()), bound, "pp 8, rank {rank}, M {m}");
             let placed = placed_within(&buffers, 5);
             assert_eq!((placed.lower_bound, placed.footprint), (bound, bound), "pp 8, rank {rank}, M {m}");
         }
@@ -590,7 +596,7 @@ mod tests {
         }
         let p = Problem::build(&b).unwrap();
         assert_eq!(p.lower_bound(), 16 + 4 * 24 + 32);
-        assert_eq!(p.contiguity_bound(), 16 + 5 * 24 + 24);
+        assert_eq!(p.contiguity_bound(&p.rank_profile()), 16 + 5 * 24 + 24);
         let placed = place(&b, &PlaceOptions::default()).unwrap();
         verify(&b, &placed.offsets).unwrap();
         assert_eq!(placed.footprint, placed.lower_bound);

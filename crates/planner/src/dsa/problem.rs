@@ -295,8 +295,14 @@ impl Problem {
     /// Every lower bound of the problem, the highest: the live bound, the alias bound, the
     /// contiguity bound, and the bound of a few ranks above them.
     pub(super) fn bound(&self) -> u64 {
-        let bound = self.lower_bound().max(self.alias_bound()).max(self.contiguity_bound());
-        self.few_ranks_bound(bound)
+        let bound = self.lower_bound().max(self.alias_bound());
+        if self.ivs.len() == self.len() {
+            // Neither of the others gains over items of one interval each.
+            return bound;
+        }
+        let profile = self.rank_profile();
+        let bound = bound.max(self.contiguity_bound(&profile));
+        self.few_ranks_bound(bound, &profile)
     }
 
     /// Whether items `a` and `b` are live at a common rank.
