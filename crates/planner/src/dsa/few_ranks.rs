@@ -1,5 +1,5 @@
-//! The bound of a few ranks: the placement kept only at the ranks where the most bytes are
-//! live, and placed there exactly (docs/planner.md, "The bound of a few ranks").
+//! The bound of a few ranks: the placement kept only at the three ranks where the most bytes
+//! are live, and placed there exactly (docs/planner.md, "The bound of a few ranks").
 
 use std::cmp::Reverse;
 use std::collections::HashSet;
@@ -7,29 +7,37 @@ use std::collections::HashSet;
 use super::contiguity::{RankProfile, Work};
 use super::*;
 
-/// Ranks kept by [`Problem::few_ranks_bound`]: one more makes the search tens of times
-/// longer on the stages it proves.
-const FEW_RANKS: usize = 3;
+/// Ranks kept: three, where the items live at two of them lie one above the other
+/// ([`ThreeRanks`]).
+const RANKS: usize = 3;
 
-/// Items live at a kept rank but not at all of them, past which the search is not tried
-/// (at most 255).
-const FEW_RANKS_MAX_ITEMS: usize = 64;
+/// Items live at exactly one of the three ranks, at one rank, past which the search is not
+/// tried: the search enumerates their subsets.
+const MAX_SINGLES: usize = 8;
+
+/// Items live at exactly two of the three ranks past which the search is not tried.
+const MAX_PAIRS: usize = 64;
 
 /// Kinds of those items (bytes, ranks) past which the search is not tried: eight to a word
 /// of a state.
-const FEW_RANKS_MAX_KINDS: usize = 32;
+const MAX_PAIR_KINDS: usize = 32;
 
-/// States the search remembers as refuted, at most (56 bytes each).
-const FEW_RANKS_MAX_REFUTED: usize = 1 << 16;
+/// States the search remembers as refuted, at most (64 bytes each).
+const MAX_REFUTED: usize = 1 << 16;
+
+/// Work of [`ThreeRanks`]: a unit per choice of what goes below a pair (~12 ns each on the
+/// 2-core VM). Of the bounds it raised in `--example schedules -- inputs 300 200` the
+/// costliest took 1.0·10⁶ (8 ms).
+pub(super) const FEW_RANKS_WORK: u64 = 1_200_000;
 
 impl Problem {
-    /// A lower bound from the [`FEW_RANKS`] ranks with the most bytes live, one per distinct
+    /// A lower bound from the three ranks with the most bytes live, one per distinct
     /// set of live items: every placement of the problem places the items live there, each
     /// at one offset at all of them, so the lowest footprint of those items alone at those
     /// ranks bounds it (each at its smallest member's bytes, [`Problem::wmin`]). Items live at
     /// every kept rank go below the others in some lowest placement (moving one down and
     /// the items under it up by its bytes keeps them apart: it is live with all of them),
-    /// so they count as bytes; the others are searched exactly ([`FewRanks`]). Where alias
+    /// so they count as bytes; the others are searched exactly ([`ThreeRanks`]). Where alias
     /// groups are replayed by several slots, the groups live at two of the ranks must fit
     /// among those live at one, and whole bytes may not: a 1F1B stage whose three slots
     /// each peak at their own backward proves optimal this way where every clique is the
@@ -40,72 +48,90 @@ impl Problem {
     /// work ([`FEW_RANKS_WORK`]). `profile`: [`Problem::rank_profile`].
     pub(super) fn few_ranks_bound(&self, floor: u64, profile: &RankProfile) -> u64 {
         let n = self.len();
-        if n < 4 || (self.ranks as usize) < FEW_RANKS || self.ivs.len() == n {
+        if n < 4 || (self.ranks as usize) < RANKS || self.ivs.len() == n {
             return floor;
         }
         let RankProfile { load, print } = profile;
-        // The FEW_RANKS distinct sets of live items with the most bytes: (bytes, print, rank).
-        let mut top: Vec<(i128, u64, u32)> = Vec::with_capacity(FEW_RANKS + 1);
+        // The RANKS distinct sets of live items with the most bytes: (bytes, print, rank).
+        let mut top: Vec<(i128, u64, u32)> = Vec::with_capacity(RANKS + 1);
         for t in 0..self.ranks as usize {
-            if top.len() == FEW_RANKS && load[t] <= top[FEW_RANKS - 1].0
-                || top.iter().any(|x| x.1 == print[t])
-            {
+            if top.len() == RANKS && load[t] <= top[RANKS - 1].0 || top.iter().any(|x| x.1 == print[t]) {
                 continue;
             }
             top.push((load[t], print[t], t as u32));
             top.sort_by_key(|x| Reverse(x.0));
-            top.truncate(FEW_RANKS);
+            top.truncate(RANKS);
         }
-        if top.len() < FEW_RANKS {
+        if top.len() < RANKS {
             return floor;
         }
         let mut ticks: Vec<u32> = top.iter().map(|x| x.2).collect();
         ticks.sort_unstable();
-        let all = (1u64 << FEW_RANKS) - 1;
         let mut below = 0u64;
-        let mut kinds: HashMap<(u64, u64), u8> = HashMap::new();
-        let mut others = 0;
+        let mut singles: [Vec<u64>; 3] = Default::default();
+        let mut pairs: HashMap<(u64, u64), u8> = HashMap::new();
+        let mut pair_count = 0;
         for (i, live) in self.live_masks(&ticks) {
-            if live == all {
-                below += self.wmin[i];
-            } else {
-                others += 1;
-                if others > FEW_RANKS_MAX_ITEMS {
-                    return floor;
+            let w = self.wmin[i];
+            match live.count_ones() {
+                3 => below += w,
+                1 => singles[live.trailing_zeros() as usize].push(w),
+                _ => {
+                    pair_count += 1;
+                    *pairs.entry((w, live)).or_default() += 1;
                 }
-                *kinds.entry((self.wmin[i], live)).or_default() += 1;
             }
         }
-        if kinds.len() > FEW_RANKS_MAX_KINDS {
+        if singles.iter().any(|s| s.len() > MAX_SINGLES)
+            || pair_count > MAX_PAIRS
+            || pairs.len() > MAX_PAIR_KINDS
+        {
             return floor;
         }
-        let mut kinds: Vec<((u64, u64), u8)> = kinds.into_iter().collect();
+        let mut pairs: Vec<((u64, u64), u8)> = pairs.into_iter().collect();
         // Largest first: the first placements found are low, and prune the rest.
-        kinds.sort_unstable_by_key(|&((size, live), _)| (Reverse(size), live));
-        let Some(lowest) = FewRanks::new(&kinds, floor.saturating_sub(below)).lowest(FEW_RANKS_WORK) else {
-            return floor;
-        };
-        floor.max(below + lowest)
+        pairs.sort_unstable_by_key(|&((size, live), _)| (Reverse(size), live));
+        let search = ThreeRanks::new(&singles, &pairs, floor.saturating_sub(below));
+        match search.lowest(FEW_RANKS_WORK) {
+            Some(lowest) => floor.max(below + lowest),
+            None => floor,
+        }
     }
 }
 
-/// The exact search of [`Problem::few_ranks_bound`]: items of a few kinds (bytes, ranks
-/// live as bits, count), placed one at a time, each on the highest top among its ranks.
-/// That reaches a lowest placement: sorted by offset, a lowest placement with every item
-/// moved down as far as it fits (until none moves) has each item on the highest top of the
-/// items before it at its ranks, and placing them in that order puts each there (by
-/// induction, no higher). States — the tops at the ranks and the counts left — that the
-/// search has left without a placement below the best found are remembered and not entered
-/// again (the best only comes down, so they stay refuted). Pruned by the bytes each rank
-/// still needs above its top.
-struct FewRanks<'a> {
-    kinds: &'a [((u64, u64), u8)],
-    /// Items of each kind left, eight kinds to a word.
-    left: [u64; FEW_RANKS_MAX_KINDS / 8],
-    /// Items left in all.
-    unplaced: usize,
-    top: [u64; FEW_RANKS],
-    need: [u64; FEW_RANKS],
+/// The exact search of [`Problem::few_ranks_bound`] over three ranks. An item live at two
+/// of them (a *pair*) meets every other pair at a rank both are live at, so the pairs lie
+/// one above the other; an item live at one (a *single*) fills a *room* of its rank: the
+/// bytes between two pairs live there (pairs live elsewhere do not bound it), or below the
+/// first, or above the last. The search places the pairs from the bottom up, each choosing
+/// which singles of its two ranks go into the rooms it closes; it sits as low as the pair
+/// below it and those singles, stacked, allow. A lowest placement is reached so: sorted
+/// by offset, its pairs can each be moved down to there (the singles below repacked from
+/// the room's floor) without rising elsewhere. A room keeps no single out that would still
+/// fit (placing it there leaves the rest the same room later; so rooms not filled as far
+/// as they can be are not tried). States — the top of the last pair, where each rank's room
+/// begins, the singles and pairs left — that the search has left without a placement below
+/// the best found are remembered and not entered again (the best only comes down).
+/// Pruned by the pairs' bytes above the last pair and, at each rank, the bytes still live
+/// there above its room's floor.
+struct ThreeRanks<'a> {
+    /// Bytes of each subset of a rank's singles (bits as in `singles`).
+    sum: [Vec<u64>; 3],
+    /// The smallest single of each subset (`u64::MAX` for none).
+    least: [Vec<u64>; 3],
+    /// Kinds of pairs: (bytes, ranks as bits), count.
+    pairs: &'a [((u64, u64), u8)],
+    /// Pairs of each kind left, eight kinds to a word.
+    left: [u64; MAX_PAIR_KINDS / 8],
+    /// Bytes of the pairs left, in all and live at each rank.
+    pair_bytes: u64,
+    pair_bytes_at: [u64; 3],
+    /// Singles left at each rank, as bits.
+    free: [u32; 3],
+    /// The top of the last pair placed.
+    top: u64,
+    /// Where each rank's room begins: the top of the last pair live there.
+    floor: [u64; 3],
     /// The lowest footprint found.
     best: u64,
     /// A footprint at or below which the search stops: no bound above the floor then.
@@ -114,24 +140,7 @@ struct FewRanks<'a> {
     work: Work,
 }
 
-/// A state of [`FewRanks`]: the tops at the ranks and the items of each kind left.
-#[derive(PartialEq, Eq)]
-struct State([u64; FEW_RANKS], [u64; FEW_RANKS_MAX_KINDS / 8]);
-
-impl std::hash::Hash for State {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        // A word at a time (arrays of integers hash as bytes, one call each).
-        for &w in self.0.iter().chain(&self.1) {
-            h.write_u64(w);
-        }
-    }
-}
-
-/// Work of [`FewRanks`]: a unit per kind visited at each state. The stages it proves take
-/// 0.7–2·10⁶ (about a millisecond per 10⁶ on one core of the 2-core VM).
-pub(super) const FEW_RANKS_WORK: u64 = 2_500_000;
-
-/// Where the search ended.
+/// Where [`ThreeRanks`] ended.
 enum Ended {
     /// Every state was searched (or refuted).
     Searched,
@@ -139,26 +148,57 @@ enum Ended {
     Stopped,
 }
 
-impl<'a> FewRanks<'a> {
-    /// The search over `kinds` (at most [`FEW_RANKS_MAX_KINDS`] kinds of at most
-    /// [`FEW_RANKS_MAX_ITEMS`] items in all).
-    fn new(kinds: &'a [((u64, u64), u8)], enough: u64) -> FewRanks<'a> {
-        let mut need = [0u64; FEW_RANKS];
-        let mut left = [0u64; FEW_RANKS_MAX_KINDS / 8];
-        for (j, &((size, live), count)) in kinds.iter().enumerate() {
-            for (k, need) in need.iter_mut().enumerate() {
+/// A state of [`ThreeRanks`]: the top of the last pair, the rooms' floors, the singles left
+/// (eight bits a rank) and the pairs left.
+#[derive(PartialEq, Eq)]
+struct State(u64, [u64; 3], u32, [u64; MAX_PAIR_KINDS / 8]);
+
+impl std::hash::Hash for State {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        // A word at a time (arrays of integers hash as bytes, one call each).
+        h.write_u64(self.0);
+        h.write_u32(self.2);
+        for &w in self.1.iter().chain(&self.3) {
+            h.write_u64(w);
+        }
+    }
+}
+
+impl<'a> ThreeRanks<'a> {
+    /// The search over `singles` (at most [`MAX_SINGLES`] a rank) and `pairs` (at most
+    /// [`MAX_PAIR_KINDS`] kinds), stopping at a footprint of `enough`.
+    fn new(singles: &'a [Vec<u64>; 3], pairs: &'a [((u64, u64), u8)], enough: u64) -> ThreeRanks<'a> {
+        let subsets = |k: usize, f: &dyn Fn(u64, u64) -> u64, empty: u64| -> Vec<u64> {
+            let mut out = vec![empty; 1 << singles[k].len()];
+            for bits in 1..out.len() {
+                let j = bits.trailing_zeros() as usize;
+                out[bits] = f(out[bits & (bits - 1)], singles[k][j]);
+            }
+            out
+        };
+        let sum = [0, 1, 2].map(|k| subsets(k, &|a, b| a + b, 0));
+        let least = [0, 1, 2].map(|k| subsets(k, &|a, b| a.min(b), u64::MAX));
+        let mut left = [0u64; MAX_PAIR_KINDS / 8];
+        let (mut pair_bytes, mut pair_bytes_at) = (0, [0u64; 3]);
+        for (j, &((size, live), count)) in pairs.iter().enumerate() {
+            left[j / 8] += (count as u64) << (8 * (j % 8));
+            pair_bytes += size * count as u64;
+            for (k, at) in pair_bytes_at.iter_mut().enumerate() {
                 if live >> k & 1 == 1 {
-                    *need += size * count as u64;
+                    *at += size * count as u64;
                 }
             }
-            left[j / 8] += (count as u64) << (8 * (j % 8));
         }
-        FewRanks {
-            kinds,
+        ThreeRanks {
+            sum,
+            least,
+            pairs,
             left,
-            unplaced: kinds.iter().map(|k| k.1 as usize).sum(),
-            top: [0; FEW_RANKS],
-            need,
+            pair_bytes,
+            pair_bytes_at,
+            free: [0, 1, 2].map(|k| (1u32 << singles[k].len()) - 1),
+            top: 0,
+            floor: [0; 3],
             best: u64::MAX,
             enough,
             refuted: HashSet::default(),
@@ -166,8 +206,8 @@ impl<'a> FewRanks<'a> {
         }
     }
 
-    /// The lowest footprint of the items, or `None` where it is at most `enough` or the
-    /// search ran out of `work`.
+    /// The lowest footprint, or `None` where it is at most `enough` or the search ran out
+    /// of `work`.
     fn lowest(mut self, work: u64) -> Option<u64> {
         self.work = Work::new(work);
         match self.search() {
@@ -176,45 +216,83 @@ impl<'a> FewRanks<'a> {
         }
     }
 
+    /// Whether no single of rank `k` left out of `chosen` fits in `room` beside them.
+    fn filled(&self, k: usize, chosen: u32, room: u64) -> bool {
+        self.least[k][(self.free[k] & !chosen) as usize] > room - self.sum[k][chosen as usize]
+    }
+
     fn search(&mut self) -> Ended {
-        if !self.work.charge(self.kinds.len() as u64) {
-            return Ended::Stopped;
-        }
-        let reach = (0..FEW_RANKS).map(|k| self.top[k] + self.need[k]).max().unwrap_or(0);
+        let singles_at = |k: usize| self.sum[k][self.free[k] as usize];
+        let reach = (0..3)
+            .map(|k| self.floor[k] + singles_at(k) + self.pair_bytes_at[k])
+            .fold(self.top + self.pair_bytes, u64::max);
         if reach >= self.best {
             return Ended::Searched;
         }
-        if self.unplaced == 0 {
+        if self.pair_bytes == 0 {
+            // The singles left stack in their ranks' last rooms.
             self.best = reach;
             return if reach <= self.enough { Ended::Stopped } else { Ended::Searched };
         }
-        let key = State(self.top, self.left);
+        let key = State(self.top, self.floor, self.free.iter().rev().fold(0, |w, &f| w << 8 | f), self.left);
         if self.refuted.contains(&key) {
             return Ended::Searched;
         }
-        for (j, &((size, live), _)) in self.kinds.iter().enumerate() {
+        for (j, &((size, live), _)) in self.pairs.iter().enumerate() {
             let (word, shift) = (j / 8, 8 * (j % 8));
             if self.left[word] >> shift & 0xff == 0 {
                 continue;
             }
-            let ranks = || (0..FEW_RANKS).filter(move |&k| live >> k & 1 == 1);
-            let at = ranks().map(|k| self.top[k]).max().unwrap_or(0);
-            let (top, need) = (self.top, self.need);
-            for k in ranks() {
-                self.top[k] = at + size;
-                self.need[k] -= size;
-            }
-            self.left[word] -= 1 << shift;
-            self.unplaced -= 1;
-            let ended = self.search();
-            self.left[word] += 1 << shift;
-            self.unplaced += 1;
-            (self.top, self.need) = (top, need);
-            if let Ended::Stopped = ended {
-                return Ended::Stopped;
+            let a = live.trailing_zeros() as usize;
+            let b = (live & (live - 1)).trailing_zeros() as usize;
+            let (free_a, free_b) = (self.free[a], self.free[b]);
+            // Every subset of each rank's singles left, the empty one last.
+            let mut below_a = free_a;
+            loop {
+                let mut below_b = free_b;
+                loop {
+                    if !self.work.charge(1) {
+                        return Ended::Stopped;
+                    }
+                    let at = self
+                        .top
+                        .max(self.floor[a] + self.sum[a][below_a as usize])
+                        .max(self.floor[b] + self.sum[b][below_b as usize]);
+                    if at + size < self.best
+                        && self.filled(a, below_a, at - self.floor[a])
+                        && self.filled(b, below_b, at - self.floor[b])
+                    {
+                        let saved = (self.top, self.floor);
+                        self.top = at + size;
+                        (self.floor[a], self.floor[b]) = (at + size, at + size);
+                        (self.free[a], self.free[b]) = (free_a & !below_a, free_b & !below_b);
+                        self.left[word] -= 1 << shift;
+                        self.pair_bytes -= size;
+                        self.pair_bytes_at[a] -= size;
+                        self.pair_bytes_at[b] -= size;
+                        let ended = self.search();
+                        self.pair_bytes_at[a] += size;
+                        self.pair_bytes_at[b] += size;
+                        self.pair_bytes += size;
+                        self.left[word] += 1 << shift;
+                        (self.free[a], self.free[b]) = (free_a, free_b);
+                        (self.top, self.floor) = saved;
+                        if let Ended::Stopped = ended {
+                            return Ended::Stopped;
+                        }
+                    }
+                    if below_b == 0 {
+                        break;
+                    }
+                    below_b = (below_b - 1) & free_b;
+                }
+                if below_a == 0 {
+                    break;
+                }
+                below_a = (below_a - 1) & free_a;
             }
         }
-        if self.refuted.len() < FEW_RANKS_MAX_REFUTED {
+        if self.refuted.len() < MAX_REFUTED {
             self.refuted.insert(key);
         }
         Ended::Searched
@@ -265,12 +343,16 @@ mod tests {
     fn the_floor_stands_where_the_search_runs_out_or_finds_nothing_above_it() {
         let p = Problem::build(&three_backwards()).unwrap();
         assert_eq!(p.few_ranks_bound_of_its_ranks(15 * MIB), 15 * MIB);
-        // Two of 5 bytes at ranks 0 and 1, 3 bytes at 1 and 2, 4 bytes at 0 and 2: all four
+        // Two of 5 bytes at ranks 0 and 1, 4 bytes at 0 and 2, 3 bytes at 1 and 2: all four
         // pairwise live together, 17 bytes. Out of work there is no claim.
-        let kinds = [((5, 0b011), 2), ((3, 0b110), 1), ((4, 0b101), 1)];
-        assert_eq!(FewRanks::new(&kinds, 0).lowest(1), None);
-        assert_eq!(FewRanks::new(&kinds, 0).lowest(1 << 20), Some(17));
-        assert_eq!(FewRanks::new(&kinds, 17).lowest(1 << 20), None);
+        let pairs = [((5, 0b011), 2), ((4, 0b101), 1), ((3, 0b110), 1)];
+        let none: [Vec<u64>; 3] = Default::default();
+        assert_eq!(ThreeRanks::new(&none, &pairs, 0).lowest(1), None);
+        assert_eq!(ThreeRanks::new(&none, &pairs, 0).lowest(1 << 20), Some(17));
+        assert_eq!(ThreeRanks::new(&none, &pairs, 17).lowest(1 << 20), None);
+        // A single of 6 bytes at rank 2 fits below the 4 and the 3 there.
+        let singles: [Vec<u64>; 3] = [vec![], vec![], vec![6]];
+        assert_eq!(ThreeRanks::new(&singles, &pairs, 0).lowest(1 << 20), Some(17));
     }
 
     impl Problem {
