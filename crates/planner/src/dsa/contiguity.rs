@@ -434,8 +434,6 @@ fn includes(outer: &[usize], inner: &[usize]) -> bool {
     inner.iter().all(|x| it.any(|y| y == x))
 }
 
-/// A budget of work steps for a bound's searches, so that the bound does not depend on the
-/// machine's speed.
 /// What [`Problem::rank_profile`] gives: at every rank (`ranks + 1` entries, the last past
 /// the clock), the bytes live and a fingerprint of the set of items live there.
 pub(super) struct RankProfile {
@@ -443,6 +441,8 @@ pub(super) struct RankProfile {
     pub(super) print: Vec<u64>,
 }
 
+/// A budget of work steps for a bound's searches, so that the bound does not depend on the
+/// machine's speed.
 pub(super) struct Work {
     spent: u64,
     limit: u64,
