@@ -38,10 +38,10 @@ impl Problem {
     /// every kept rank go below the others in some lowest placement (moving one down and
     /// the items under it up by its bytes keeps them apart: it is live with all of them),
     /// so they count as bytes; the others are searched exactly ([`ThreeRanks`]). Where alias
-    /// groups are replayed by several slots, the groups live at two of the ranks must fit
-    /// among those live at one, and whole bytes may not: a 1F1B stage whose three slots
-    /// each peak at their own backward proves optimal this way where every clique is the
-    /// bytes live at once. Items of one interval each never gain (with three ranks the
+    /// groups replayed by several slots are live at two of the ranks, the items live at one
+    /// must fit whole into the rooms those leave, which bytes alone do not see: 1F1B stages
+    /// whose three slots each peak at their own backward prove optimal this way where every
+    /// clique weighs the bytes live at once. Items of one interval each never gain (with three ranks the
     /// items live at the middle rank can always be stacked, those of the first from below
     /// and of the last from above), so only problems with alias groups are searched.
     /// Returns the bound, or `floor` where it is not above it or the search runs out of
@@ -55,7 +55,7 @@ impl Problem {
         // The RANKS distinct sets of live items with the most bytes: (bytes, print, rank).
         let mut top: Vec<(i128, u64, u32)> = Vec::with_capacity(RANKS + 1);
         for t in 0..self.ranks as usize {
-            if top.len() == RANKS && load[t] <= top[RANKS - 1].0 || top.iter().any(|x| x.1 == print[t]) {
+            if (top.len() == RANKS && load[t] <= top[RANKS - 1].0) || top.iter().any(|x| x.1 == print[t]) {
                 continue;
             }
             top.push((load[t], print[t], t as u32));
