@@ -303,6 +303,8 @@ impl<'a> ThreeRanks<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::{LayerSpec, TensorSpec, schedule_buffers};
+    use crate::{Schedule, SchedulePlanInput};
     use proptest::prelude::*;
 
     const MIB: u64 = 1 << 20;
@@ -360,6 +362,67 @@ mod tests {
         fn few_ranks_bound_of_its_ranks(&self, floor: u64) -> u64 {
             self.few_ranks_bound(floor, &self.rank_profile())
         }
+    }
+
+    /// A 1F1B stage (pp 8, rank 5, M 8: three slots) whose layers take several inputs and
+    /// give several outputs. Every clique weighs the bytes live at once, which no placement
+    /// reaches: at each slot's backward its own 64, 32 and 149 MiB need whole rooms among
+    /// the other two slots' kept inputs. The bound of a few ranks is 1.003 × the bytes, and
+    /// the plan reaches it.
+    #[test]
+    fn a_stage_whose_slots_peak_at_their_own_backwards_is_proved_optimal() {
+        let t = |name: &str, shape: &[u64], dtype: &str, kept: bool| TensorSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+            dtype: dtype.into(),
+            kept_for_backward: kept,
+        };
+        let spec = |layer, inputs, outputs, [saved, fws, bws]: [u64; 3]| LayerSpec {
+            chunk: 0,
+            layer,
+            inputs,
+            outputs,
+            saved_bytes: saved,
+            forward_workspace_bytes: fws,
+            backward_workspace_bytes: bws,
+        };
+        let layers = vec![
+            spec(
+                0,
+                vec![
+                    t("hidden", &[4, 8192, 1024], "bf16", false),
+                    t("mask", &[1024, 2, 2048], "bf16", true),
+                    t("ids", &[4, 4096], "i64", false),
+                ],
+                vec![t("hidden", &[1, 2048, 8192], "f32", false)],
+                [0, 110120436, 260846762],
+            ),
+            spec(
+                1,
+                vec![t("hidden", &[2048, 1, 8192], "f32", true)],
+                vec![t("hidden", &[4096, 2, 2048], "bf16", false)],
+                [247989180, 16777216, 156237824],
+            ),
+            spec(
+                2,
+                vec![t("hidden", &[2048, 4096], "bf16", true)],
+                vec![t("hidden", &[4096, 2, 2048], "bf16", false)],
+                [12886974, 102321885, 134217728],
+            ),
+        ];
+        let input = SchedulePlanInput {
+            schedule: Schedule::OneFOneB { pp_size: 8, pp_rank: 5, num_microbatches: 8 },
+            layers,
+        };
+        let buffers = schedule_buffers(&input).unwrap().buffers;
+        let p = Problem::build(&buffers).unwrap();
+        let live = p.lower_bound();
+        assert_eq!(p.alias_bound().max(p.contiguity_bound(&p.rank_profile())), live);
+        let bound = p.bound();
+        assert!(bound as f64 > 1.0029 * live as f64, "{bound} against {live}");
+        let placed = place(&buffers, &uncapped(Duration::from_secs(30))).unwrap();
+        verify(&buffers, &placed.offsets).unwrap();
+        assert_eq!((placed.lower_bound, placed.footprint), (bound, bound), "{}", placed.strategy);
     }
 
     /// The optimum of `p` by the exact search (small problems).
