@@ -146,8 +146,8 @@ fn bench(c: &mut Criterion) {
     }
     group.finish();
 
-    // The lower bound every plan starts with (live bytes, the alias groups' heaviest clique
-    // and the contiguity bound): the stage above's alias groups, an explicit order's 1917
+    // The lower bound every plan starts with (live bytes, the alias groups' heaviest clique,
+    // the contiguity bound and the bound of a few ranks): the stage above's alias groups, an explicit order's 1917
     // groups (the conflict graph at its busiest among the sweeps) and the long pipeline's,
     // too many meetings for the conflict graph (the greedy clique alone).
     let explicit =

@@ -102,8 +102,9 @@
 //! several ranks of the live bound can leave no room for a contiguous gap that a group live
 //! at only one of them needs. The reported lower bound is the largest of the live bound, the
 //! weight of such a clique (`Problem::alias_bound`), the contiguity bound
-//! (`Problem::contiguity_bound`; each with the proof that it is valid), or one byte above a
-//! capacity the canonical search proved infeasible.
+//! (`Problem::contiguity_bound`; each with the proof that it is valid), the lowest placement
+//! of the items live at the three ranks of most bytes (`Problem::few_ranks_bound`), or one
+//! byte above a capacity the canonical search proved infeasible.
 //!
 //! Placed intervals are kept in a multi-resolution time index (buckets of the compressed
 //! clock, 32 ranks wide at the finest level and 4 times wider per level; an interval lives
