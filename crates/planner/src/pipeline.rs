@@ -1074,6 +1074,37 @@ fn random_order(rng: &mut crate::rng::Rng, m: u32, v: u32, window: u32, eager: f
     order
 }
 
+/// Layer descriptions written out by hand in tests.
+#[cfg(test)]
+pub(crate) mod specs {
+    use super::{LayerSpec, TensorSpec};
+
+    /// A static tensor: `name`, `shape`, `dtype`, kept for the backward or not.
+    pub(crate) fn tensor(name: &str, shape: &[u64], dtype: &str, kept: bool) -> TensorSpec {
+        TensorSpec { name: name.into(), shape: shape.to_vec(), dtype: dtype.into(), kept_for_backward: kept }
+    }
+
+    /// Layer `layer` of `chunk` with its tensors and `[saved, forward workspace, backward
+    /// workspace]` bytes.
+    pub(crate) fn layer(
+        chunk: u32,
+        layer: u32,
+        inputs: Vec<TensorSpec>,
+        outputs: Vec<TensorSpec>,
+        [saved, fws, bws]: [u64; 3],
+    ) -> LayerSpec {
+        LayerSpec {
+            chunk,
+            layer,
+            inputs,
+            outputs,
+            saved_bytes: saved,
+            forward_workspace_bytes: fws,
+            backward_workspace_bytes: bws,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -303,7 +303,8 @@ impl<'a> ThreeRanks<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::{LayerSpec, TensorSpec, schedule_buffers};
+    use crate::pipeline::schedule_buffers;
+    use crate::pipeline::specs::{layer, tensor};
     use crate::{Schedule, SchedulePlanInput};
     use proptest::prelude::*;
 
@@ -371,21 +372,8 @@ mod tests {
     /// the plan reaches it.
     #[test]
     fn a_stage_whose_slots_peak_at_their_own_backwards_is_proved_optimal() {
-        let t = |name: &str, shape: &[u64], dtype: &str, kept: bool| TensorSpec {
-            name: name.into(),
-            shape: shape.to_vec(),
-            dtype: dtype.into(),
-            kept_for_backward: kept,
-        };
-        let spec = |layer, inputs, outputs, [saved, fws, bws]: [u64; 3]| LayerSpec {
-            chunk: 0,
-            layer,
-            inputs,
-            outputs,
-            saved_bytes: saved,
-            forward_workspace_bytes: fws,
-            backward_workspace_bytes: bws,
-        };
+        let spec = |l, inputs, outputs, bytes| layer(0, l, inputs, outputs, bytes);
+        let t = tensor;
         let layers = vec![
             spec(
                 0,

@@ -913,21 +913,7 @@ mod alias_bound_tests {
     /// 1.0215 × the bound it reported.
     #[test]
     fn the_branch_and_bound_proves_a_stage_the_heavy_clique_does_not() {
-        let t = |name: &str, shape: &[u64], dtype: &str, kept: bool| TensorSpec {
-            name: name.into(),
-            shape: shape.to_vec(),
-            dtype: dtype.into(),
-            kept_for_backward: kept,
-        };
-        let spec = |chunk, layer, inputs, outputs, [saved, fws, bws]: [u64; 3]| LayerSpec {
-            chunk,
-            layer,
-            inputs,
-            outputs,
-            saved_bytes: saved,
-            forward_workspace_bytes: fws,
-            backward_workspace_bytes: bws,
-        };
+        use crate::pipeline::specs::{layer as spec, tensor as t};
         #[rustfmt::skip]
         let layers = vec![
             spec(0, 0, vec![t("hidden", &[1, 4096, 5120], "bf16", true)], vec![t("hidden", &[2048, 1, 2048], "f8e4m3", false)], [184549376, 57402725, 101711872]),
