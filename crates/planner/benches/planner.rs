@@ -147,9 +147,9 @@ fn bench(c: &mut Criterion) {
     group.finish();
 
     // The lower bound every plan starts with (live bytes, the alias groups' heaviest clique,
-    // the contiguity bound and the bound of a few ranks): the stage above's alias groups, an explicit order's 1917
-    // groups (the conflict graph at its busiest among the sweeps) and the long pipeline's,
-    // too many meetings for the conflict graph (the greedy clique alone).
+    // the contiguity bound and the bound of a few ranks): the stage above's alias groups, an
+    // explicit order's 1917 groups (the conflict graph at its busiest among the sweeps) and
+    // the long pipeline's, too many meetings for the conflict graph (the greedy clique alone).
     let explicit =
         ("explicit_case_172", schedule_buffers(&random_explicit_case(172).input).expect("valid").buffers);
     let mut group = c.benchmark_group("lower_bound");
