@@ -114,6 +114,16 @@ impl Placement {
 /// the floor did and changed none of them.
 const TOP_LAST_BELOW_FLOOR: f64 = 0.01;
 
+/// How many skyline passes must fit in the contour search's share of a whole list's budget
+/// for the searches that start afresh (the contour search, the restarts of the skyline and
+/// aligned constructions) to run on it; with less, their time goes to the improvement stage
+/// (see [`Planning::searches`]). Plans of parts of a list (skeletons, coarse instances) keep
+/// the contour search's own line of six passes. With 1 s, lists of 10k buffers get 31–64
+/// passes, of 3k ~215, of 1k 800–1000: the searches gave lists of 10k less than the
+/// improvement stage did with their time, lists of 1k more, lists of 3k about as much
+/// (docs/planner.md, "The searches that start afresh on whole lists").
+const FRESH_SEARCH_MIN_PASSES: u32 = 100;
+
 /// What one greedy pass over `n` items with `pairs` overlapping pairs is expected to take
 /// (measured on the development machine: ~1 µs per item and ~22 ns per pair; a scheduling
 /// estimate, not a limit).
@@ -476,6 +486,7 @@ pub(super) fn place_for(
         dense,
         canonical,
         merges,
+        mirror,
     };
     let CoarseStage { later: coarse, refined, planned: coarse_placed, improvement_steps: coarse_steps } =
         planning.coarse_stage(lb, &mut best, &mut clock);
@@ -584,6 +595,8 @@ struct Planning<'a> {
     /// are structural, after them where they are mostly chance (when there is time to plan
     /// the coarse instance then), not at all where they are few.
     merges: Merges,
+    /// Whether the list is a whole one ([`Mirror::Never`]: a part of another plan).
+    mirror: Mirror,
 }
 
 /// What [`Planning::coarse_stage`] leaves for the stages after it.
@@ -816,7 +829,7 @@ impl Planning<'_> {
         best: &mut Incumbent,
         clock: &mut StageClock,
     ) -> (u64, u64) {
-        let Planning { p, ref opts, plan_for, deadline, improve_from, pairs, canonical, .. } = *self;
+        let Planning { p, ref opts, plan_for, deadline, improve_from, pairs, canonical, mirror, .. } = *self;
         let (n, threads) = (p.len(), opts.threads);
         let mut steps = 0;
         // Coarsening, late: a coarse instance more than half the size, when there is time for
@@ -859,14 +872,14 @@ impl Planning<'_> {
             clock.end("canonical", Some(best.footprint()));
         }
         // Fixed-height contour search (single-interval problems) for 40% of what is left,
-        // when a few skyline passes fit in it.
+        // when a few skyline passes fit in it; on a whole list, when
+        // `FRESH_SEARCH_MIN_PASSES` do: with fewer, this search and the restarts after it
+        // (but for the repairing sweep's) leave their time to the improvement stage.
         let now = Instant::now();
         let until = now + deadline.saturating_duration_since(now).mul_f64(0.4);
-        if best.high > lb
-            && single
-            && !refined
-            && built.sky_estimate * 6 <= until.saturating_duration_since(now)
-        {
+        let contour_time = until.saturating_duration_since(now);
+        let fresh = mirror == Mirror::Never || built.sky_estimate * FRESH_SEARCH_MIN_PASSES <= contour_time;
+        if best.high > lb && single && !refined && fresh && built.sky_estimate * 6 <= contour_time {
             contour_stage(p, lb, until, opts.seed, threads, best);
             clock.end("contour", Some(best.footprint()));
         }
@@ -875,7 +888,8 @@ impl Planning<'_> {
         // `REPAIR_RESTARTS_SHARE` of what is left when one fits; else for a quarter of it,
         // half of them of the aligned construction where it led the skyline, else all of
         // the skyline, skipped when fewer than two skyline passes would fit (large inputs:
-        // the improvement stage gains more from the time).
+        // the improvement stage gains more from the time) and, on a whole list, where the
+        // contour search's share held fewer than `FRESH_SEARCH_MIN_PASSES`.
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);
         let repeat_repair = built.repair_led.is_some_and(|t| t <= left.mul_f64(REPAIR_RESTARTS_SHARE));
@@ -883,7 +897,7 @@ impl Planning<'_> {
         if best.high > lb
             && single
             && !refined
-            && (repeat_repair || built.sky_estimate * 2 <= until.saturating_duration_since(now))
+            && (repeat_repair || (fresh && built.sky_estimate * 2 <= until.saturating_duration_since(now)))
         {
             let family =
                 if repeat_repair { Restarts::Repair } else { Restarts::family(built.aligned_led, plan_for) };
