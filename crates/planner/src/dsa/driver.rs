@@ -309,6 +309,14 @@ pub(super) enum PlanFor {
     HotFill,
 }
 
+/// Whether the searches that start afresh (the contour search, the skyline and aligned
+/// restarts) have room in a plan: always in a part of a list ([`Mirror::Never`]); in a whole
+/// list where [`FRESH_SEARCH_MIN_PASSES`] skyline passes (`sky_pass` each) fit in the
+/// contour search's share, `contour_time`.
+fn fresh_searches_fit(mirror: Mirror, sky_pass: Duration, contour_time: Duration) -> bool {
+    mirror == Mirror::Never || sky_pass * FRESH_SEARCH_MIN_PASSES <= contour_time
+}
+
 /// Whether a list of `items` that is coarsened and too large for the canonical search plans
 /// its mirror image beside it on `threads` cores (see [`place_for`]).
 fn mirrors_on(threads: usize, items: usize) -> bool {
@@ -878,7 +886,7 @@ impl Planning<'_> {
         let now = Instant::now();
         let until = now + deadline.saturating_duration_since(now).mul_f64(0.4);
         let contour_time = until.saturating_duration_since(now);
-        let fresh = mirror == Mirror::Never || built.sky_estimate * FRESH_SEARCH_MIN_PASSES <= contour_time;
+        let fresh = fresh_searches_fit(mirror, built.sky_estimate, contour_time);
         if best.high > lb && single && !refined && fresh && built.sky_estimate * 6 <= contour_time {
             contour_stage(p, lb, until, opts.seed, threads, best);
             clock.end("contour", Some(best.footprint()));
@@ -1270,6 +1278,22 @@ mod density_tests {
             "a tiling is coarsened: {:?}",
             coarse.stages
         );
+    }
+
+    /// The searches that start afresh run on every part of a list, and on a whole list (or
+    /// its mirror image) only from a hundred skyline passes in their share up; a plan
+    /// without a skyline estimate keeps them.
+    #[test]
+    fn fresh_searches_need_room_on_whole_lists() {
+        let ms = Duration::from_millis;
+        for whole in [Mirror::Beside, Mirror::Image] {
+            assert!(!fresh_searches_fit(whole, ms(5), ms(200)), "{whole:?}: 40 passes");
+            assert!(!fresh_searches_fit(whole, ms(2), ms(199)), "{whole:?}: 99.5 passes");
+            assert!(fresh_searches_fit(whole, ms(2), ms(200)), "{whole:?}: 100 passes");
+            assert!(fresh_searches_fit(whole, Duration::ZERO, Duration::ZERO), "{whole:?}: no estimate");
+        }
+        assert!(fresh_searches_fit(Mirror::Never, ms(5), ms(30)), "a part of a list: 6 passes");
+        assert!(fresh_searches_fit(Mirror::Never, ms(5), Duration::ZERO), "a part: its own line");
     }
 
     /// A tiling too large for the canonical search is planned forwards and as its mirror
