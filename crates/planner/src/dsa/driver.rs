@@ -603,7 +603,8 @@ struct Planning<'a> {
     /// are structural, after them where they are mostly chance (when there is time to plan
     /// the coarse instance then), not at all where they are few.
     merges: Merges,
-    /// Whether the list is a whole one ([`Mirror::Never`]: a part of another plan).
+    /// How the plan runs its mirror image; also what tells a part of another plan
+    /// ([`Mirror::Never`]) from a whole list.
     mirror: Mirror,
 }
 
