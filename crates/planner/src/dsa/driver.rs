@@ -1750,21 +1750,14 @@ mod long_group_tests {
     /// A layer of chunk 0 whose bf16 hidden state goes from shape `input` to `output`, with
     /// byte counts that look measured: `[saved, forward workspace, backward workspace]`.
     fn measured_layer(layer: u32, input: [u64; 3], output: [u64; 3], bytes: [u64; 3]) -> crate::LayerSpec {
-        let hidden = |shape: [u64; 3], kept| crate::TensorSpec {
-            name: "hidden".into(),
-            shape: shape.to_vec(),
-            dtype: "bf16".into(),
-            kept_for_backward: kept,
-        };
-        crate::LayerSpec {
-            chunk: 0,
+        use crate::pipeline::specs::{layer as spec, tensor};
+        spec(
+            0,
             layer,
-            inputs: vec![hidden(input, true)],
-            outputs: vec![hidden(output, false)],
-            saved_bytes: bytes[0],
-            forward_workspace_bytes: bytes[1],
-            backward_workspace_bytes: bytes[2],
-        }
+            vec![tensor("hidden", &input, "bf16", true)],
+            vec![tensor("hidden", &output, "bf16", false)],
+            bytes,
+        )
     }
 
     /// A 1F1B stage (pipeline size 8, rank 5, 8 microbatches; 296 buffers in 111 alias

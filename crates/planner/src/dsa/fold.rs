@@ -210,23 +210,13 @@ mod tests {
             (2048, 5120, 142_247_424, 23_068_672, 31_457_280),
             (1024, 2048, 49_597_952, 23_068_672, 17_825_792),
         ];
-        let tensor = |seq: u64, hidden: u64, kept| crate::TensorSpec {
-            name: "hidden".into(),
-            shape: vec![seq, 1, hidden],
-            dtype: "bf16".into(),
-            kept_for_backward: kept,
-        };
+        use crate::pipeline::specs::{layer, tensor};
+        let hidden = |seq: u64, h: u64, kept| tensor("hidden", &[seq, 1, h], "bf16", kept);
         let layers = LAYERS
             .iter()
             .enumerate()
-            .map(|(l, &(seq, hidden, saved, fws, bws))| crate::LayerSpec {
-                chunk: 0,
-                layer: l as u32,
-                inputs: vec![tensor(seq, hidden, true)],
-                outputs: vec![tensor(seq, hidden, false)],
-                saved_bytes: saved,
-                forward_workspace_bytes: fws,
-                backward_workspace_bytes: bws,
+            .map(|(l, &(seq, h, saved, fws, bws))| {
+                layer(0, l as u32, vec![hidden(seq, h, true)], vec![hidden(seq, h, false)], [saved, fws, bws])
             })
             .collect();
         let input = crate::SchedulePlanInput {

@@ -802,7 +802,7 @@ pub(super) fn bit(bits: &[u64], x: usize) -> bool {
 #[cfg(test)]
 mod alias_bound_tests {
     use super::*;
-    use crate::pipeline::{LayerSpec, TensorSpec, random_explicit_case, schedule_buffers};
+    use crate::pipeline::{LayerSpec, random_explicit_case, schedule_buffers, specs};
     use crate::{Schedule, SchedulePlanInput};
     use proptest::prelude::*;
 
@@ -913,7 +913,7 @@ mod alias_bound_tests {
     /// 1.0215 × the bound it reported.
     #[test]
     fn the_branch_and_bound_proves_a_stage_the_heavy_clique_does_not() {
-        use crate::pipeline::specs::{layer as spec, tensor as t};
+        use specs::{layer as spec, tensor as t};
         #[rustfmt::skip]
         let layers = vec![
             spec(0, 0, vec![t("hidden", &[1, 4096, 5120], "bf16", true)], vec![t("hidden", &[2048, 1, 2048], "f8e4m3", false)], [184549376, 57402725, 101711872]),
@@ -949,21 +949,14 @@ mod alias_bound_tests {
     }
 
     fn layer(chunk: u32, saved_mib: u64, fws_mib: u64, bws_mib: u64) -> LayerSpec {
-        let hidden = |kept| TensorSpec {
-            name: "hidden".into(),
-            shape: vec![1024, 4, 5120],
-            dtype: "bf16".into(),
-            kept_for_backward: kept,
-        };
-        LayerSpec {
+        let hidden = || specs::tensor("hidden", &[1024, 4, 5120], "bf16", false);
+        specs::layer(
             chunk,
-            layer: 0,
-            inputs: vec![hidden(false)],
-            outputs: vec![hidden(false)],
-            saved_bytes: saved_mib << 20,
-            forward_workspace_bytes: fws_mib << 20,
-            backward_workspace_bytes: bws_mib << 20,
-        }
+            0,
+            vec![hidden()],
+            vec![hidden()],
+            [saved_mib << 20, fws_mib << 20, bws_mib << 20],
+        )
     }
 
     /// Chunks of different sizes on interleaved 1F1B: the greedy clique (by weight ×
