@@ -231,11 +231,16 @@ impl Index {
             self.query_runs(ivs[0].0, ivs[0].1, &mut scratch.pairs, &mut scratch.runs);
             // A lowest-offset query ends at the first gap that fits, so it walks the runs in
             // offset order as they are; a best-fit one visits every pair, and there merging
-            // the runs first is faster (greedy passes took 6% longer walking them).
+            // the runs first is faster (greedy passes took 6% longer walking them), or, from
+            // `SORT_RUNS` runs up, sorting them in place.
             if fit == Fit::LowestOffset {
                 return gaps.over_runs(&scratch.pairs, &scratch.runs, &mut scratch.heads);
             }
-            if !scratch.runs.is_empty() {
+            if scratch.runs.len() >= SORT_RUNS {
+                // Pairs at one offset may end in any order: of those only the first visited
+                // can end a gap, and the gap is the same whichever it is.
+                scratch.pairs.sort_unstable_by_key(|x| x.0);
+            } else if !scratch.runs.is_empty() {
                 merge_runs(&mut scratch.pairs, &mut scratch.runs, &mut scratch.spare);
             }
             return gaps.over_sorted(&scratch.pairs);
@@ -296,6 +301,13 @@ impl Index {
 /// more, the heads go in a heap. A query on a placed 100k list meets 7–44 runs on average
 /// (by list), one per bucket visited; merging them first took half of its time.
 const LINEAR_RUNS: usize = 8;
+
+/// Sorted runs from which a best-fit gap query sorts its pairs in place rather than merging
+/// the runs pairwise (a pass, and a copy of every pair, per doubling). With 12, 24 or 40,
+/// `cargo bench -p graphpool-planner -- gap_query/` took 8–19% less time than merging at
+/// any count (the dense list, ~43 runs a query, the most); sorting at any count was up to
+/// 10% slower where runs are few (docs/planner.md, "Gap queries sort many runs").
+const SORT_RUNS: usize = 24;
 
 /// The search for a gap among the neighbours' (offset, top) pairs, visited in offset order:
 /// the lowest gap that fits (`Fit::LowestOffset`), or the smallest, lowest on a tie
@@ -629,6 +641,45 @@ mod find_tests {
             best_fit in any::<bool>(),
         ) {
             agree_with_a_scan(&raw, best_fit, false)?;
+        }
+
+        /// A best-fit query over more sorted runs than `SORT_RUNS` (an item live over a long
+        /// clock of short-lived neighbours at scattered offsets, many at one offset) sorts
+        /// them in place and agrees with a scan.
+        #[test]
+        fn best_fit_queries_over_many_runs_agree_with_a_scan(
+            short in prop::collection::vec((0u64..4000, 1u64..4, 0u64..40, 1u64..64), 700..900),
+            long in prop::collection::vec((0u64..200, 3000u64..4000, 1u64..64), 1..4),
+        ) {
+            let mut b: Vec<Buffer> = short
+                .iter()
+                .map(|&(s, l, _, z)| Buffer { start: s, end: s + l, size: z, group: None })
+                .collect();
+            b.extend(long.iter().map(|&(s, l, z)| Buffer { start: s, end: s + l, size: z, group: None }));
+            let p = Problem::build(&b).unwrap();
+            // The short items at their drawn offsets (in steps of 64 bytes: ties are common),
+            // then each long item asked for its best fit and placed there.
+            let mut placed: Vec<(usize, u64)> = Vec::new();
+            for (i, &(s, l, o, _)) in short.iter().enumerate() {
+                let clash = placed.iter().any(|&(j, oj)| {
+                    let (bj, bi) = (&b[j], &b[i]);
+                    bj.start < s + l && s < bj.end && oj < 64 * o + bi.size && 64 * o < oj + bj.size
+                });
+                if !clash {
+                    placed.push((i, 64 * o));
+                }
+            }
+            let mut index = Index::with_placed(&p, placed.iter().copied());
+            let mut scratch = FindScratch::default();
+            for i in short.len()..b.len() {
+                let (mut pairs, mut runs) = (Vec::new(), Vec::new());
+                index.query_runs(p.ivs(i)[0].0, p.ivs(i)[0].1, &mut pairs, &mut runs);
+                prop_assert!(runs.len() >= SORT_RUNS, "{} runs", runs.len());
+                let o = index.find(&p, i, Fit::BestFit, &mut scratch);
+                prop_assert_eq!(o, scan(&p, &placed, i, Fit::BestFit));
+                index.insert(&p, i, o);
+                placed.push((i, o));
+            }
         }
 
         /// An index built at once holds what one-by-one inserts in the same order give,
