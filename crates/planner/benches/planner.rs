@@ -4,15 +4,15 @@
 //! default budget, and the gap queries every construction and improvement step is made of
 //! (`gap_query/…`: 10k queries on a placed 100k list, and on the alias groups of a long
 //! pipeline, for each fit), the online constructions (`online/…`: best fit, aligned and the
-//! repairing sweep over 100k buffers), and the improvement stage (`improvement/…`: a fixed
-//! number of its steps on a 100k list, and on a pipeline stage's alias groups), and the lower
-//! bound of alias groups (`lower_bound/…`). Ratios are printed by `cargo run --release -p
-//! graphpool-planner --example figures`.
-
+//! repairing sweep over 100k buffers), the improvement stage (`improvement/…`: a fixed
+//! number of its steps on a 100k list, and on a pipeline stage's alias groups), the lower
+//! bound of alias groups (`lower_bound/…`) and the canonical search (`canonical/…`: 20k
+//! nodes on lists of up to 2000 items, each way of checking a node). Ratios are printed by
+//! `cargo run --release -p graphpool-planner --example figures`.
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use graphpool_planner::dsa::{GapQueries, ImprovementSteps, OnlineConstructions};
+use graphpool_planner::dsa::{CanonicalNodes, GapQueries, ImprovementSteps, OnlineConstructions};
 use graphpool_planner::pipeline::{
     random_explicit_case, schedule_buffers, transformer_layers, varied_layers,
 };
@@ -156,6 +156,32 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10).measurement_time(Duration::from_secs(5));
     for (name, buffers) in [&stage, &explicit, &groups] {
         group.bench_function(*name, |b| b.iter(|| lower_bound(buffers).expect("valid")));
+    }
+    group.finish();
+
+    // The canonical search: one restart of 20k nodes at the live bound with the first static
+    // order (the stage runs such restarts back to back), its nodes checked by painting the
+    // ranks and rank by rank (the search takes one by how many ranks the items live at), on
+    // lists it takes: a tiling of 1k pieces, random 2k lists with alias groups and of uniform
+    // sizes ~500 live, the stage above's alias groups and the explicit order's. None is
+    // decided within the nodes.
+    let lists = [
+        ("packed_1k", workload::packed(1000, 1)),
+        ("grouped_2k", workload::random_grouped(2000, 1)),
+        ("usize_busy_2k", workload::random_uniform_sizes_busy(2000, 1)),
+    ];
+    let mut group = c.benchmark_group("canonical");
+    group.sample_size(10).measurement_time(Duration::from_secs(5));
+    for (name, buffers) in lists.iter().chain([&stage, &explicit]) {
+        let search = CanonicalNodes::new(buffers).expect("valid");
+        let taken = if search.paints() { "painted" } else { "rank_by_rank" };
+        println!("canonical/{name}: the search checks its nodes {taken}");
+        for (check, painting) in [("painted", true), ("rank_by_rank", false)] {
+            assert_eq!(search.run(20_000, painting), (20_000, false), "{name} is decided within the nodes");
+            group.bench_function(format!("{name}_20k_nodes_{check}"), |b| {
+                b.iter(|| search.run(20_000, painting))
+            });
+        }
     }
     group.finish();
 }

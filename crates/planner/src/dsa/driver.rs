@@ -963,6 +963,48 @@ fn canonical_stage(p: &Problem, lb: u64, until: Until<'_>, threads: usize, best:
     lb.max(proved)
 }
 
+/// Nodes of the canonical search, for benchmarks: a list as the canonical stage hands it
+/// to the search (alias groups one item each), searched at its live bound with the first
+/// static order of candidates and a node limit, as one restart of the stage is.
+pub struct CanonicalNodes {
+    p: Problem,
+    capacity: u64,
+}
+
+impl std::fmt::Debug for CanonicalNodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CanonicalNodes").field("items", &self.p.len()).finish_non_exhaustive()
+    }
+}
+
+impl CanonicalNodes {
+    /// `buffers` as the planner's problem, to be searched at their live bound.
+    pub fn new(buffers: &[Buffer]) -> Result<CanonicalNodes, PlaceError> {
+        let p = Problem::build(buffers)?;
+        let capacity = p.lower_bound();
+        Ok(CanonicalNodes { p, capacity })
+    }
+
+    /// Whether the search checks this list's nodes by painting the ranks (else rank by
+    /// rank; see `canonical::PAINT_MIN_COVER`).
+    pub fn paints(&self) -> bool {
+        crate::canonical::Prepared::new(&self.p.items()).paints()
+    }
+
+    /// One search of at most `nodes` nodes, its nodes checked by painting the ranks or rank
+    /// by rank. Returns the nodes it visited (fewer where it decided the capacity first) and
+    /// whether it found a placement: the same for both checks.
+    pub fn run(&self, nodes: u64, painting: bool) -> (u64, bool) {
+        let items = self.p.items();
+        let prep = crate::canonical::Prepared::new(&items);
+        let rank = prep.static_rank(crate::canonical::Order::TotalWidthArea);
+        let far = Until::at(Instant::now() + Duration::from_secs(3600));
+        let (outcome, visited) =
+            crate::canonical::fits_checking(&prep, self.capacity, far, rank, nodes, painting);
+        (visited, matches!(outcome, crate::canonical::Outcome::Fits(_)))
+    }
+}
+
 /// Which canonical searches [`canonical_beside_chains`] runs.
 #[derive(Debug, Clone, Copy)]
 struct BesideSearches {
