@@ -541,6 +541,14 @@ fn unreached(next: &mut [u32], stamp: &[u32], pass: u32, t: u32) -> u32 {
     root
 }
 
+/// The top of an unplaced item at its floor `f`, or `None` where it makes its node dead: it
+/// does not fit under `capacity`, or it lies below the `level` with no unplaced item live
+/// with it (`open`) to lift it.
+fn alive_top(f: u64, size: u64, open: u32, capacity: u64, level: u64) -> Option<u64> {
+    let top = f + size;
+    (top <= capacity && (f >= level || open > 0)).then_some(top)
+}
+
 /// Whether a (sub)search found a placement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -680,14 +688,10 @@ impl Solver<'_, '_> {
             if self.placed[j] {
                 continue;
             }
-            let f = self.floor[j];
-            let top = f + self.items.size[j];
-            if top > c || (f < level && self.open[j] == 0) {
-                return None;
-            }
+            let top = alive_top(self.floor[j], self.items.size[j], self.open[j], c, level)?;
             ceiling = ceiling.min(top - 1);
             // `f ≤ c` here, and `c / unit` fits below `u32::MAX`.
-            let fu = (f / unit) as u32;
+            let fu = (self.floor[j] / unit) as u32;
             for &(s, e) in self.items.ivs(j) {
                 for x in &mut lowest[s as usize - lo..e as usize - lo] {
                     *x = (*x).min(fu);
@@ -721,11 +725,10 @@ impl Solver<'_, '_> {
                 continue;
             }
             let f = self.floor[ju];
-            let top = f + self.items.size[ju];
-            if top > c || (f < level && self.open[ju] == 0) {
+            let Some(top) = alive_top(f, self.items.size[ju], self.open[ju], c, level) else {
                 self.order = order;
                 return None;
-            }
+            };
             ceiling = ceiling.min(top - 1);
             if f <= level {
                 order.push(j);
@@ -1072,6 +1075,29 @@ mod tests {
         }
     }
 
+    /// An item drawn as (parts, start, size): each part a (gap, length).
+    type DrawnItem = (Vec<(u32, u32)>, u32, u64);
+
+    /// Drawn items' intervals: each part `gap` ranks after the end of the one before (plus
+    /// one rank), the first from `start`; only the first part where not `grouped`.
+    fn drawn_groups(raw: &[DrawnItem], grouped: bool) -> Vec<Vec<(u32, u32)>> {
+        raw.iter()
+            .map(|(parts, start, _)| {
+                let parts = if grouped { &parts[..] } else { &parts[..1] };
+                let mut t = *start;
+                parts
+                    .iter()
+                    .map(|&(gap, len)| {
+                        t += gap;
+                        let iv = (t, t + len);
+                        t += len + 1;
+                        iv
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -1124,22 +1150,7 @@ mod tests {
             huge in any::<bool>(),
             above in 0u64..4,
         ) {
-            let groups: Vec<Vec<(u32, u32)>> = raw
-                .iter()
-                .map(|(parts, start, _)| {
-                    let parts = if grouped { &parts[..] } else { &parts[..1] };
-                    let mut t = *start;
-                    parts
-                        .iter()
-                        .map(|&(gap, len)| {
-                            t += gap;
-                            let iv = (t, t + len);
-                            t += len + 1;
-                            iv
-                        })
-                        .collect()
-                })
-                .collect();
+            let groups = drawn_groups(&raw, grouped);
             let size: Vec<u64> = raw.iter().map(|&(_, _, z)| if huge { z } else { 1 + z % 16 }).collect();
             with_items(&groups, &size, |items| {
                 let prep = Prepared::new(items);
@@ -1165,23 +1176,7 @@ mod tests {
             ),
             grouped in any::<bool>(),
         ) {
-            // Intervals of a group follow each other with gaps.
-            let groups: Vec<Vec<(u32, u32)>> = raw
-                .iter()
-                .map(|(parts, start, _)| {
-                    let parts = if grouped { &parts[..] } else { &parts[..1] };
-                    let mut t = *start;
-                    parts
-                        .iter()
-                        .map(|&(gap, len)| {
-                            t += gap;
-                            let iv = (t, t + len);
-                            t += len + 1;
-                            iv
-                        })
-                        .collect()
-                })
-                .collect();
+            let groups = drawn_groups(&raw, grouped);
             let size: Vec<u64> = raw.iter().map(|&(_, _, z)| z).collect();
             let best = optimum(&groups, &size);
             match run_groups(&groups, &size, best) {
