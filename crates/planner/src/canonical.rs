@@ -350,6 +350,8 @@ pub(crate) struct Prepared<'a> {
     width: Vec<u64>,
     /// The greatest common divisor of the sizes: every floor is a multiple of it.
     sizes_gcd: u64,
+    /// See [`Prepared::paints`].
+    paints: bool,
 }
 
 impl<'a> Prepared<'a> {
@@ -403,14 +405,15 @@ impl<'a> Prepared<'a> {
             })
             .collect();
         let sizes_gcd = items.size.iter().fold(0, |g, &z| gcd(g, z)).max(1);
-        Prepared { items, nb: Neighbours::new(items), load, cut, rank, total, width, sizes_gcd }
+        let cover: u64 = width.iter().sum();
+        let paints = cover > PAINT_MIN_COVER * (ranks as u64 + n as u64);
+        Prepared { items, nb: Neighbours::new(items), load, cut, rank, total, width, sizes_gcd, paints }
     }
 
     /// Whether the search checks its nodes by painting the ranks: where the items live at
     /// more than [`PAINT_MIN_COVER`] times as many ranks as there are ranks and items.
     pub(crate) fn paints(&self) -> bool {
-        let cover: u64 = self.width.iter().sum();
-        cover > PAINT_MIN_COVER * (u64::from(self.items.ranks) + self.items.size.len() as u64)
+        self.paints
     }
 
     /// The priority rank of the static `order`.
@@ -490,10 +493,11 @@ pub(crate) fn fits_checking(
         cut: prep.cut.clone(),
         off: vec![0; n],
         undo: Vec::new(),
-        lowest: vec![0; ranks],
+        // Each check's room, for the check in use only.
+        lowest: if painting { Vec::new() } else { vec![0; ranks] },
         painting,
-        next: vec![0; ranks + 1],
-        stamp: vec![0; ranks + 1],
+        next: if painting { vec![0; ranks + 1] } else { Vec::new() },
+        stamp: if painting { vec![0; ranks + 1] } else { Vec::new() },
         keys: Vec::new(),
         order: Vec::new(),
         pass: 0,
