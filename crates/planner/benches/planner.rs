@@ -2,8 +2,9 @@
 //! random / dense / two-population / tightly packed buffer lists up to 100k buffers,
 //! `plan_schedule` (what PlanCapture runs) on schedules with varied layers at the daemon's
 //! default budget, and the gap queries every construction and improvement step is made of
-//! (`gap_query/…`: 10k queries on a placed 100k list, and on the alias groups of a long
-//! pipeline, for each fit), the online constructions (`online/…`: best fit, aligned and the
+//! (`gap_query/…`: 10k queries on a placed 100k list, and on the alias groups of two long
+//! pipelines, read through the rows of the items each meets and past their cap, for each
+//! fit), the online constructions (`online/…`: best fit, aligned and the
 //! repairing sweep over 100k buffers), the improvement stage (`improvement/…`: a fixed
 //! number of its steps on a 100k list, and on a pipeline stage's alias groups), the lower
 //! bound of alias groups (`lower_bound/…`) and the canonical search (`canonical/…`: 20k
@@ -103,9 +104,16 @@ fn bench(c: &mut Criterion) {
     // Alias groups of several intervals each (their queries read the items they meet).
     let groups = SchedulePlanInput { schedule: long, layers: varied_layers(4, 4, 2048, 1, 2048, 1) };
     let groups = ("alias_groups_pp32_m2048", schedule_buffers(&groups).expect("valid schedule").buffers);
+    // And a stage of 20 layers a chunk: 40k buffers in 20k groups, too many for the rows of
+    // the items each meets (the buckets' runs, each neighbour kept once).
+    let many = SchedulePlanInput {
+        schedule: Schedule::Interleaved { pp_size: 32, pp_rank: 2, num_microbatches: 96, virtual_chunks: 4 },
+        layers: varied_layers(4, 20, 2048, 1, 2048, 1),
+    };
+    let many = ("alias_groups_pp32_v4_l20", schedule_buffers(&many).expect("valid schedule").buffers);
     let mut group = c.benchmark_group("gap_query");
     group.sample_size(10).measurement_time(Duration::from_secs(5));
-    for (name, buffers) in lists.iter().chain([&groups]) {
+    for (name, buffers) in lists.iter().chain([&groups, &many]) {
         let mut queries = GapQueries::new(buffers).expect("valid");
         for (fit, lowest) in [("best_fit", false), ("lowest_offset", true)] {
             group.bench_function(format!("{name}_{fit}_10k"), |b| b.iter(|| queries.run(10_000, lowest, 7)));

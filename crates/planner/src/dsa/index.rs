@@ -200,25 +200,19 @@ impl Index {
     /// sorted run per bucket visited; `runs` gets the start of every run after the first
     /// that does not continue the one before it in order (empty: `out` is sorted).
     pub(super) fn query_runs(&self, s: u32, e: u32, out: &mut Vec<(u64, u64)>, runs: &mut Vec<u32>) {
-        // A run is closed when the next bucket starts, and at the end.
-        let close = |out: &Vec<(u64, u64)>, runs: &mut Vec<u32>, run: usize| {
-            if run > 0 && out.len() > run && out[run - 1].0 > out[run].0 {
-                runs.push(run as u32);
-            }
-        };
         let mut state = (out, runs, 0usize);
         self.scan(
             s,
             e,
             &mut state,
             |(out, runs, run)| {
-                close(out, runs, *run);
+                close_run(out, runs, *run);
                 *run = out.len();
             },
             |(out, _, _), en| out.push((en.off, en.top)),
         );
         let (out, runs, run) = state;
-        close(out, runs, run);
+        close_run(out, runs, run);
     }
 
     /// Lowest offset at which `item` fits under `fit`.
@@ -280,20 +274,48 @@ impl Index {
             pairs.sort_unstable_by_key(|x| x.0);
             return gaps.over_sorted(pairs);
         }
-        let mut sorted = true;
-        let FindScratch { pairs, seen, .. } = scratch;
-        self.for_each_neighbour(p, item, seen, |en| {
-            if let Some(last) = pairs.last()
-                && last.0 > en.off
-            {
-                sorted = false;
-            }
-            pairs.push((en.off, en.top));
-        });
-        if !sorted {
-            pairs.sort_unstable_by_key(|x| x.0);
+        // One sorted run per bucket visited, as for one interval; each neighbour is kept
+        // once, where it is first met, which leaves every run sorted.
+        let FindScratch { pairs, runs, seen, heads, .. } = scratch;
+        runs.clear();
+        seen.clear(p.len());
+        let mut run = 0usize;
+        for &(s, e) in ivs {
+            let mut state = (&mut *pairs, &mut *runs, &mut run, &mut *seen);
+            self.scan(
+                s,
+                e,
+                &mut state,
+                |(out, runs, run, _)| {
+                    close_run(out, runs, **run);
+                    **run = out.len();
+                },
+                |(out, _, _, seen), en| {
+                    if seen.mark(en.item as usize) {
+                        out.push((en.off, en.top));
+                    }
+                },
+            );
+        }
+        close_run(pairs, runs, run);
+        if fit == Fit::LowestOffset {
+            return gaps.over_runs(pairs, runs, heads);
+        }
+        // These runs are long (a neighbour's pair comes where it is first met): a stable
+        // sort, which merges the runs it finds, took 15% less time than merging them pairwise
+        // or sorting unstably (`cargo bench -- gap_query/alias_groups_pp32_v4_l20`).
+        if !runs.is_empty() {
+            pairs.sort_by_key(|x| x.0);
         }
         gaps.over_sorted(pairs)
+    }
+}
+
+/// Ends the run of `out` that starts at `run` (a bucket's entries, sorted by offset): where
+/// it does not continue the run before it in order, `runs` gets its start.
+fn close_run(out: &[(u64, u64)], runs: &mut Vec<u32>, run: usize) {
+    if run > 0 && out.len() > run && out[run - 1].0 > out[run].0 {
+        runs.push(run as u32);
     }
 }
 
@@ -641,6 +663,22 @@ mod find_tests {
             best_fit in any::<bool>(),
         ) {
             agree_with_a_scan(&raw, best_fit, false)?;
+        }
+
+        /// Alias groups on a long clock, without the rows of the items they meet: a query
+        /// walks (lowest offset) or sorts (best fit) one run per bucket of each interval,
+        /// each neighbour kept where it is first met, and agrees with a scan, also after
+        /// items are taken out and asked again.
+        #[test]
+        fn gap_queries_of_groups_on_a_long_clock_agree_with_a_scan(
+            raw in prop::collection::vec(
+                (0u64..2000, prop_oneof![3 => 1u64..8, 1 => 100u64..600], 1u64..64, prop::option::of(0u32..40)),
+                20..200,
+            ),
+            best_fit in any::<bool>(),
+        ) {
+            let p = agree_with_a_scan(&raw, best_fit, true)?;
+            prop_assume!(p.meeting_rows().is_none() && p.ivs.len() > p.len());
         }
 
         /// A best-fit query over more sorted runs than `SORT_RUNS` (an item live over a long
