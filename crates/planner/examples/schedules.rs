@@ -17,11 +17,17 @@
 //! over long pipelines and many microbatches: pipeline size 8, 16 or 32; for 1F1B 512, 1024
 //! or 2048 microbatches, for interleaved pp × 16, 32 or 64 (8k–313k buffers).
 //!
+//! `… --example schedules -- models [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs it over
+//! whole models split across the pipeline: 32, 48, 64, 80, 96 or 128 layers over pipeline
+//! size 2, 4, 8, 16 or 32; for 1F1B pp, 4 pp, 8 pp + 1 or 256 microbatches, for interleaved
+//! 2, 3, 4, 6 or 8 chunks and pp × 1, 2, 4 or 8 microbatches; each chunk gets its share of
+//! the layers, rounded up (1–64 a chunk).
+//!
 //! `… --example schedules -- uneven [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs the first
 //! sweep's schedules over layers whose byte counts look measured rather than derived
 //! (`uneven_layers`): saved bytes of 1–200 MiB at 512 B granularity, workspaces of 0–64 MiB,
 //! and a hidden state whose shape changes at a quarter of the layers (the output of one layer
-//! then does not chain into the next). `large` and `uneven` combine.
+//! then does not chain into the next). `large` or `models` and `uneven` combine.
 //!
 //! `… --example schedules -- inputs [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs the first
 //! sweep's schedules over layers with several static inputs and outputs (`inputs_layers`):
@@ -156,28 +162,55 @@ enum Layers {
     Inputs,
 }
 
+/// The pipelines a case of the sweep draws (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pipelines {
+    /// The first sweep's: pipeline size 1–16, up to 256 microbatches, 1–8 layers a chunk.
+    Sweep,
+    /// `large`: long pipelines and many microbatches.
+    Large,
+    /// `models`: whole models' layers split across the pipeline.
+    Models,
+}
+
 /// Case `case` of the sweep (see the module documentation): the schedule, layers per chunk
-/// and the input. `large` draws the pipelines and microbatch counts of the `large` sweep,
+/// and the input. `pipelines` draws the pipelines, microbatch counts and layers per chunk,
 /// `kind` the layers.
-fn draw(case: u64, large: bool, kind: Layers) -> (Schedule, u32, SchedulePlanInput) {
+fn draw(case: u64, pipelines: Pipelines, kind: Layers) -> (Schedule, u32, SchedulePlanInput) {
     let mut rng = Rng::new(case);
-    let pp = pick(&mut rng, if large { &[8, 16, 32] } else { &[1, 2, 4, 8, 16] }) as u32;
+    let pp = pick(
+        &mut rng,
+        match pipelines {
+            Pipelines::Sweep => &[1, 2, 4, 8, 16],
+            Pipelines::Large => &[8, 16, 32],
+            Pipelines::Models => &[2, 4, 8, 16, 32],
+        },
+    ) as u32;
     let (schedule, chunks) = if rng.below(2) == 0 {
-        let m = if large {
-            pick(&mut rng, &[512, 1024, 2048])
-        } else {
-            pick(&mut rng, &[1, 2, 3, pp as u64, 2 * pp as u64, 4 * pp as u64 + 1, 64, 128, 256])
+        let p = pp as u64;
+        let m = match pipelines {
+            Pipelines::Sweep => pick(&mut rng, &[1, 2, 3, p, 2 * p, 4 * p + 1, 64, 128, 256]),
+            Pipelines::Large => pick(&mut rng, &[512, 1024, 2048]),
+            Pipelines::Models => pick(&mut rng, &[p, 4 * p, 8 * p + 1, 256]),
         } as u32;
         let rank = rng.below(pp as u64) as u32;
         (Schedule::OneFOneB { pp_size: pp, pp_rank: rank, num_microbatches: m }, 1)
     } else {
         let pp = pp.max(2);
-        let v = pick(&mut rng, &[2, 3, 4]) as u32;
-        let m = pp * pick(&mut rng, if large { &[16, 32, 64] } else { &[1, 2, 4, 8] }) as u32;
+        let (chunk_counts, groups): (&[u64], &[u64]) = match pipelines {
+            Pipelines::Sweep => (&[2, 3, 4], &[1, 2, 4, 8]),
+            Pipelines::Large => (&[2, 3, 4], &[16, 32, 64]),
+            Pipelines::Models => (&[2, 3, 4, 6, 8], &[1, 2, 4, 8]),
+        };
+        let v = pick(&mut rng, chunk_counts) as u32;
+        let m = pp * pick(&mut rng, groups) as u32;
         let rank = rng.below(pp as u64) as u32;
         (Schedule::Interleaved { pp_size: pp, pp_rank: rank, num_microbatches: m, virtual_chunks: v }, v)
     };
-    let layers = rng.range(1, 8) as u32;
+    let layers = match pipelines {
+        Pipelines::Models => pick(&mut rng, &[32, 48, 64, 80, 96, 128]).div_ceil((pp * chunks) as u64),
+        _ => rng.range(1, 8),
+    } as u32;
     let seq = pick(&mut rng, &[1024, 2048, 4096, 8192]);
     let batch = pick(&mut rng, &[1, 2, 4]);
     let hidden = pick(&mut rng, &[1024, 2048, 4096, 5120, 8192]);
@@ -301,10 +334,17 @@ fn main() {
         workspaces(budget_ms);
         return;
     }
-    // `large`: the same sweep over long pipelines and many microbatches; `uneven`: over
+    // `large`: the same sweep over long pipelines and many microbatches; `models`: over whole
+    // models split across the pipeline; `uneven`: over
     // layers whose byte counts look measured; `inputs`: over layers of several inputs and
     // outputs.
-    let large = std::env::args().any(|a| a == "large");
+    let pipelines = if std::env::args().any(|a| a == "large") {
+        Pipelines::Large
+    } else if std::env::args().any(|a| a == "models") {
+        Pipelines::Models
+    } else {
+        Pipelines::Sweep
+    };
     let kind = if std::env::args().any(|a| a == "inputs") {
         Layers::Inputs
     } else if std::env::args().any(|a| a == "uneven") {
@@ -313,7 +353,7 @@ fn main() {
         Layers::Varied
     };
     let args: Vec<String> =
-        std::env::args().filter(|a| a != "large" && a != "uneven" && a != "inputs").collect();
+        std::env::args().filter(|a| !["large", "models", "uneven", "inputs"].contains(&a.as_str())).collect();
     let arg = |k: usize, default: u64| -> u64 {
         args.get(k)
             .cloned()
@@ -341,7 +381,7 @@ fn main() {
     let began = Instant::now();
     let (mut above, mut worst, mut slowest) = (0, 1.0f64, (Duration::ZERO, 0));
     for case in first..=cases {
-        let (schedule, layers, input) = draw(case, large, kind);
+        let (schedule, layers, input) = draw(case, pipelines, kind);
         let plan = plan_verified(&input, &opts);
         worst = worst.max(plan.ratio());
         slowest = slowest.max((plan.elapsed, case));
