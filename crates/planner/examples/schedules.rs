@@ -23,11 +23,17 @@
 //! 2, 3, 4, 6 or 8 chunks and pp × 1, 2, 4 or 8 microbatches; each chunk gets its share of
 //! the layers, rounded up (1–64 a chunk).
 //!
+//! `… --example schedules -- deep [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs it over
+//! pipelines of thousands of layers a rank, more than real models give (a test of planning
+//! time): pipeline size 8, 16, 32 or 64; for 1F1B pp, 4 pp or 512 microbatches, for
+//! interleaved 2, 3, 4, 6 or 8 chunks and pp × 1, 2, 3 or 8 microbatches; 6, 10, 16 or 20
+//! layers a chunk (up to 160k buffers in tens of thousands of alias groups).
+//!
 //! `… --example schedules -- uneven [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs the first
 //! sweep's schedules over layers whose byte counts look measured rather than derived
 //! (`uneven_layers`): saved bytes of 1–200 MiB at 512 B granularity, workspaces of 0–64 MiB,
 //! and a hidden state whose shape changes at a quarter of the layers (the output of one layer
-//! then does not chain into the next). `large` or `models` and `uneven` combine.
+//! then does not chain into the next). `large`, `models` or `deep` and `uneven` combine.
 //!
 //! `… --example schedules -- inputs [CASES | FROM-TO] [BUDGET_MS] [THREADS]` runs the first
 //! sweep's schedules over layers with several static inputs and outputs (`inputs_layers`):
@@ -171,6 +177,9 @@ enum Pipelines {
     Large,
     /// `models`: whole models' layers split across the pipeline.
     Models,
+    /// `deep`: long pipelines of many layers a chunk and up to 8 chunks (thousands of layers a
+    /// rank: more than real models give, a test of the planner's time).
+    Deep,
 }
 
 /// Case `case` of the sweep (see the module documentation): the schedule, layers per chunk
@@ -184,6 +193,7 @@ fn draw(case: u64, pipelines: Pipelines, kind: Layers) -> (Schedule, u32, Schedu
             Pipelines::Sweep => &[1, 2, 4, 8, 16],
             Pipelines::Large => &[8, 16, 32],
             Pipelines::Models => &[2, 4, 8, 16, 32],
+            Pipelines::Deep => &[8, 16, 32, 64],
         },
     ) as u32;
     let (schedule, chunks) = if rng.below(2) == 0 {
@@ -192,6 +202,7 @@ fn draw(case: u64, pipelines: Pipelines, kind: Layers) -> (Schedule, u32, Schedu
             Pipelines::Sweep => pick(&mut rng, &[1, 2, 3, p, 2 * p, 4 * p + 1, 64, 128, 256]),
             Pipelines::Large => pick(&mut rng, &[512, 1024, 2048]),
             Pipelines::Models => pick(&mut rng, &[p, 4 * p, 8 * p + 1, 256]),
+            Pipelines::Deep => pick(&mut rng, &[p, 4 * p, 512]),
         } as u32;
         let rank = rng.below(pp as u64) as u32;
         (Schedule::OneFOneB { pp_size: pp, pp_rank: rank, num_microbatches: m }, 1)
@@ -201,6 +212,7 @@ fn draw(case: u64, pipelines: Pipelines, kind: Layers) -> (Schedule, u32, Schedu
             Pipelines::Sweep => (&[2, 3, 4], &[1, 2, 4, 8]),
             Pipelines::Large => (&[2, 3, 4], &[16, 32, 64]),
             Pipelines::Models => (&[2, 3, 4, 6, 8], &[1, 2, 4, 8]),
+            Pipelines::Deep => (&[2, 3, 4, 6, 8], &[1, 2, 3, 8]),
         };
         let v = pick(&mut rng, chunk_counts) as u32;
         let m = pp * pick(&mut rng, groups) as u32;
@@ -209,6 +221,7 @@ fn draw(case: u64, pipelines: Pipelines, kind: Layers) -> (Schedule, u32, Schedu
     };
     let layers = match pipelines {
         Pipelines::Models => pick(&mut rng, &[32, 48, 64, 80, 96, 128]).div_ceil((pp * chunks) as u64),
+        Pipelines::Deep => pick(&mut rng, &[6, 10, 16, 20]),
         _ => rng.range(1, 8),
     } as u32;
     let seq = pick(&mut rng, &[1024, 2048, 4096, 8192]);
@@ -335,13 +348,16 @@ fn main() {
         return;
     }
     // `large`: the same sweep over long pipelines and many microbatches; `models`: over whole
-    // models split across the pipeline; `uneven`: over
+    // models split across the pipeline; `deep`: over pipelines of thousands of layers a rank;
+    // `uneven`: over
     // layers whose byte counts look measured; `inputs`: over layers of several inputs and
     // outputs.
     let pipelines = if std::env::args().any(|a| a == "large") {
         Pipelines::Large
     } else if std::env::args().any(|a| a == "models") {
         Pipelines::Models
+    } else if std::env::args().any(|a| a == "deep") {
+        Pipelines::Deep
     } else {
         Pipelines::Sweep
     };
@@ -352,8 +368,9 @@ fn main() {
     } else {
         Layers::Varied
     };
-    let args: Vec<String> =
-        std::env::args().filter(|a| !["large", "models", "uneven", "inputs"].contains(&a.as_str())).collect();
+    let args: Vec<String> = std::env::args()
+        .filter(|a| !["large", "models", "deep", "uneven", "inputs"].contains(&a.as_str()))
+        .collect();
     let arg = |k: usize, default: u64| -> u64 {
         args.get(k)
             .cloned()
