@@ -75,7 +75,46 @@ impl Problem {
             }
             last = ticks;
         }
+        let best = best.max(self.largest_starts_bound(load, print, peak));
         best.max(self.run_then_beside(&patterns, best, &mut pruning))
+    }
+
+    /// [`Problem::contiguity_bound`] of the ranks within 1/16 of the `peak` where an item of
+    /// the largest size starts (one per distinct set of live items, at most 64), with ranks
+    /// dropped ([`Problem::contiguity_bound_pruned`], on a budget of its own,
+    /// [`LARGEST_STARTS_WORK`]). In a 1F1B stage these are each slot's forward that writes
+    /// its largest output and the backward that writes the largest gradient; dropping the
+    /// backwards leaves one forward per slot, where the other slots' kept blocks are shared
+    /// items and each forward's output needs a run beside the bytes its own slot freed. The
+    /// sets of ranks near the peak hold every step there, and dropping ranks from them did
+    /// not reach that set (docs/planner.md, "The slots' forwards as ranks of the contiguity
+    /// bound"). Returns 0 where fewer than three such ranks are.
+    fn largest_starts_bound(&self, load: &[i128], print: &[u64], peak: i128) -> u64 {
+        let r = self.ranks as usize;
+        let Some(&largest) = self.wmin.iter().max() else { return 0 };
+        let mut starts = vec![false; r];
+        for i in (0..self.len()).filter(|&i| self.wmin[i] == largest) {
+            for &(s, _) in self.ivs(i) {
+                starts[s as usize] = true;
+            }
+        }
+        let floor = peak - peak / 16;
+        let mut ticks: Vec<u32> = Vec::new();
+        let mut seen: Vec<u64> = Vec::new();
+        for t in (0..r).filter(|&t| starts[t] && load[t] >= floor) {
+            if !seen.contains(&print[t]) {
+                seen.push(print[t]);
+                ticks.push(t as u32);
+                if ticks.len() == 64 {
+                    break;
+                }
+            }
+        }
+        if ticks.len() < 3 {
+            return 0;
+        }
+        let start = self.pattern(self.live_masks(&ticks), ticks.len());
+        self.contiguity_bound_pruned(&start, &mut Work::new(LARGEST_STARTS_WORK)).0
     }
 
     /// Bytes live at every rank and a fingerprint of the set of items live there.
@@ -601,5 +640,45 @@ mod tests {
         verify(&b, &placed.offsets).unwrap();
         assert_eq!(placed.footprint, placed.lower_bound);
         assert_eq!(placed.lower_bound, 16 + 5 * 24 + 24);
+    }
+
+    /// A 1F1B stage of 12 slots (pp 16, rank 4) whose first layer writes a 320 MiB output at
+    /// every forward, where its own slot has freed 269 MiB of kept blocks and the other
+    /// eleven keep theirs: each forward's output needs a run of 51 MiB beside its slot's
+    /// freed bytes, and a run borders at most two slots. The ranks near the peak do not give
+    /// it; the forwards where the largest items start do: 3630 MiB where 3465.4 are live.
+    #[test]
+    fn the_slots_forwards_raise_the_contiguity_bound() {
+        use crate::pipeline::specs::{layer, tensor};
+        let layers = vec![
+            layer(
+                0,
+                0,
+                vec![tensor("hidden", &[4096, 2048], "f8e4m3", true)],
+                vec![tensor("hidden", &[32768, 5120], "bf16", false)],
+                [0, 0, 24688934],
+            ),
+            layer(
+                0,
+                1,
+                vec![tensor("hidden", &[4096, 4, 2048], "bf16", true)],
+                vec![tensor("hidden", &[8192, 4096], "f8e4m3", false)],
+                [214958080, 114665897, 4194304],
+            ),
+        ];
+        const MIB: u64 = 1 << 20;
+        for m in [24, 256] {
+            let input = SchedulePlanInput {
+                schedule: Schedule::OneFOneB { pp_size: 16, pp_rank: 4, num_microbatches: m },
+                layers: layers.clone(),
+            };
+            let p = Problem::build(&schedule_buffers(&input).unwrap().buffers).unwrap();
+            let profile = p.rank_profile();
+            let RankProfile { load, print } = &profile;
+            let peak = load[..p.ranks as usize].iter().copied().max().unwrap();
+            assert_eq!(p.lower_bound() / MIB, 3465);
+            assert_eq!(p.largest_starts_bound(load, print, peak), 3630 * MIB, "M {m}");
+            assert_eq!(p.contiguity_bound(&profile), 3630 * MIB, "M {m}");
+        }
     }
 }

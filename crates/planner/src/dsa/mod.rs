@@ -133,6 +133,12 @@ pub const ALIAS_BOUND_WORK: u64 = 40_000_000;
 /// visit per item and a step per pair of ranks for every set evaluated), pairing patterns
 /// (a step per shared item compared), and the conflict tests of their escorts.
 pub const CONTIGUITY_PRUNE_WORK: u64 = 100_000;
+/// Work of the contiguity bound's ranks where the largest items start
+/// (`Problem::largest_starts_bound`): dropping 12 of 24 ranks down to one forward per slot
+/// of a 1F1B stage at M 256, whose groups' conflict tests (escorts) cost the more
+/// intervals the groups have, took 2 × [`CONTIGUITY_PRUNE_WORK`] (docs/planner.md, "The
+/// slots' forwards as ranks of the contiguity bound").
+pub const LARGEST_STARTS_WORK: u64 = 4 * CONTIGUITY_PRUNE_WORK;
 
 /// Items the complete canonical search (step 5 of the module documentation) takes at most:
 /// each node costs O(items + their lifetimes), and beyond a few thousand items the search
