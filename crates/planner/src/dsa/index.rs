@@ -196,22 +196,35 @@ impl Index {
         }
     }
 
-    /// Appends `(offset, top)` of every placed interval overlapping `[s, e)` to `out`, one
-    /// sorted run per bucket visited; `runs` gets the start of every run after the first
-    /// that does not continue the one before it in order (empty: `out` is sorted).
-    pub(super) fn query_runs(&self, s: u32, e: u32, out: &mut Vec<(u64, u64)>, runs: &mut Vec<u32>) {
-        let mut state = (out, runs, 0usize);
-        self.scan(
-            s,
-            e,
-            &mut state,
-            |(out, runs, run)| {
-                close_run(out, runs, *run);
-                *run = out.len();
-            },
-            |(out, _, _), en| out.push((en.off, en.top)),
-        );
-        let (out, runs, run) = state;
+    /// Appends `(offset, top)` of every placed interval overlapping any of `ivs` that `keep`
+    /// accepts to `out`, one sorted run per bucket visited; `runs` gets the start of every
+    /// run after the first that does not continue the one before it in order (empty: `out`
+    /// is sorted).
+    pub(super) fn query_runs(
+        &self,
+        ivs: &[(u32, u32)],
+        out: &mut Vec<(u64, u64)>,
+        runs: &mut Vec<u32>,
+        mut keep: impl FnMut(&Entry) -> bool,
+    ) {
+        let mut run = 0usize;
+        for &(s, e) in ivs {
+            let mut state = (&mut *out, &mut *runs, &mut run, &mut keep);
+            self.scan(
+                s,
+                e,
+                &mut state,
+                |(out, runs, run, _)| {
+                    close_run(out, runs, **run);
+                    **run = out.len();
+                },
+                |(out, _, _, keep), en| {
+                    if keep(en) {
+                        out.push((en.off, en.top));
+                    }
+                },
+            );
+        }
         close_run(out, runs, run);
     }
 
@@ -222,7 +235,7 @@ impl Index {
         let ivs = p.ivs(item);
         if ivs.len() == 1 {
             scratch.runs.clear();
-            self.query_runs(ivs[0].0, ivs[0].1, &mut scratch.pairs, &mut scratch.runs);
+            self.query_runs(ivs, &mut scratch.pairs, &mut scratch.runs, |_| true);
             // A lowest-offset query ends at the first gap that fits, so it walks the runs in
             // offset order as they are; a best-fit one visits every pair, and there merging
             // the runs first is faster (greedy passes took 6% longer walking them), or, from
@@ -279,25 +292,7 @@ impl Index {
         let FindScratch { pairs, runs, seen, heads, .. } = scratch;
         runs.clear();
         seen.clear(p.len());
-        let mut run = 0usize;
-        for &(s, e) in ivs {
-            let mut state = (&mut *pairs, &mut *runs, &mut run, &mut *seen);
-            self.scan(
-                s,
-                e,
-                &mut state,
-                |(out, runs, run, _)| {
-                    close_run(out, runs, **run);
-                    **run = out.len();
-                },
-                |(out, _, _, seen), en| {
-                    if seen.mark(en.item as usize) {
-                        out.push((en.off, en.top));
-                    }
-                },
-            );
-        }
-        close_run(pairs, runs, run);
+        self.query_runs(ivs, pairs, runs, |en| seen.mark(en.item as usize));
         if fit == Fit::LowestOffset {
             return gaps.over_runs(pairs, runs, heads);
         }
@@ -711,7 +706,7 @@ mod find_tests {
             let mut scratch = FindScratch::default();
             for i in short.len()..b.len() {
                 let (mut pairs, mut runs) = (Vec::new(), Vec::new());
-                index.query_runs(p.ivs(i)[0].0, p.ivs(i)[0].1, &mut pairs, &mut runs);
+                index.query_runs(p.ivs(i), &mut pairs, &mut runs, |_| true);
                 prop_assert!(runs.len() >= SORT_RUNS, "{} runs", runs.len());
                 let o = index.find(&p, i, Fit::BestFit, &mut scratch);
                 prop_assert_eq!(o, scan(&p, &placed, i, Fit::BestFit));
