@@ -47,17 +47,7 @@ impl Problem {
         let mut patterns: Vec<Pattern> = Vec::new();
         for slack in [0, 64, 32, 16] {
             let floor = if slack == 0 { peak } else { peak - peak / slack };
-            let mut ticks: Vec<u32> = Vec::new();
-            let mut seen: Vec<u64> = Vec::new();
-            for t in 0..r {
-                if load[t] >= floor && !seen.contains(&print[t]) {
-                    seen.push(print[t]);
-                    ticks.push(t as u32);
-                    if ticks.len() == 64 {
-                        break;
-                    }
-                }
-            }
+            let ticks = ranks_at_least(load, print, floor, 0..r);
             if ticks.len() < 3 || ticks == last {
                 continue;
             }
@@ -98,18 +88,7 @@ impl Problem {
                 starts[s as usize] = true;
             }
         }
-        let floor = peak - peak / 16;
-        let mut ticks: Vec<u32> = Vec::new();
-        let mut seen: Vec<u64> = Vec::new();
-        for t in (0..r).filter(|&t| starts[t] && load[t] >= floor) {
-            if !seen.contains(&print[t]) {
-                seen.push(print[t]);
-                ticks.push(t as u32);
-                if ticks.len() == 64 {
-                    break;
-                }
-            }
-        }
+        let ticks = ranks_at_least(load, print, peak - peak / 16, (0..r).filter(|&t| starts[t]));
         if ticks.len() < 3 {
             return 0;
         }
@@ -497,6 +476,23 @@ impl Work {
         self.spent += steps;
         self.spent <= self.limit
     }
+}
+
+/// Of `ranks` (ascending), those with at least `floor` bytes live, the first of each
+/// distinct set of live items, at most 64 (a set of ranks of the contiguity bound).
+fn ranks_at_least(load: &[i128], print: &[u64], floor: i128, ranks: impl Iterator<Item = usize>) -> Vec<u32> {
+    let mut ticks: Vec<u32> = Vec::new();
+    let mut seen: Vec<u64> = Vec::new();
+    for t in ranks.filter(|&t| load[t] >= floor) {
+        if !seen.contains(&print[t]) {
+            seen.push(print[t]);
+            ticks.push(t as u32);
+            if ticks.len() == 64 {
+                break;
+            }
+        }
+    }
+    ticks
 }
 
 /// The bits of `bits` at the positions set in `keep`, packed from bit 0 up in order.
