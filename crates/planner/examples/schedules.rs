@@ -347,29 +347,18 @@ fn main() {
         workspaces(budget_ms);
         return;
     }
-    // `large`: the same sweep over long pipelines and many microbatches; `models`: over whole
-    // models split across the pipeline; `deep`: over pipelines of thousands of layers a rank;
-    // `uneven`: over
-    // layers whose byte counts look measured; `inputs`: over layers of several inputs and
-    // outputs.
-    let pipelines = if std::env::args().any(|a| a == "large") {
-        Pipelines::Large
-    } else if std::env::args().any(|a| a == "models") {
-        Pipelines::Models
-    } else if std::env::args().any(|a| a == "deep") {
-        Pipelines::Deep
-    } else {
-        Pipelines::Sweep
-    };
-    let kind = if std::env::args().any(|a| a == "inputs") {
-        Layers::Inputs
-    } else if std::env::args().any(|a| a == "uneven") {
-        Layers::Uneven
-    } else {
-        Layers::Varied
-    };
+    // Words that pick the pipelines (`large`, `models`, `deep`) and the layers (`uneven`,
+    // `inputs`), anywhere among the arguments; the first sweep's by default.
+    let pipeline_words =
+        [("large", Pipelines::Large), ("models", Pipelines::Models), ("deep", Pipelines::Deep)];
+    let layer_words = [("inputs", Layers::Inputs), ("uneven", Layers::Uneven)];
+    let given = |word: &str| std::env::args().any(|a| a == word);
+    let pipelines = pipeline_words.iter().find(|(w, _)| given(w)).map_or(Pipelines::Sweep, |&(_, p)| p);
+    let kind = layer_words.iter().find(|(w, _)| given(w)).map_or(Layers::Varied, |&(_, k)| k);
     let args: Vec<String> = std::env::args()
-        .filter(|a| !["large", "models", "deep", "uneven", "inputs"].contains(&a.as_str()))
+        .filter(|a| {
+            !pipeline_words.iter().map(|w| w.0).chain(layer_words.iter().map(|w| w.0)).any(|w| w == a)
+        })
         .collect();
     let arg = |k: usize, default: u64| -> u64 {
         args.get(k)
