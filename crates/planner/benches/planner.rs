@@ -4,12 +4,12 @@
 //! default budget, and the gap queries every construction and improvement step is made of
 //! (`gap_query/…`: 10k queries on a placed 100k list, and on the alias groups of two long
 //! pipelines, read through the rows of the items each meets and past their cap, for each
-//! fit), the online constructions (`online/…`: best fit, aligned and the
-//! repairing sweep over 100k buffers), the improvement stage (`improvement/…`: a fixed
-//! number of its steps on a 100k list, and on a pipeline stage's alias groups), the lower
-//! bound of alias groups (`lower_bound/…`) and the canonical search (`canonical/…`: 20k
-//! nodes on lists of up to 2000 items, each way of checking a node). Ratios are printed by
-//! `cargo run --release -p graphpool-planner --example figures`.
+//! fit), the online constructions (`online/…`: best fit, aligned and the repairing sweep
+//! over 100k buffers), the improvement stage (`improvement/…`: a fixed number of its steps
+//! on a 100k list, and on a pipeline stage's alias groups), the lower bound of alias groups
+//! (`lower_bound/…`) and the canonical search (`canonical/…`: 20k nodes on lists of up to
+//! 2000 items, each way of checking a node). Ratios are printed by `cargo run --release -p
+//! graphpool-planner --example figures`.
 
 use std::time::Duration;
 
