@@ -335,7 +335,69 @@ impl Problem {
             let runs: u64 = short[..ranks.len().div_ceil(2)].iter().sum();
             best = best.max(p.shared_bytes + w.min(runs));
         }
-        best
+        best.max(p.shared_bytes + self.bordering_runs(p, best.saturating_sub(p.shared_bytes)))
+    }
+
+    /// The bytes R must hold because its runs border at most two ranks' missing shared
+    /// items (see [`Problem::contiguity_bound`] for R and `y`). At a rank `t`, the items
+    /// live there that are not shared (`O_t` bytes in all) lie in R and the shared items
+    /// missing at `t`. Call those lying wholly in R `A_t`: R holds them, and the others
+    /// need `O_t − y_t − |A_t|` bytes of R more, all in runs of R that border a shared item
+    /// missing at `t` (an item meeting both such a run and those items crosses the run's
+    /// end onto them, as nothing else lies between). A run of R has two ends, each against
+    /// one shared item, missing at one rank at most, so it serves two ranks at most: if R
+    /// holds `r` bytes, `2r ≥ Σ_t (O_t − y_t − |A_t|)` with `|A_t| ≤ r`, where `|A_t|` is a
+    /// sum of the rank's items. Returns the least such `r` (at least the most `O_t − y_t`),
+    /// or 0 below three ranks that need bytes of R and where it cannot exceed `beat`. The
+    /// sums are listed on a budget of [`SUBSET_SUMS_WORK`] steps.
+    fn bordering_runs(&self, p: &Pattern, beat: u64) -> u64 {
+        let m = p.m;
+        let mut items: Vec<Vec<u64>> = vec![Vec::new(); m];
+        for &(i, l) in &p.live {
+            if (l.count_ones() as usize) + 1 < m {
+                for (_, v) in items.iter_mut().enumerate().filter(|&(k, _)| l >> k & 1 == 1) {
+                    v.push(self.wmin[i]);
+                }
+            }
+        }
+        let need: Vec<u64> =
+            (0..m).map(|k| items[k].iter().sum::<u64>().saturating_sub(p.missing[k])).collect();
+        if need.iter().filter(|&&d| d > 0).count() < 3 {
+            return 0;
+        }
+        let lo = need.iter().copied().max().unwrap_or(0);
+        let hi = need.iter().sum::<u64>().div_ceil(2).max(lo);
+        if hi <= beat {
+            return 0;
+        }
+        // Every rank's sums of items up to `hi`, ascending (`None`: too many to list, where
+        // any value up to `r` is taken as a sum, which can only lower the bound).
+        let mut work = Work::new(SUBSET_SUMS_WORK);
+        let sums: Vec<Option<Vec<u64>>> = (0..m)
+            .map(|k| if need[k] == 0 { Some(vec![0]) } else { subset_sums(&items[k], hi, &mut work) })
+            .collect();
+        let short = |r: u64| -> u64 {
+            (0..m)
+                .map(|k| {
+                    let a = match &sums[k] {
+                        Some(s) => s[s.partition_point(|&x| x <= r) - 1],
+                        None => r,
+                    };
+                    need[k].saturating_sub(a)
+                })
+                .sum()
+        };
+        // The least r in [lo, hi] with 2r ≥ short(r): short falls as r grows.
+        let (mut a, mut b) = (lo, hi);
+        while a < b {
+            let r = a + (b - a) / 2;
+            if 2 * r >= short(r) {
+                b = r;
+            } else {
+                a = r + 1;
+            }
+        }
+        a
     }
 
     /// For each rank (`own`: its largest own item's wmin and index; only the ranks in the
@@ -444,6 +506,51 @@ impl Pattern {
         needs.sort_unstable_by(|a, b| b.cmp(a));
         Some(needs[2])
     }
+}
+
+/// Most sums [`subset_sums`] lists.
+const SUBSET_SUMS_MAX: usize = 256;
+
+/// Steps of [`subset_sums`] for all the ranks of one set ([`Problem::bordering_runs`]).
+const SUBSET_SUMS_WORK: u64 = 1 << 16;
+
+/// The sums of subsets of `items` up to `cap`, ascending and distinct (0 among them), or
+/// `None` where there are more than [`SUBSET_SUMS_MAX`] or `work` runs out (a step per sum
+/// listed).
+fn subset_sums(items: &[u64], cap: u64, work: &mut Work) -> Option<Vec<u64>> {
+    let mut sums = vec![0u64];
+    let mut next = Vec::new();
+    for &x in items.iter().filter(|&&x| x > 0 && x <= cap) {
+        next.clear();
+        let (mut i, mut j) = (0, 0);
+        // Merge `sums` with `sums + x` (those up to `cap`).
+        while i < sums.len() || j < sums.len() {
+            let shifted = sums.get(j).map(|&s| s + x).filter(|&s| s <= cap);
+            let v = match (sums.get(i), shifted) {
+                (Some(&a), Some(b)) if b < a => {
+                    j += 1;
+                    b
+                }
+                (Some(&a), _) => {
+                    i += 1;
+                    a
+                }
+                (None, Some(b)) => {
+                    j += 1;
+                    b
+                }
+                (None, None) => break,
+            };
+            if next.last() != Some(&v) {
+                next.push(v);
+            }
+        }
+        if next.len() > SUBSET_SUMS_MAX || !work.charge(next.len() as u64) {
+            return None;
+        }
+        std::mem::swap(&mut sums, &mut next);
+    }
+    Some(sums)
 }
 
 /// Whether the ascending `outer` holds every element of the ascending `inner`.
@@ -636,6 +743,33 @@ mod tests {
         verify(&b, &placed.offsets).unwrap();
         assert_eq!(placed.footprint, placed.lower_bound);
         assert_eq!(placed.lower_bound, 16 + 5 * 24 + 24);
+    }
+
+    /// Three ticks; a 16-byte group live at all of them, an 80-byte group missing each one,
+    /// and buffers of 64, 32 and 4 bytes at each tick alone: 276 bytes live at every tick.
+    /// Below 32 bytes of R, a tick's 64 and 32 bytes both cross onto its missing group and
+    /// need 16 bytes of R beside it (only the 4 bytes may lie wholly in R), and a run of R
+    /// borders two groups at most: R holds 24 bytes. The placement needs 32 (a run of R
+    /// between the first and the second group serves both, the third needs one of its own).
+    #[test]
+    fn runs_of_free_bytes_border_two_ticks_at_most() {
+        let mut b = Vec::new();
+        for k in 0..3u64 {
+            let (start, end) = (4 * k, 4 * k + 1);
+            b.push(Buffer { start, end, size: 16, group: Some(0) });
+            for size in [64, 32, 4] {
+                b.push(Buffer { start, end, size, group: None });
+            }
+            for j in (0..3).filter(|&j| j != k) {
+                b.push(Buffer { start, end, size: 80, group: Some(1 + j as u32) });
+            }
+        }
+        let p = Problem::build(&b).unwrap();
+        assert_eq!(p.lower_bound(), 16 + 2 * 80 + 100);
+        assert_eq!(p.contiguity_bound(&p.rank_profile()), 16 + 3 * 80 + 24);
+        // The placement of the items live at the three ticks gives the rest.
+        let placed = placed_within(&b, 1);
+        assert_eq!((placed.lower_bound, placed.footprint), (16 + 3 * 80 + 32, 16 + 3 * 80 + 32));
     }
 
     /// A 1F1B stage of 12 slots (pp 16, rank 4) whose first layer writes a 320 MiB output at
