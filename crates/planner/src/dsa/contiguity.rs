@@ -370,6 +370,20 @@ impl Problem {
         if hi <= beat {
             return 0;
         }
+        // Nothing above `beat` and the bytes live (`lo`) where sums found greedily, largest
+        // items first (no more than the best sums), already meet `2r ≥ Σ shortfalls` there.
+        let r0 = beat.max(lo);
+        let greedy: u64 = (0..m)
+            .filter(|&k| need[k] > 0)
+            .map(|k| {
+                items[k].sort_unstable_by(|a, b| b.cmp(a));
+                let a = items[k].iter().fold(0, |a, &x| if a + x <= r0 { a + x } else { a });
+                need[k].saturating_sub(a)
+            })
+            .sum();
+        if 2 * r0 >= greedy {
+            return 0;
+        }
         // Every rank's sums of items up to `hi`, ascending (`None`: too many to list, where
         // any value up to `r` is taken as a sum, which can only lower the bound).
         let mut work = Work::new(SUBSET_SUMS_WORK);
