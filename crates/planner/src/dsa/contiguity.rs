@@ -27,8 +27,9 @@ impl Problem {
     /// the first's) may find too little ([`Pattern::beside_run`]): the bound is then the
     /// lesser of the two sets' ([`Problem::run_then_beside`]). Where a single shared item
     /// is missing at each of k ranks, the argument in [`Problem::pattern_bound`] gives
-    /// `Σ shared + min(W, the ⌈k/2⌉ smallest shortfalls)`. Returns the best such bound, or
-    /// 0. `profile`: [`Problem::rank_profile`].
+    /// `Σ shared + min(W, the ⌈k/2⌉ smallest shortfalls)`, and a run of R borders at most two
+    /// ranks' missing shared items ([`Problem::bordering_runs`]). Returns the best such
+    /// bound, or 0. `profile`: [`Problem::rank_profile`].
     pub(super) fn contiguity_bound(&self, profile: &RankProfile) -> u64 {
         let n = self.len();
         let r = self.ranks as usize;
@@ -78,7 +79,8 @@ impl Problem {
     /// items and each forward's output needs a run beside the bytes its own slot freed. The
     /// sets of ranks near the peak hold every step there, and dropping ranks from them did
     /// not reach that set (docs/planner.md, "The slots' forwards as ranks of the contiguity
-    /// bound"). Returns 0 where fewer than three such ranks are.
+    /// bound"). The first of each run of adjacent such ranks is a second start, on a budget
+    /// of [`CONTIGUITY_PRUNE_WORK`]. Returns 0 where fewer than three such ranks are.
     fn largest_starts_bound(&self, load: &[i128], print: &[u64], peak: i128) -> u64 {
         let r = self.ranks as usize;
         let Some(&largest) = self.wmin.iter().max() else { return 0 };
@@ -92,15 +94,16 @@ impl Problem {
         if ticks.len() < 3 {
             return 0;
         }
-        let bound = |ticks: &[u32]| {
+        let bound = |ticks: &[u32], work: u64| {
             let start = self.pattern(self.live_masks(ticks), ticks.len());
-            self.contiguity_bound_pruned(&start, &mut Work::new(LARGEST_STARTS_WORK)).0
+            self.contiguity_bound_pruned(&start, &mut Work::new(work)).0
         };
         // Ranks next to each other hold nearly the same items: where both are in the set,
         // what one of them lacks is missing at two ranks, neither shared nor own. The first
-        // of each run of adjacent ranks is a second start (an interleaved stage's slots reach
-        // their bound from it; dropping ranks from all of them did not, even with ten times
-        // the work).
+        // of each run of adjacent ranks is a second start, with a budget of its own
+        // (an interleaved stage's slots reach their bound from it; dropping ranks from all of
+        // them did not, even with 40 times the work: docs/planner.md, "The first of adjacent
+        // ranks, a second start").
         let firsts: Vec<u32> = ticks
             .iter()
             .enumerate()
@@ -108,9 +111,9 @@ impl Problem {
             .map(|(_, &t)| t)
             .collect();
         if firsts.len() < 3 || firsts.len() == ticks.len() {
-            return bound(&ticks);
+            return bound(&ticks, LARGEST_STARTS_WORK);
         }
-        bound(&ticks).max(bound(&firsts))
+        bound(&ticks, LARGEST_STARTS_WORK).max(bound(&firsts, CONTIGUITY_PRUNE_WORK))
     }
 
     /// Bytes live at every rank and a fingerprint of the set of items live there.
@@ -182,13 +185,18 @@ impl Problem {
     /// workspaces near the peak, each beside the same saved buffer missing there, spoil
     /// each other's pattern). So while some item is missing at exactly two ranks, one of the
     /// ranks where such an item is missing goes — the one whose drop gives the highest
-    /// bound, then the most shared bytes — down to three. Returns the best bound seen and,
-    /// when a drop raised it, the pattern where it was first reached. The first bound looks
-    /// for escorts with a budget of its own ([`ALIAS_BOUND_WORK`]); the drops charge
-    /// `pruning` an item visit per item live at the ranks and a step per pair of ranks, for
-    /// every set tried, and their escorts' conflict tests, and stop when it is spent.
+    /// bound, then the most shared bytes — down to three. The start and each set kept are
+    /// also bounded by [`Problem::bordering_runs`] (not every set tried: it cost the
+    /// interleaved stage of `cargo bench -- lower_bound/` 4 ms more, 16.6 against 12.8 ms).
+    /// Returns the best bound seen and, when a drop raised it, the pattern where it was
+    /// first reached. The first bound looks for escorts with a budget of its own
+    /// ([`ALIAS_BOUND_WORK`]); the drops charge `pruning` an item visit per item live at the
+    /// ranks and a step per pair of ranks, for every set tried, and their escorts' conflict
+    /// tests, and stop when it is spent.
     fn contiguity_bound_pruned(&self, start: &Pattern, pruning: &mut Work) -> (u64, Option<Pattern>) {
         let mut best = self.pattern_bound(start, &mut Work::new(ALIAS_BOUND_WORK));
+        best = best
+            .max(start.shared_bytes + self.bordering_runs(start, best.saturating_sub(start.shared_bytes)));
         let mut strongest: Option<Pattern> = None;
         let mut current = start.clone();
         // Bits without bit `k`: the ranks above it move down one.
@@ -216,6 +224,8 @@ impl Problem {
                 }
             }
             let Some(((bound, _), next)) = step else { break };
+            let bound = bound
+                .max(next.shared_bytes + self.bordering_runs(&next, bound.saturating_sub(next.shared_bytes)));
             if bound > best {
                 best = bound;
                 strongest = Some(next.clone());
@@ -352,7 +362,7 @@ impl Problem {
             let runs: u64 = short[..ranks.len().div_ceil(2)].iter().sum();
             best = best.max(p.shared_bytes + w.min(runs));
         }
-        best.max(p.shared_bytes + self.bordering_runs(p, best.saturating_sub(p.shared_bytes)))
+        best
     }
 
     /// The bytes R must hold because its runs border at most two ranks' missing shared
@@ -369,23 +379,26 @@ impl Problem {
     /// sums are listed on a budget of [`SUBSET_SUMS_WORK`] steps.
     fn bordering_runs(&self, p: &Pattern, beat: u64) -> u64 {
         let m = p.m;
-        let mut items: Vec<Vec<u64>> = vec![Vec::new(); m];
-        for &(i, l) in &p.live {
-            if (l.count_ones() as usize) + 1 < m {
-                for (_, v) in items.iter_mut().enumerate().filter(|&(k, _)| l >> k & 1 == 1) {
-                    v.push(self.wmin[i]);
-                }
+        let not_shared = |l: u64| (l.count_ones() as usize) + 1 < m;
+        let mut bytes = vec![0u64; m];
+        for &(i, l) in p.live.iter().filter(|&&(_, l)| not_shared(l)) {
+            for (_, b) in bytes.iter_mut().enumerate().filter(|&(k, _)| l >> k & 1 == 1) {
+                *b += self.wmin[i];
             }
         }
-        let need: Vec<u64> =
-            (0..m).map(|k| items[k].iter().sum::<u64>().saturating_sub(p.missing[k])).collect();
-        if need.iter().filter(|&&d| d > 0).count() < 3 {
-            return 0;
-        }
+        let need: Vec<u64> = (0..m).map(|k| bytes[k].saturating_sub(p.missing[k])).collect();
         let lo = need.iter().copied().max().unwrap_or(0);
         let hi = need.iter().sum::<u64>().div_ceil(2).max(lo);
-        if hi <= beat {
+        // At most `lo` (no more than the bytes live) or `beat`: nothing to gain.
+        if hi <= beat.max(lo) || need.iter().filter(|&&d| d > 0).count() < 3 {
             return 0;
+        }
+        let wanted = (0..m).filter(|&k| need[k] > 0).fold(0u64, |bits, k| bits | 1 << k);
+        let mut items: Vec<Vec<u64>> = vec![Vec::new(); m];
+        for &(i, l) in p.live.iter().filter(|&&(_, l)| l & wanted != 0 && not_shared(l)) {
+            for (_, v) in items.iter_mut().enumerate().filter(|&(k, _)| (l & wanted) >> k & 1 == 1) {
+                v.push(self.wmin[i]);
+            }
         }
         // Nothing above `beat` and the bytes live (`lo`) where sums found greedily, largest
         // items first (no more than the best sums), already meet `2r ≥ Σ shortfalls` there.
