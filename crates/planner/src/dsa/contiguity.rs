@@ -691,6 +691,23 @@ mod tests {
     }
 
     #[test]
+    fn subset_sums_are_listed_up_to_the_cap() {
+        let mut work = Work::new(1 << 10);
+        assert_eq!(subset_sums(&[5, 3, 5, 0], 10, &mut work), Some(vec![0, 3, 5, 8, 10]));
+        assert_eq!(subset_sums(&[], 10, &mut work), Some(vec![0]));
+        assert_eq!(subset_sums(&[11, 4], 10, &mut work), Some(vec![0, 4]));
+        // Distinct powers of two give every sum: 512 of them pass the limit.
+        let powers: Vec<u64> = (0..9).map(|k| 1 << k).collect();
+        assert_eq!(subset_sums(&powers, u64::MAX / 2, &mut Work::new(1 << 20)), None);
+        assert_eq!(
+            subset_sums(&powers[..8], u64::MAX / 2, &mut Work::new(1 << 20)).map(|s| s.len()),
+            Some(256)
+        );
+        // Out of work: none.
+        assert_eq!(subset_sums(&powers[..8], u64::MAX / 2, &mut Work::new(100)), None);
+    }
+
+    #[test]
     fn compact_packs_the_kept_bits_in_order() {
         assert_eq!(compact(0b1011_0110, 0b1111_0000), 0b1011);
         assert_eq!(compact(0b1011_0110, 0b0101_0101), 0b0110);
