@@ -194,9 +194,8 @@ impl Problem {
     /// ranks and a step per pair of ranks, for every set tried, and their escorts' conflict
     /// tests, and stop when it is spent.
     fn contiguity_bound_pruned(&self, start: &Pattern, pruning: &mut Work) -> (u64, Option<Pattern>) {
-        let mut best = self.pattern_bound(start, &mut Work::new(ALIAS_BOUND_WORK));
-        best = best
-            .max(start.shared_bytes + self.bordering_runs(start, best.saturating_sub(start.shared_bytes)));
+        let mut best =
+            self.bordering_runs(start, self.pattern_bound(start, &mut Work::new(ALIAS_BOUND_WORK)));
         let mut strongest: Option<Pattern> = None;
         let mut current = start.clone();
         // Bits without bit `k`: the ranks above it move down one.
@@ -224,8 +223,7 @@ impl Problem {
                 }
             }
             let Some(((bound, _), next)) = step else { break };
-            let bound = bound
-                .max(next.shared_bytes + self.bordering_runs(&next, bound.saturating_sub(next.shared_bytes)));
+            let bound = self.bordering_runs(&next, bound);
             if bound > best {
                 best = bound;
                 strongest = Some(next.clone());
@@ -374,16 +372,17 @@ impl Problem {
     /// end onto them, as nothing else lies between). A run of R has two ends, each against
     /// one shared item, missing at one rank at most, so it serves two ranks at most: if R
     /// holds `r` bytes, `2r ≥ Σ_t (O_t − y_t − |A_t|)` with `|A_t| ≤ r`, where `|A_t|` is a
-    /// sum of the rank's items. Returns the least such `r` (at least the most `O_t − y_t`),
-    /// or 0 below three ranks that need bytes of R and where it cannot exceed `beat`. The
-    /// sums are listed on a budget of [`SUBSET_SUMS_WORK`] steps.
-    fn bordering_runs(&self, p: &Pattern, beat: u64) -> u64 {
+    /// sum of the rank's items. Returns `bound` raised to `Σ shared` and the least such `r`
+    /// (at least the most `O_t − y_t`) where that is higher and three ranks or more need
+    /// bytes of R. The sums are listed on a budget of [`SUBSET_SUMS_WORK`] steps.
+    fn bordering_runs(&self, p: &Pattern, bound: u64) -> u64 {
         let m = p.m;
+        let beat = bound.saturating_sub(p.shared_bytes);
         let not_shared = |l: u64| (l.count_ones() as usize) + 1 < m;
         let mut bytes = vec![0u64; m];
         for &(i, l) in p.live.iter().filter(|&&(_, l)| not_shared(l)) {
-            for (_, b) in bytes.iter_mut().enumerate().filter(|&(k, _)| l >> k & 1 == 1) {
-                *b += self.wmin[i];
+            for k in (0..m).filter(|&k| l >> k & 1 == 1) {
+                bytes[k] += self.wmin[i];
             }
         }
         let need: Vec<u64> = (0..m).map(|k| bytes[k].saturating_sub(p.missing[k])).collect();
@@ -391,13 +390,13 @@ impl Problem {
         let hi = need.iter().sum::<u64>().div_ceil(2).max(lo);
         // At most `lo` (no more than the bytes live) or `beat`: nothing to gain.
         if hi <= beat.max(lo) || need.iter().filter(|&&d| d > 0).count() < 3 {
-            return 0;
+            return bound;
         }
         let wanted = (0..m).filter(|&k| need[k] > 0).fold(0u64, |bits, k| bits | 1 << k);
         let mut items: Vec<Vec<u64>> = vec![Vec::new(); m];
         for &(i, l) in p.live.iter().filter(|&&(_, l)| l & wanted != 0 && not_shared(l)) {
-            for (_, v) in items.iter_mut().enumerate().filter(|&(k, _)| (l & wanted) >> k & 1 == 1) {
-                v.push(self.wmin[i]);
+            for k in (0..m).filter(|&k| (l & wanted) >> k & 1 == 1) {
+                items[k].push(self.wmin[i]);
             }
         }
         // Nothing above `beat` and the bytes live (`lo`) where sums found greedily, largest
@@ -412,7 +411,7 @@ impl Problem {
             })
             .sum();
         if 2 * r0 >= greedy {
-            return 0;
+            return bound;
         }
         // Every rank's sums of items up to `hi`, ascending (`None`: too many to list, where
         // any value up to `r` is taken as a sum, which can only lower the bound).
@@ -441,7 +440,7 @@ impl Problem {
                 a = r + 1;
             }
         }
-        a
+        bound.max(p.shared_bytes + a)
     }
 
     /// For each rank (`own`: its largest own item's wmin and index; only the ranks in the
@@ -677,6 +676,17 @@ mod tests {
         schedule_buffers(&input).unwrap().buffers
     }
 
+    /// The problem of `schedule` over `layers`, and its bound of the ranks where the largest
+    /// items start ([`Problem::largest_starts_bound`]).
+    fn largest_starts_of(schedule: Schedule, layers: Vec<crate::LayerSpec>) -> (Problem, u64) {
+        let input = SchedulePlanInput { schedule, layers };
+        let p = Problem::build(&schedule_buffers(&input).unwrap().buffers).unwrap();
+        let RankProfile { load, print } = p.rank_profile();
+        let peak = load[..p.ranks as usize].iter().copied().max().unwrap();
+        let bound = p.largest_starts_bound(&load, &print, peak);
+        (p, bound)
+    }
+
     /// A verified placement with `seconds` of budget: searches that reach the bound stop
     /// there, so a generous budget only bounds a slow machine.
     fn placed_within(buffers: &[Buffer], seconds: u64) -> Placement {
@@ -859,17 +869,11 @@ mod tests {
         ];
         const MIB: u64 = 1 << 20;
         for m in [24, 256] {
-            let input = SchedulePlanInput {
-                schedule: Schedule::OneFOneB { pp_size: 16, pp_rank: 4, num_microbatches: m },
-                layers: layers.clone(),
-            };
-            let p = Problem::build(&schedule_buffers(&input).unwrap().buffers).unwrap();
-            let profile = p.rank_profile();
-            let RankProfile { load, print } = &profile;
-            let peak = load[..p.ranks as usize].iter().copied().max().unwrap();
+            let schedule = Schedule::OneFOneB { pp_size: 16, pp_rank: 4, num_microbatches: m };
+            let (p, largest_starts) = largest_starts_of(schedule, layers.clone());
             assert_eq!(p.lower_bound() / MIB, 3465);
-            assert_eq!(p.largest_starts_bound(load, print, peak), 3630 * MIB, "M {m}");
-            assert_eq!(p.contiguity_bound(&profile), 3630 * MIB, "M {m}");
+            assert_eq!(largest_starts, 3630 * MIB, "M {m}");
+            assert_eq!(p.contiguity_bound(&p.rank_profile()), 3630 * MIB, "M {m}");
         }
     }
 
@@ -991,20 +995,10 @@ mod tests {
                 [81788928, 0, 23664262],
             ),
         ];
-        let input = SchedulePlanInput {
-            schedule: Schedule::Interleaved {
-                pp_size: 8,
-                pp_rank: 0,
-                num_microbatches: 32,
-                virtual_chunks: 2,
-            },
-            layers,
-        };
-        let p = Problem::build(&schedule_buffers(&input).unwrap().buffers).unwrap();
-        let profile = p.rank_profile();
-        let RankProfile { load, print } = &profile;
-        let peak = load[..p.ranks as usize].iter().copied().max().unwrap();
+        let schedule =
+            Schedule::Interleaved { pp_size: 8, pp_rank: 0, num_microbatches: 32, virtual_chunks: 2 };
+        let (p, largest_starts) = largest_starts_of(schedule, layers);
         assert_eq!(p.lower_bound(), 11_398_652_848);
-        assert_eq!(p.largest_starts_bound(load, print, peak), 11_632_407_312);
+        assert_eq!(largest_starts, 11_632_407_312);
     }
 }
