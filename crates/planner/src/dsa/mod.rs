@@ -123,11 +123,16 @@ use std::time::{Duration, Instant};
 use crate::rng::Rng;
 use crate::until::Until;
 
-/// Work the alias bound may spend: steps of the interval walks that test items for conflict
-/// while the greedy clique grows (~1.8 ns each on the development machine; a 336k-buffer
-/// interleaved schedule's clique took 17·10⁶, 31 ms), and pairs of intervals visited to
-/// build the conflict graph.
+/// Work the alias bound may spend on the conflict graph (pairs of intervals visited to
+/// build it), and the contiguity bound on the escorts of its first pattern.
 pub const ALIAS_BOUND_WORK: u64 = 40_000_000;
+
+/// Work the greedy clique of the alias bound may spend: steps of the interval walks that
+/// test a candidate against the members (~2.5 ns each on the 2-core VM, the members'
+/// intervals read in memory order; a 336k-buffer interleaved schedule's clique took 17·10⁶).
+/// A 31k-buffer interleaved stage (pp 32, v 6, M 64) needs 49·10⁶ for its whole clique,
+/// whose weight is that stage's plan: with 40·10⁶ its bound was 0.12% short.
+pub const GREEDY_CLIQUE_WORK: u64 = 80_000_000;
 
 /// Work the contiguity bound may spend beyond its first patterns: dropping ranks (an item
 /// visit per item and a step per pair of ranks for every set evaluated), pairing patterns
