@@ -420,24 +420,16 @@ impl Problem {
             }
             let xs = self.ivs(x);
             let members = member_at.len() - 1;
-            let member = |k: usize| &member_ivs[member_at[k] as usize..member_at[k + 1] as usize];
-            if blocker < members {
-                let (conflict, steps) = walk_for_conflict(xs, member(blocker));
+            let mut conflicts = |k: usize| {
+                let member = &member_ivs[member_at[k] as usize..member_at[k + 1] as usize];
+                let (conflict, steps) = walk_for_conflict(xs, member);
                 work += steps + 1;
-                if !conflict {
-                    continue;
-                }
+                conflict
+            };
+            if blocker < members && !conflicts(blocker) {
+                continue;
             }
-            let mut blocked = None;
-            for k in 0..members {
-                let (conflict, steps) = walk_for_conflict(xs, member(k));
-                work += steps + 1;
-                if !conflict {
-                    blocked = Some(k);
-                    break;
-                }
-            }
-            match blocked {
+            match (0..members).find(|&k| !conflicts(k)) {
                 Some(k) => blocker = k,
                 None => {
                     member_ivs.extend_from_slice(xs);
