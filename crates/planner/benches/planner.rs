@@ -157,13 +157,19 @@ fn bench(c: &mut Criterion) {
 
     // The lower bound every plan starts with (live bytes, the alias groups' heaviest clique,
     // the contiguity bound and the bound of a few ranks): the stage above's alias groups, an
-    // explicit order's 1917 groups (the conflict graph at its busiest among the sweeps) and
-    // the long pipeline's, too many meetings for the conflict graph (the greedy clique alone).
+    // explicit order's 1917 groups (the conflict graph at its busiest among the sweeps), the
+    // long pipeline's, too many meetings for the conflict graph (the greedy clique alone),
+    // and a stage of thousands of graphs whose greedy clique takes nearly every candidate.
     let explicit =
         ("explicit_case_172", schedule_buffers(&random_explicit_case(172).input).expect("valid").buffers);
+    let deep = SchedulePlanInput {
+        schedule: Schedule::Interleaved { pp_size: 32, pp_rank: 11, num_microbatches: 64, virtual_chunks: 6 },
+        layers: varied_layers(6, 16, 2048, 1, 2048, 1),
+    };
+    let deep = ("deep_interleaved_pp32_v6_m64", schedule_buffers(&deep).expect("valid schedule").buffers);
     let mut group = c.benchmark_group("lower_bound");
     group.sample_size(10).measurement_time(Duration::from_secs(5));
-    for (name, buffers) in [&stage, &explicit, &groups] {
+    for (name, buffers) in [&stage, &explicit, &groups, &deep] {
         group.bench_function(*name, |b| b.iter(|| lower_bound(buffers).expect("valid")));
     }
     group.finish();
