@@ -429,7 +429,8 @@ impl Problem {
             if blocker < members && !conflicts(blocker) {
                 continue;
             }
-            match (0..members).find(|&k| !conflicts(k)) {
+            // The blocker, tested above, conflicts: not again.
+            match (0..members).find(|&k| k != blocker && !conflicts(k)) {
                 Some(k) => blocker = k,
                 None => {
                     member_ivs.extend_from_slice(xs);
